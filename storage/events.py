@@ -1,0 +1,519 @@
+"""The durable session vocabulary: every fact an agent's session records.
+
+One tagged ``msgspec.Struct`` per fact. Durable JSON uses the seeds' field names
+(camelCase: ``sourceEventSeqs``, ``surfaceOp``, ``removedCount``, ``concludesTurn``)
+while Python attributes are snake_case (``rename="camel"``).
+
+Schema evolution rules (msgspec's): new fields get defaults; fields are never
+reordered, retyped or removed. A new fact type gets a new ``type`` string.
+
+The envelope of every record is ``{type, seq, time, data}`` (:class:`Event`); ``data``
+is one of the ``*Data`` structs below, chosen by ``type`` (see :data:`EVENT_TYPES`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal, TypeAlias
+
+import msgspec
+
+__all__ = [
+    "EVENT_TYPES",
+    "SURFACE_TYPES",
+    "Aborted",
+    "AgentInboxSpliced",
+    "AssistantChunk",
+    "AssistantMessage",
+    "AssistantMessageData",
+    "AssistantPart",
+    "Blocked",
+    "CancelCause",
+    "Completed",
+    "ContentBlock",
+    "DisposedCause",
+    "Errored",
+    "Event",
+    "EventData",
+    "FinishChunk",
+    "HookCause",
+    "ImageBlock",
+    "InboxLane",
+    "Interrupted",
+    "LimitExceeded",
+    "LlmFailure",
+    "LlmRetry",
+    "MaxTokens",
+    "Message",
+    "MessageId",
+    "MessageSource",
+    "MessageTrigger",
+    "ParentCause",
+    "ReasoningBlock",
+    "ReasoningDelta",
+    "RequestConfig",
+    "RequestContext",
+    "RequestHeader",
+    "RetryTrigger",
+    "SessionEndSeed",
+    "StepEnd",
+    "StepStart",
+    "StreamChunk",
+    "SurfaceAppend",
+    "SurfaceOp",
+    "SurfaceReplace",
+    "TextBlock",
+    "TextDelta",
+    "ToolCallBlock",
+    "ToolCallData",
+    "ToolCallDelta",
+    "ToolError",
+    "ToolMessage",
+    "ToolResultBlock",
+    "ToolResultData",
+    "ToolSpec",
+    "Trigger",
+    "TurnEnd",
+    "TurnEndReason",
+    "TurnStart",
+    "Usage",
+    "UsageChunk",
+    "UserCause",
+    "UserMessage",
+    "UserMessageData",
+]
+
+MessageId: TypeAlias = str
+"""Unique across both inbox lanes while pending; chosen by the caller or generated."""
+
+MessageSource: TypeAlias = str
+"""Who produced a message: ``"user"``, ``"plugin"``, ``"model"``, ``"tool"`` (extensible)."""
+
+InboxLane: TypeAlias = Literal["next-turn", "next-step"]
+
+
+class _Fact(msgspec.Struct, rename="camel", omit_defaults=True, frozen=True, kw_only=True):
+    """Base of every durable struct: camelCase JSON, defaults omitted, immutable."""
+
+
+# --------------------------------------------------------------------------- content
+
+
+class TextBlock(_Fact, tag="text", tag_field="type"):
+    text: str
+
+
+class ReasoningBlock(_Fact, tag="reasoning", tag_field="type"):
+    text: str
+    signature: str | None = None
+
+
+class ImageBlock(_Fact, tag="image", tag_field="type"):
+    """An image given inline (base64 ``data`` with ``media_type``) or by ``url``."""
+
+    data: str | None = None
+    url: str | None = None
+    media_type: str | None = None
+
+
+class ToolCallBlock(_Fact, tag="tool-call", tag_field="type"):
+    """A model's call of a tool. ``arguments`` is the raw JSON text the model produced."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+class ToolResultBlock(_Fact, tag="tool-result", tag_field="type"):
+    call_id: str
+    name: str
+    content: list[TextBlock | ImageBlock]
+    is_error: bool = False
+
+
+ContentBlock: TypeAlias = TextBlock | ReasoningBlock | ImageBlock | ToolCallBlock | ToolResultBlock
+AssistantPart: TypeAlias = TextBlock | ReasoningBlock | ToolCallBlock
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class UserMessage(_Fact, tag="user", tag_field="role"):
+    """An inbox item and, once claimed, a model-visible user message. Immutable."""
+
+    id: MessageId
+    content: list[ContentBlock]
+    source: MessageSource = "user"
+
+
+class AssistantMessage(_Fact, tag="assistant", tag_field="role"):
+    content: list[AssistantPart]
+
+
+class ToolMessage(_Fact, tag="tool", tag_field="role"):
+    """The result of one tool call, as the model sees it."""
+
+    call_id: str
+    name: str
+    content: list[TextBlock | ImageBlock]
+    is_error: bool = False
+
+
+Message: TypeAlias = UserMessage | AssistantMessage | ToolMessage
+
+
+# --------------------------------------------------------------------------- model I/O
+
+
+class Usage(_Fact):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+FailureCode: TypeAlias = Literal[
+    "RATE_LIMIT",
+    "SERVER",
+    "TIMEOUT",
+    "TRANSPORT",
+    "EMPTY_RESPONSE",
+    "CONTEXT_WINDOW_EXCEEDED",
+    "AUTH",
+    "INVALID_REQUEST",
+    "ABORTED",
+    "UNKNOWN",
+]
+
+
+class LlmFailure(_Fact):
+    """A model-request failure, normalized from the adapter's error."""
+
+    message: str
+    code: FailureCode = "UNKNOWN"
+    status: int | None = None
+    retry_after_s: float | None = None
+    request_id: str | None = None
+
+
+class ToolSpec(_Fact):
+    """A tool as the model is told about it: ``parameters`` is a JSON Schema object."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class RequestConfig(_Fact):
+    """The frozen call configuration ``agent/request`` produces."""
+
+    provider: str
+    model: str
+    reasoning_effort: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+
+
+class TextDelta(_Fact, tag="text", tag_field="kind"):
+    text: str
+
+
+class ReasoningDelta(_Fact, tag="reasoning", tag_field="kind"):
+    text: str
+
+
+class ToolCallDelta(_Fact, tag="tool-call", tag_field="kind"):
+    """A piece of the ``index``-th tool call; ``call_id``/``name`` arrive on its first piece."""
+
+    index: int
+    call_id: str | None = None
+    name: str | None = None
+    arguments_delta: str = ""
+
+
+class UsageChunk(_Fact, tag="usage", tag_field="kind"):
+    usage: Usage
+
+
+FinishReason: TypeAlias = Literal["stop", "tool-calls", "max-tokens", "error"]
+
+
+class FinishChunk(_Fact, tag="finish", tag_field="kind"):
+    reason: FinishReason
+
+
+StreamChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | UsageChunk | FinishChunk
+
+
+# --------------------------------------------------------------------------- turn vocab
+
+
+class MessageTrigger(_Fact, tag="message", tag_field="kind"):
+    pass
+
+
+class RetryTrigger(_Fact, tag="retry", tag_field="kind"):
+    previous_turn: int | None = None
+
+
+Trigger: TypeAlias = MessageTrigger | RetryTrigger
+
+
+class UserCause(_Fact, tag="user", tag_field="kind"):
+    pass
+
+
+class ParentCause(_Fact, tag="parent", tag_field="kind"):
+    pass
+
+
+class HookCause(_Fact, tag="hook", tag_field="kind"):
+    reason: str
+
+
+class DisposedCause(_Fact, tag="disposed", tag_field="kind"):
+    pass
+
+
+CancelCause: TypeAlias = UserCause | ParentCause | HookCause | DisposedCause
+
+
+class Completed(_Fact, tag="completed", tag_field="kind"):
+    pass
+
+
+class Aborted(_Fact, tag="aborted", tag_field="kind"):
+    reason: CancelCause
+
+
+class Blocked(_Fact, tag="blocked", tag_field="kind"):
+    pass
+
+
+class Errored(_Fact, tag="error", tag_field="kind"):
+    error: LlmFailure
+
+
+class MaxTokens(_Fact, tag="max-tokens", tag_field="kind"):
+    pass
+
+
+class Interrupted(_Fact, tag="interrupted", tag_field="kind"):
+    """Written only by crash repair when a session resumes with an open tail turn."""
+
+
+class LimitExceeded(_Fact, tag="limit", tag_field="kind"):
+    """A runtime limit (steps per turn, requests, tokens) ended the turn."""
+
+    limit: str
+    message: str
+
+
+TurnEndReason: TypeAlias = (
+    Completed | Aborted | Blocked | Errored | MaxTokens | Interrupted | LimitExceeded
+)
+
+
+class SurfaceAppend(_Fact, tag="append", tag_field="kind"):
+    pass
+
+
+class SurfaceReplace(_Fact, tag="replace", tag_field="kind"):
+    """Replaces the model-visible message written by the surface event at ``seq``."""
+
+    seq: int
+
+
+SurfaceOp: TypeAlias = SurfaceAppend | SurfaceReplace
+
+_APPEND: Final = SurfaceAppend()
+
+
+class _SurfaceFact(_Fact, omit_defaults=False):
+    """Base of the three surface facts: ``surfaceOp`` and ``sourceEventSeqs`` always encode."""
+
+
+# --------------------------------------------------------------------------- event data
+
+
+class TurnStart(_Fact):
+    turn: int
+    trigger: Trigger
+
+
+class TurnEnd(_Fact):
+    turn: int
+    reason: TurnEndReason
+
+
+class StepStart(_Fact):
+    turn: int
+    step: int
+
+
+class StepEnd(_Fact):
+    turn: int
+    step: int
+
+
+class UserMessageData(_SurfaceFact):
+    """``user/message``: a model-visible user message (claimed, steered or seeded)."""
+
+    message: UserMessage
+    turn: int | None = None
+    step: int | None = None
+    surface_op: SurfaceOp = _APPEND
+    source_event_seqs: list[int] = msgspec.field(default_factory=list)
+
+
+class AssistantChunk(_Fact):
+    turn: int
+    step: int
+    chunk: StreamChunk
+
+
+class AssistantMessageData(_SurfaceFact):
+    """``assistant/message``: the assembled reply; ``source_event_seqs`` cites its chunks."""
+
+    turn: int
+    step: int
+    message: AssistantMessage
+    usage: Usage | None = None
+    finish_reason: FinishReason | None = None
+    interrupted: bool = False
+    surface_op: SurfaceOp = _APPEND
+    source_event_seqs: list[int] = msgspec.field(default_factory=list)
+
+
+class ToolCallData(_Fact):
+    """``tool/call``: appended before anything about the call runs."""
+
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+class ToolError(_Fact):
+    """Why a tool result is an error: ``code`` such as ``TOOL_FAILED``, ``TOOL_DENIED``,
+    ``INVALID_ARGUMENTS``, ``ABORTED_BEFORE_DISPATCH``, ``TOOL_NOT_STARTED``,
+    ``TOOL_OUTCOME_UNKNOWN``, ``TOOL_TIMEOUT``, ``UNKNOWN_TOOL``."""
+
+    code: str
+    message: str
+
+
+class ToolResultData(_SurfaceFact):
+    """``tool/result``: appended in model order; ``source_event_seqs`` cites its call."""
+
+    turn: int
+    step: int
+    message: ToolMessage
+    error: ToolError | None = None
+    concludes_turn: bool = False
+    surface_op: SurfaceOp = _APPEND
+    source_event_seqs: list[int] = msgspec.field(default_factory=list)
+
+
+class RequestHeader(_Fact):
+    """``request/header``: written for the first request and whenever it changed."""
+
+    turn: int
+    step: int
+    config: RequestConfig
+    system: str | None = None
+    tools: list[ToolSpec] = msgspec.field(default_factory=list)
+
+
+class RequestContext(_Fact):
+    """``request/context``: which logged history a request was built from."""
+
+    turn: int
+    step: int
+    message_count: int
+    through_seq: int
+
+
+class LlmRetry(_Fact):
+    """``llm/retry``: the retry policy accepted a failure and will open a retry turn."""
+
+    turn: int
+    attempt: int
+    delay_s: float
+    failure: LlmFailure
+
+
+class AgentInboxSpliced(_Fact):
+    """``agent/inbox/spliced``: one change of one inbox lane, coordinates like list slicing.
+
+    A claim is a pure deletion (no ``outcome``); an ordinary removal has
+    ``outcome="canceled"``.
+    """
+
+    target: InboxLane
+    start: int
+    removed_count: int = 0
+    inserted: list[UserMessage] = msgspec.field(default_factory=list)
+    outcome: Literal["canceled"] | None = None
+
+
+class SessionEndSeed(_Fact):
+    """``session/end-seed``: the seeded prefix (fork or import) ends here."""
+
+    source_session: str | None = None
+    source_seq: int | None = None
+
+
+EventData: TypeAlias = (
+    TurnStart
+    | TurnEnd
+    | StepStart
+    | StepEnd
+    | UserMessageData
+    | AssistantChunk
+    | AssistantMessageData
+    | ToolCallData
+    | ToolResultData
+    | RequestHeader
+    | RequestContext
+    | LlmRetry
+    | AgentInboxSpliced
+    | SessionEndSeed
+)
+
+EVENT_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
+    "turn/start": TurnStart,
+    "turn/end": TurnEnd,
+    "step/start": StepStart,
+    "step/end": StepEnd,
+    "user/message": UserMessageData,
+    "assistant/chunk": AssistantChunk,
+    "assistant/message": AssistantMessageData,
+    "tool/call": ToolCallData,
+    "tool/result": ToolResultData,
+    "request/header": RequestHeader,
+    "request/context": RequestContext,
+    "llm/retry": LlmRetry,
+    "agent/inbox/spliced": AgentInboxSpliced,
+    "session/end-seed": SessionEndSeed,
+}
+"""The built-in fact types by their durable ``type`` name."""
+
+SURFACE_TYPES: Final = frozenset({"user/message", "assistant/message", "tool/result"})
+"""The only types that carry ``surfaceOp``/``sourceEventSeqs`` and build the history."""
+
+
+class Event(msgspec.Struct, frozen=True):
+    """One committed record of a session log.
+
+    Invariant: ``seq`` is contiguous from 0 within a session; ``time`` is epoch ms.
+    ``data`` is the type's struct for built-in and registered typed facts, or a plain
+    JSON object (``dict``) for plugin types registered without a struct.
+    """
+
+    type: str
+    seq: int
+    time: int
+    data: Any
