@@ -1,3 +1,63 @@
 """What users touch: the Runtime facade, Agent handle, models, tools, policies, CLI."""
 
-__all__: list[str] = []
+from actors.errors import (
+    AgentDisposedError,
+    DuplicateMessageError,
+    InboxFullError,
+    InvalidMessageError,
+    UnknownMessageError,
+)
+from actors.live import Allow, Deny, Enter, Reject, Retry, TurnSignal
+from actors.model import Model, ModelError, ModelRequest
+from actors.tools import Tool, ToolReturn
+from storage.events import (
+    DisposedCause,
+    HookCause,
+    LlmFailure,
+    ParentCause,
+    RequestConfig,
+    TextBlock,
+    UserCause,
+    UserMessage,
+)
+
+from .agent import Agent
+from .policy import RetryPolicy
+from .runtime import Runtime
+from .scripted import ScriptedModel, ToolCall
+from .tool import FunctionTool, conclude, tool
+
+__all__ = [
+    "Agent",
+    "AgentDisposedError",
+    "Allow",
+    "Deny",
+    "DisposedCause",
+    "DuplicateMessageError",
+    "Enter",
+    "FunctionTool",
+    "HookCause",
+    "InboxFullError",
+    "InvalidMessageError",
+    "LlmFailure",
+    "Model",
+    "ModelError",
+    "ModelRequest",
+    "ParentCause",
+    "Reject",
+    "RequestConfig",
+    "Retry",
+    "RetryPolicy",
+    "Runtime",
+    "ScriptedModel",
+    "TextBlock",
+    "Tool",
+    "ToolCall",
+    "ToolReturn",
+    "TurnSignal",
+    "UnknownMessageError",
+    "UserCause",
+    "UserMessage",
+    "conclude",
+    "tool",
+]

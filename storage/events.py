@@ -95,19 +95,43 @@ class _Fact(msgspec.Struct, rename="camel", omit_defaults=True, frozen=True, kw_
     """Base of every durable struct: camelCase JSON, defaults omitted, immutable."""
 
 
+class _Kinded(_Fact):
+    """A tagged variant whose JSON tag is ``kind``; readable as ``.kind`` too."""
+
+    @property
+    def kind(self) -> str:
+        return str(self.__struct_config__.tag)
+
+
+class _Typed(_Fact):
+    """A content block whose JSON tag is ``type``; readable as ``.type`` too."""
+
+    @property
+    def type(self) -> str:
+        return str(self.__struct_config__.tag)
+
+
+class _Role(_Fact):
+    """A message whose JSON tag is ``role``; readable as ``.role`` too."""
+
+    @property
+    def role(self) -> str:
+        return str(self.__struct_config__.tag)
+
+
 # --------------------------------------------------------------------------- content
 
 
-class TextBlock(_Fact, tag="text", tag_field="type"):
+class TextBlock(_Typed, tag="text", tag_field="type"):
     text: str
 
 
-class ReasoningBlock(_Fact, tag="reasoning", tag_field="type"):
+class ReasoningBlock(_Typed, tag="reasoning", tag_field="type"):
     text: str
     signature: str | None = None
 
 
-class ImageBlock(_Fact, tag="image", tag_field="type"):
+class ImageBlock(_Typed, tag="image", tag_field="type"):
     """An image given inline (base64 ``data`` with ``media_type``) or by ``url``."""
 
     data: str | None = None
@@ -115,7 +139,7 @@ class ImageBlock(_Fact, tag="image", tag_field="type"):
     media_type: str | None = None
 
 
-class ToolCallBlock(_Fact, tag="tool-call", tag_field="type"):
+class ToolCallBlock(_Typed, tag="tool-call", tag_field="type"):
     """A model's call of a tool. ``arguments`` is the raw JSON text the model produced."""
 
     call_id: str
@@ -123,7 +147,7 @@ class ToolCallBlock(_Fact, tag="tool-call", tag_field="type"):
     arguments: str
 
 
-class ToolResultBlock(_Fact, tag="tool-result", tag_field="type"):
+class ToolResultBlock(_Typed, tag="tool-result", tag_field="type"):
     call_id: str
     name: str
     content: list[TextBlock | ImageBlock]
@@ -137,7 +161,7 @@ AssistantPart: TypeAlias = TextBlock | ReasoningBlock | ToolCallBlock
 # --------------------------------------------------------------------------- messages
 
 
-class UserMessage(_Fact, tag="user", tag_field="role"):
+class UserMessage(_Role, tag="user", tag_field="role"):
     """An inbox item and, once claimed, a model-visible user message. Immutable."""
 
     id: MessageId
@@ -145,11 +169,11 @@ class UserMessage(_Fact, tag="user", tag_field="role"):
     source: MessageSource = "user"
 
 
-class AssistantMessage(_Fact, tag="assistant", tag_field="role"):
+class AssistantMessage(_Role, tag="assistant", tag_field="role"):
     content: list[AssistantPart]
 
 
-class ToolMessage(_Fact, tag="tool", tag_field="role"):
+class ToolMessage(_Role, tag="tool", tag_field="role"):
     """The result of one tool call, as the model sees it."""
 
     call_id: str
@@ -215,15 +239,15 @@ class RequestConfig(_Fact):
     stop: list[str] | None = None
 
 
-class TextDelta(_Fact, tag="text", tag_field="kind"):
+class TextDelta(_Kinded, tag="text", tag_field="kind"):
     text: str
 
 
-class ReasoningDelta(_Fact, tag="reasoning", tag_field="kind"):
+class ReasoningDelta(_Kinded, tag="reasoning", tag_field="kind"):
     text: str
 
 
-class ToolCallDelta(_Fact, tag="tool-call", tag_field="kind"):
+class ToolCallDelta(_Kinded, tag="tool-call", tag_field="kind"):
     """A piece of the ``index``-th tool call; ``call_id``/``name`` arrive on its first piece."""
 
     index: int
@@ -232,14 +256,14 @@ class ToolCallDelta(_Fact, tag="tool-call", tag_field="kind"):
     arguments_delta: str = ""
 
 
-class UsageChunk(_Fact, tag="usage", tag_field="kind"):
+class UsageChunk(_Kinded, tag="usage", tag_field="kind"):
     usage: Usage
 
 
 FinishReason: TypeAlias = Literal["stop", "tool-calls", "max-tokens", "error"]
 
 
-class FinishChunk(_Fact, tag="finish", tag_field="kind"):
+class FinishChunk(_Kinded, tag="finish", tag_field="kind"):
     reason: FinishReason
 
 
@@ -249,61 +273,61 @@ StreamChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | UsageChunk
 # --------------------------------------------------------------------------- turn vocab
 
 
-class MessageTrigger(_Fact, tag="message", tag_field="kind"):
+class MessageTrigger(_Kinded, tag="message", tag_field="kind"):
     pass
 
 
-class RetryTrigger(_Fact, tag="retry", tag_field="kind"):
+class RetryTrigger(_Kinded, tag="retry", tag_field="kind"):
     previous_turn: int | None = None
 
 
 Trigger: TypeAlias = MessageTrigger | RetryTrigger
 
 
-class UserCause(_Fact, tag="user", tag_field="kind"):
+class UserCause(_Kinded, tag="user", tag_field="kind"):
     pass
 
 
-class ParentCause(_Fact, tag="parent", tag_field="kind"):
+class ParentCause(_Kinded, tag="parent", tag_field="kind"):
     pass
 
 
-class HookCause(_Fact, tag="hook", tag_field="kind"):
+class HookCause(_Kinded, tag="hook", tag_field="kind"):
     reason: str
 
 
-class DisposedCause(_Fact, tag="disposed", tag_field="kind"):
+class DisposedCause(_Kinded, tag="disposed", tag_field="kind"):
     pass
 
 
 CancelCause: TypeAlias = UserCause | ParentCause | HookCause | DisposedCause
 
 
-class Completed(_Fact, tag="completed", tag_field="kind"):
+class Completed(_Kinded, tag="completed", tag_field="kind"):
     pass
 
 
-class Aborted(_Fact, tag="aborted", tag_field="kind"):
+class Aborted(_Kinded, tag="aborted", tag_field="kind"):
     reason: CancelCause
 
 
-class Blocked(_Fact, tag="blocked", tag_field="kind"):
+class Blocked(_Kinded, tag="blocked", tag_field="kind"):
     pass
 
 
-class Errored(_Fact, tag="error", tag_field="kind"):
+class Errored(_Kinded, tag="error", tag_field="kind"):
     error: LlmFailure
 
 
-class MaxTokens(_Fact, tag="max-tokens", tag_field="kind"):
+class MaxTokens(_Kinded, tag="max-tokens", tag_field="kind"):
     pass
 
 
-class Interrupted(_Fact, tag="interrupted", tag_field="kind"):
+class Interrupted(_Kinded, tag="interrupted", tag_field="kind"):
     """Written only by crash repair when a session resumes with an open tail turn."""
 
 
-class LimitExceeded(_Fact, tag="limit", tag_field="kind"):
+class LimitExceeded(_Kinded, tag="limit", tag_field="kind"):
     """A runtime limit (steps per turn, requests, tokens) ended the turn."""
 
     limit: str
@@ -315,11 +339,11 @@ TurnEndReason: TypeAlias = (
 )
 
 
-class SurfaceAppend(_Fact, tag="append", tag_field="kind"):
+class SurfaceAppend(_Kinded, tag="append", tag_field="kind"):
     pass
 
 
-class SurfaceReplace(_Fact, tag="replace", tag_field="kind"):
+class SurfaceReplace(_Kinded, tag="replace", tag_field="kind"):
     """Replaces the model-visible message written by the surface event at ``seq``."""
 
     seq: int

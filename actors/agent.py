@@ -1,0 +1,315 @@
+"""The agent actor: its mailbox is its inbox, and it steps the turn coroutine.
+
+Control envelopes (inserts, edits, cancel, completions of effects) are handled in send
+order on a dispatcher thread. The turn coroutine runs until it awaits an effect; the
+actor starts the effect on the I/O side and resumes the coroutine when the completion
+arrives as a message. So while a model call is in flight the agent still handles
+``steer``, ``inject``, ``cancel`` and ``dispose`` at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from itertools import count
+from typing import Any, Literal
+
+import msgspec
+from pykka import ActorRef
+
+from storage.events import CancelCause, InboxLane, MessageId, UserMessage
+
+from ._ioside import IoSide, Outcome
+from ._pooled import PooledActor
+from ._scheduler import Scheduler
+from .effects import (
+    Checkpoint,
+    Effect,
+    Flush,
+    JoinTool,
+    NextBatch,
+    OpenStream,
+    RunAsync,
+    Sleep,
+    StartTool,
+    TurnAborted,
+)
+from .inbox import Inbox, InboxView
+from .streams import StreamHandle, ToolHandle, open_stream, start_tool
+from .turn import TurnMachine
+
+__all__ = [
+    "AgentActor",
+    "AwaitIdle",
+    "Cancel",
+    "Edit",
+    "Insert",
+]
+
+log = logging.getLogger("corral.agent")
+
+_PENDING: Any = object()
+
+
+class Insert(msgspec.Struct, frozen=True):
+    """Put a reserved message into a lane; ``wake`` starts a turn when idle."""
+
+    lane: InboxLane
+    message: UserMessage
+    wake: bool
+
+
+class Edit(msgspec.Struct, frozen=True):
+    """A supervisor's inbox edit; answered through ``ask``."""
+
+    op: Literal["remove", "replace", "clear"]
+    message_id: MessageId | None = None
+    message: UserMessage | None = None
+
+
+class Cancel(msgspec.Struct, frozen=True):
+    cause: CancelCause
+    keep_inbox: bool = False
+
+
+class AwaitIdle(msgspec.Struct, frozen=True):
+    """Call ``callback`` once every envelope sent before this one ran and the agent is idle."""
+
+    callback: Callable[[], None]
+
+
+class _Resume(msgspec.Struct, frozen=True):
+    token: int
+    error: BaseException | None = None
+    value: Any = None
+
+
+class _StreamReady(msgspec.Struct, frozen=True):
+    stream: StreamHandle
+
+
+class _ToolDone(msgspec.Struct, frozen=True):
+    handle: ToolHandle
+
+
+class AgentActor(PooledActor):
+    """One agent. Construct through the runtime; the fields below are its configuration."""
+
+    def __init__(
+        self,
+        *,
+        machine: TurnMachine,
+        inbox: Inbox,
+        session: Any,
+        model: Any,
+        io: IoSide,
+        scheduler: Scheduler,
+        bus: Any,
+        dispatcher: Any = None,
+    ) -> None:
+        super().__init__()
+        if dispatcher is not None:
+            self.actor_dispatcher = dispatcher
+        self.machine = machine
+        self.inbox = inbox
+        self.session = session
+        self.model = model
+        self.io = io
+        self.scheduler = scheduler
+        self.bus = bus
+        self._coro: Coroutine[Any, Any, None] | None = None
+        self._tokens = count(1)
+        self._waiting: Effect[Any] | None = None
+        self._waiting_token = 0
+        self._cancel_waiting: Callable[[], None] | None = None
+        self._idle_waiters: list[Callable[[], None]] = []
+        self._running = False
+
+    # ------------------------------------------------------------------ envelopes
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _Resume):
+            if message.token == self._waiting_token and self._waiting is not None:
+                self._advance(message.value, message.error)
+        elif isinstance(message, _StreamReady):
+            self._on_stream_ready(message.stream)
+        elif isinstance(message, _ToolDone):
+            waiting = self._waiting
+            if isinstance(waiting, JoinTool) and waiting.handle is message.handle:
+                self._advance(message.handle.run)
+        elif isinstance(message, Insert):
+            self._insert(message)
+        elif isinstance(message, Cancel):
+            self._cancel(message.cause, keep_inbox=message.keep_inbox)
+        elif isinstance(message, AwaitIdle):
+            if self._coro is None:
+                message.callback()
+            else:
+                self._idle_waiters.append(message.callback)
+        elif isinstance(message, Edit):
+            return self._edit(message)
+        else:
+            return super().on_receive(message)
+        return None
+
+    def inbox_view(self) -> InboxView:
+        return self.inbox.view()
+
+    def _insert(self, message: Insert) -> None:
+        lane, wake = message.lane, message.wake
+        if wake and self.machine.unwinding:
+            lane = "next-turn"
+            self.machine.latched_wake = True
+        try:
+            self.inbox.insert(lane, message.message)
+        except Exception:
+            self.inbox.release(message.message.id)
+            log.exception("agent %s could not insert message %s", self.session.id, message.message.id)
+            return
+        if wake and self._coro is None:
+            self._start_drain()
+
+    def _edit(self, edit: Edit) -> Any:
+        if edit.op == "remove":
+            assert edit.message_id is not None
+            return self.inbox.remove(edit.message_id)
+        if edit.op == "replace":
+            assert edit.message_id is not None and edit.message is not None
+            try:
+                self.inbox.replace(edit.message_id, edit.message)
+            except Exception:
+                self.inbox.release(edit.message.id)
+                raise
+            return None
+        return self.inbox.clear()
+
+    def _cancel(self, cause: CancelCause, *, keep_inbox: bool) -> None:
+        if not keep_inbox:
+            self.inbox.clear()
+        signal = self.machine.signal
+        if self._coro is None or signal is None or not signal.abort(cause):
+            return
+        waiting = self._waiting
+        if waiting is not None and waiting.abortable:
+            if self._cancel_waiting is not None:
+                self._cancel_waiting()
+            self._advance(None, TurnAborted())
+
+    # ------------------------------------------------------------------ stepping
+
+    def _start_drain(self) -> None:
+        self._coro = self.machine.drain()
+        self._advance(None)
+
+    def _advance(self, value: Any, error: BaseException | None = None) -> None:
+        coro = self._coro
+        assert coro is not None
+        self._waiting = None
+        self._cancel_waiting = None
+        while True:
+            try:
+                effect = coro.throw(error) if error is not None else coro.send(value)
+            except StopIteration:
+                self._drained()
+                return
+            result = self._start(effect)
+            if result is _PENDING:
+                self._waiting = effect
+                return
+            value, error = result
+
+    def _drained(self) -> None:
+        self._coro = None
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for callback in waiters:
+            callback()
+
+    def _wait(self, effect: Effect[Any], cancel: Callable[[], None] | None = None) -> tuple[int, Any]:
+        token = self._waiting_token = next(self._tokens)
+        self._cancel_waiting = cancel
+        return token, _PENDING
+
+    def _resumer(self, token: int) -> Callable[[Any, BaseException | None], None]:
+        ref: ActorRef[Any] = self.actor_ref
+
+        def resume(value: Any = None, error: BaseException | None = None) -> None:
+            ref.tell(_Resume(token=token, value=value, error=error))
+
+        return resume
+
+    def _start(self, effect: Effect[Any]) -> Any:
+        """Start ``effect``; return ``(value, error)`` if it resolved at once, else pending."""
+        if isinstance(effect, NextBatch):
+            stream: StreamHandle = effect.stream
+            items, error = stream.take()
+            if items or error is not None:
+                return items, error
+            token, pending = self._wait(effect, stream.cancel)
+            stream.waiting = True
+            return pending
+        if isinstance(effect, Flush):
+            token, pending = self._wait(effect)
+            resume = self._resumer(token)
+            self.session.flush_async(lambda err: resume(None, err))
+            return pending
+        if isinstance(effect, Checkpoint):
+            token, pending = self._wait(effect)
+            self.actor_ref.tell(_Resume(token=token))
+            return pending
+        if isinstance(effect, OpenStream):
+            ref = self.actor_ref
+            return open_stream(self.model, effect.request, self.io, lambda s: ref.tell(_StreamReady(s))), None
+        if isinstance(effect, StartTool):
+            ref = self.actor_ref
+            handle = start_tool(effect.plan, self.io, self.bus, self.session.id, lambda h: ref.tell(_ToolDone(h)))
+            return handle, None
+        if isinstance(effect, JoinTool):
+            tool: ToolHandle = effect.handle
+            if tool.done:
+                return tool.run, None
+            return self._wait(effect)[1]
+        if isinstance(effect, RunAsync):
+            token, pending = self._wait(effect)
+            resume = self._resumer(token)
+
+            def on_done(outcome: Outcome[Any]) -> None:
+                resume(outcome.value, outcome.error)
+
+            handle = self.io.start(effect.work, on_done=on_done)
+            self._cancel_waiting = handle.cancel
+            return pending
+        if isinstance(effect, Sleep):
+            token, pending = self._wait(effect)
+            timer = self.scheduler.tell_later(effect.seconds, self.actor_ref, _Resume(token=token))
+            self._cancel_waiting = timer.cancel
+            return pending
+        raise TypeError(f"the turn awaited an unknown effect {effect!r}")
+
+    def _on_stream_ready(self, stream: StreamHandle) -> None:
+        waiting = self._waiting
+        if isinstance(waiting, NextBatch) and waiting.stream is stream:
+            items, error = stream.take()
+            if items or error is not None:
+                self._advance(items, error)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_stop(self) -> None:
+        if self._coro is not None:
+            self._coro.close()
+            self._coro = None
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for callback in waiters:
+            callback()
+
+    @property
+    def busy(self) -> bool:
+        return self._coro is not None
+
+    def status(self) -> Literal["idle", "running"]:
+        return self.machine.status
+
+
+def inbox_snapshot(actor: AgentActor) -> InboxView:
+    """A read-only view of both lanes (thread-safe)."""
+    return actor.inbox.view()

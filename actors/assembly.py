@@ -1,0 +1,99 @@
+"""Assembling a model's streamed chunks into one assistant message."""
+
+from __future__ import annotations
+
+from storage.events import (
+    AssistantMessage,
+    AssistantPart,
+    FinishChunk,
+    FinishReason,
+    LlmFailure,
+    ReasoningBlock,
+    ReasoningDelta,
+    StreamChunk,
+    TextBlock,
+    TextDelta,
+    ToolCallBlock,
+    ToolCallDelta,
+    Usage,
+    UsageChunk,
+)
+
+__all__ = ["Assembler"]
+
+
+class _PartialCall:
+    __slots__ = ("arguments", "call_id", "name")
+
+    def __init__(self) -> None:
+        self.call_id: str | None = None
+        self.name: str | None = None
+        self.arguments: list[str] = []
+
+
+class Assembler:
+    """Accumulates chunks; knows the visible prefix and the complete calls."""
+
+    def __init__(self, turn: int, step: int) -> None:
+        self._turn = turn
+        self._step = step
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, _PartialCall] = {}
+        self.usage: Usage | None = None
+        self.finish: FinishReason | None = None
+        self.chunk_seqs: list[int] = []
+
+    def add(self, chunk: StreamChunk, seq: int) -> None:
+        self.chunk_seqs.append(seq)
+        if isinstance(chunk, TextDelta):
+            self._text.append(chunk.text)
+        elif isinstance(chunk, ReasoningDelta):
+            self._reasoning.append(chunk.text)
+        elif isinstance(chunk, ToolCallDelta):
+            call = self._calls.setdefault(chunk.index, _PartialCall())
+            if chunk.call_id:
+                call.call_id = chunk.call_id
+            if chunk.name and call.name is None:
+                call.name = chunk.name
+            call.arguments.append(chunk.arguments_delta)
+        elif isinstance(chunk, UsageChunk):
+            self.usage = chunk.usage
+        elif isinstance(chunk, FinishChunk):
+            self.finish = chunk.reason
+
+    def visible(self) -> list[AssistantPart]:
+        """Reasoning and text streamed so far (what a cancel keeps)."""
+        parts: list[AssistantPart] = []
+        if self._reasoning:
+            parts.append(ReasoningBlock(text="".join(self._reasoning)))
+        if self._text:
+            parts.append(TextBlock(text="".join(self._text)))
+        return parts
+
+    def calls(self) -> list[ToolCallBlock]:
+        """Complete tool calls in model order; a missing id is derived from the position."""
+        calls: list[ToolCallBlock] = []
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            call_id = call.call_id or f"call_{self._turn}_{self._step}_{index}"
+            calls.append(
+                ToolCallBlock(call_id=call_id, name=call.name or "", arguments="".join(call.arguments))
+            )
+        return calls
+
+    def message(self, *, with_calls: bool) -> AssistantMessage:
+        parts = self.visible()
+        if with_calls:
+            parts += self.calls()
+        return AssistantMessage(content=parts)
+
+    def failure(self) -> LlmFailure | None:
+        """What is wrong with a finished stream, if anything."""
+        if self.finish is None:
+            return LlmFailure(message="the model stream ended without a finish", code="TRANSPORT")
+        if self.finish == "error":
+            return LlmFailure(message="the model finished with an error", code="UNKNOWN")
+        if not self._text and not self._reasoning and not self._calls:
+            return LlmFailure(message="the model returned an empty response", code="EMPTY_RESPONSE")
+        return None

@@ -1,0 +1,130 @@
+"""Effects: what the turn coroutine awaits when it needs the outside world.
+
+The turn is an ``async def`` that never touches a thread or an event loop. Awaiting an
+:class:`Effect` suspends it and hands the effect to whoever steps it — the agent actor in
+production, a test by hand in deterministic tests — which later resumes it with
+``coro.send(result)`` or ``coro.throw(error)``.
+
+``abortable`` effects are interrupted by a cancel: the stepper cancels the work and throws
+:class:`TurnAborted` into the coroutine. The others (durability waits, joins of tool
+calls already running) always run to completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Generator, Sequence
+from typing import Any, Generic, TypeVar
+
+from storage.events import StreamChunk
+
+from .model import ModelRequest
+
+__all__ = [
+    "Checkpoint",
+    "Effect",
+    "Flush",
+    "JoinTool",
+    "NextBatch",
+    "OpenStream",
+    "RunAsync",
+    "Sleep",
+    "StartTool",
+    "StreamEnd",
+    "TurnAborted",
+]
+
+T = TypeVar("T")
+
+
+class TurnAborted(Exception):  # noqa: N818 - a control signal, not an error condition
+    """Thrown into the turn coroutine when its signal aborts an abortable effect."""
+
+
+class Effect(Generic[T]):
+    """An awaitable request to the stepper; the awaited value is what it sends back."""
+
+    __slots__ = ()
+    abortable = False
+
+    def __await__(self) -> Generator[Effect[T], Any, T]:
+        result: T = yield self
+        return result
+
+
+class Checkpoint(Effect[None]):
+    """Let control messages already queued for the actor (cancel, steer) run first."""
+
+    __slots__ = ()
+    abortable = True
+
+
+class Flush(Effect[None]):
+    """Wait until everything appended so far is durable."""
+
+    __slots__ = ()
+
+
+class RunAsync(Effect[Any]):
+    """Run ``work()`` (a coroutine factory: async listeners) on the I/O side."""
+
+    __slots__ = ("name", "work")
+    abortable = True
+
+    def __init__(self, name: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        self.name = name
+        self.work = work
+
+
+class Sleep(Effect[None]):
+    """Wait ``seconds`` on the scheduler (retry backoff)."""
+
+    __slots__ = ("seconds",)
+    abortable = True
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+class StreamEnd:
+    """Marker ending a stream's batches."""
+
+    __slots__ = ()
+
+
+class OpenStream(Effect[Any]):
+    """Start a model call; resumes with an opaque stream handle."""
+
+    __slots__ = ("request",)
+    abortable = True
+
+    def __init__(self, request: ModelRequest) -> None:
+        self.request = request
+
+
+class NextBatch(Effect[Sequence["StreamChunk | StreamEnd"]]):
+    """The chunks that arrived since the last batch (``StreamEnd`` last); raises the
+    model's error."""
+
+    __slots__ = ("stream",)
+    abortable = True
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+
+class StartTool(Effect[Any]):
+    """Start one tool execution on the I/O side; resumes at once with a handle."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+
+
+class JoinTool(Effect[Any]):
+    """Wait for a started tool execution; resumes with its ``ToolOutcome``."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle

@@ -1,0 +1,191 @@
+"""The agent's inbox: two lanes of pending user messages, changed only by durable splices.
+
+Every change is validated, appended as a durable ``agent/inbox/spliced`` fact, applied,
+then announced live (``agent/inbox/discarded`` per removed message, then
+``agent/inbox/inserted`` per inserted one). A claim is an atomic pure deletion
+announced as ``agent/inbox/claimed``. Only the owning agent actor changes the lanes;
+any thread may read a snapshot and reserve a :data:`MessageId` (so a duplicate is
+refused synchronously, in the caller's thread).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import msgspec
+
+from storage.events import AgentInboxSpliced, InboxLane, MessageId, UserMessage
+
+from .errors import DuplicateMessageError, InboxFullError, UnknownMessageError
+from .live import AgentLike, InboxClaimed, InboxDiscarded, InboxInserted
+
+__all__ = ["LANES", "Inbox", "InboxView"]
+
+LANES: tuple[InboxLane, InboxLane] = ("next-turn", "next-step")
+
+
+class InboxView(msgspec.Struct, frozen=True):
+    """A read-only snapshot of both lanes."""
+
+    next_turn: tuple[UserMessage, ...]
+    next_step: tuple[UserMessage, ...]
+
+    def __len__(self) -> int:
+        return len(self.next_turn) + len(self.next_step)
+
+    def ids(self) -> list[MessageId]:
+        return [m.id for m in (*self.next_turn, *self.next_step)]
+
+
+class Inbox:
+    """Both lanes of one agent.
+
+    Invariant: every id in the lanes is in ``_reserved``; ids are unique across lanes.
+    """
+
+    def __init__(
+        self,
+        *,
+        append_fact: Callable[[Any], Any],
+        emit: Callable[[str, Any], None],
+        agent: AgentLike,
+        limit: int | None = None,
+    ) -> None:
+        self._append = append_fact
+        self._emit = emit
+        self._agent = agent
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._lanes: dict[InboxLane, list[UserMessage]] = {"next-turn": [], "next-step": []}
+        self._reserved: set[MessageId] = set()
+
+    # ------------------------------------------------------------------ any thread
+
+    def reserve(self, message_id: MessageId) -> None:
+        """Claim ``message_id`` for a message on its way in; refuse duplicates and overflow."""
+        with self._lock:
+            if message_id in self._reserved:
+                raise DuplicateMessageError(
+                    f"message id {message_id!r} is already pending in this agent's inbox; "
+                    "use a new id, or replace() the pending message"
+                )
+            if self._limit is not None and len(self._reserved) >= self._limit:
+                raise InboxFullError(
+                    f"the inbox holds {len(self._reserved)} pending messages, its limit; "
+                    "wait for the agent to claim some, or raise inbox_limit"
+                )
+            self._reserved.add(message_id)
+
+    def release(self, message_id: MessageId) -> None:
+        with self._lock:
+            self._reserved.discard(message_id)
+
+    def view(self) -> InboxView:
+        with self._lock:
+            return InboxView(tuple(self._lanes["next-turn"]), tuple(self._lanes["next-step"]))
+
+    def __len__(self) -> int:
+        return len(self._lanes["next-turn"]) + len(self._lanes["next-step"])
+
+    def lane_size(self, lane: InboxLane) -> int:
+        return len(self._lanes[lane])
+
+    # ------------------------------------------------------------------ owner only
+
+    def load(self, next_turn: Sequence[UserMessage], next_step: Sequence[UserMessage]) -> None:
+        """Restore lanes replayed from a session's splices (resume); no fact is written."""
+        with self._lock:
+            self._lanes = {"next-turn": list(next_turn), "next-step": list(next_step)}
+            self._reserved = {m.id for m in (*next_turn, *next_step)}
+
+    def splice(
+        self,
+        lane: InboxLane,
+        start: int,
+        removed_count: int,
+        inserted: Sequence[UserMessage],
+        *,
+        outcome: Literal["canceled"] | None = "canceled",
+    ) -> list[UserMessage]:
+        """The general edit: durable fact, apply, announce. Returns the removed messages.
+
+        Coordinates are normalized like list slicing; a no-op writes nothing. Inserted
+        messages must already be reserved.
+        """
+        items = self._lanes[lane]
+        begin = slice(start, None).indices(len(items))[0]
+        end = min(len(items), begin + max(removed_count, 0))
+        removed = items[begin:end]
+        if not removed and not inserted:
+            return []
+        self._append(
+            AgentInboxSpliced(
+                target=lane,
+                start=begin,
+                removed_count=len(removed),
+                inserted=list(inserted),
+                outcome=outcome if removed else None,
+            )
+        )
+        with self._lock:
+            items[begin:end] = inserted
+            if outcome is not None:
+                for message in removed:
+                    self._reserved.discard(message.id)
+        if outcome is not None:
+            for message in removed:
+                self._emit("agent/inbox/discarded", InboxDiscarded(agent=self._agent, message=message))
+        for message in inserted:
+            self._emit(
+                "agent/inbox/inserted",
+                InboxInserted(agent=self._agent, message=message, target=lane),
+            )
+        return removed
+
+    def insert(self, lane: InboxLane, message: UserMessage) -> None:
+        self.splice(lane, len(self._lanes[lane]), 0, [message], outcome=None)
+
+    def find(self, message_id: MessageId) -> tuple[InboxLane, int] | None:
+        for lane in LANES:
+            for index, message in enumerate(self._lanes[lane]):
+                if message.id == message_id:
+                    return lane, index
+        return None
+
+    def remove(self, message_id: MessageId) -> UserMessage:
+        where = self.find(message_id)
+        if where is None:
+            raise UnknownMessageError(f"no pending message {message_id!r} in this inbox")
+        lane, index = where
+        return self.splice(lane, index, 1, [])[0]
+
+    def replace(self, message_id: MessageId, message: UserMessage) -> None:
+        """Swap a pending message for ``message`` (reserved) in the same place."""
+        where = self.find(message_id)
+        if where is None:
+            raise UnknownMessageError(f"no pending message {message_id!r} in this inbox")
+        lane, index = where
+        self.splice(lane, index, 1, [message])
+
+    def clear(self) -> list[UserMessage]:
+        removed: list[UserMessage] = []
+        for lane in LANES:
+            removed += self.splice(lane, 0, len(self._lanes[lane]), [])
+        return removed
+
+    def claim(self, turn: int, *, new_turn: bool) -> list[UserMessage]:
+        """Atomically take the batch of ``turn``: for a new turn the first ``next-turn``
+        message, then the whole ``next-step`` lane. Pure deletion: no ``outcome``."""
+        batch: list[UserMessage] = []
+        if new_turn and self._lanes["next-turn"]:
+            batch += self.splice("next-turn", 0, 1, [], outcome=None)
+        if self._lanes["next-step"]:
+            batch += self.splice("next-step", 0, len(self._lanes["next-step"]), [], outcome=None)
+        with self._lock:
+            for message in batch:
+                self._reserved.discard(message.id)
+        for message in batch:
+            self._emit("agent/inbox/claimed", InboxClaimed(agent=self._agent, message=message, turn=turn))
+        return batch

@@ -1,0 +1,273 @@
+"""The live ``agent/*`` and ``tools/*`` vocabulary: payloads, decisions, the turn signal.
+
+A live event always carries the live agent handle (``agent``), which the runtime layer
+supplies; ``actors`` only knows it as an opaque :class:`AgentLike`. Durable facts are
+never mirrored here: turn and step boundaries, messages and chunks are read off
+``session/event``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal, Protocol, TypeAlias
+
+import msgspec
+
+from storage.events import CancelCause, LlmFailure, TurnEndReason, UserMessage
+
+__all__ = [
+    "AGENT_EVENTS",
+    "AgentCreated",
+    "AgentDisposed",
+    "AgentError",
+    "AgentLike",
+    "AgentSessionStart",
+    "AgentSettled",
+    "AgentStatus",
+    "AgentStatusChanged",
+    "Allow",
+    "Deny",
+    "Enter",
+    "InboxClaimed",
+    "InboxDiscarded",
+    "InboxInserted",
+    "PostExecute",
+    "PreExecute",
+    "PreStep",
+    "PreStepDecision",
+    "RequestError",
+    "SessionEventLive",
+    "RequestEvent",
+    "Retry",
+    "Reject",
+    "ToolExecute",
+    "ToolResultEvent",
+    "TurnSignal",
+    "TurnStopping",
+]
+
+AgentStatus: TypeAlias = Literal["idle", "running"]
+
+
+class AgentLike(Protocol):
+    """What ``actors`` needs of the runtime's agent handle."""
+
+    @property
+    def id(self) -> str: ...
+
+
+class _Live(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of live payloads: attributes are the CONTRACT payload fields."""
+
+    agent: AgentLike
+
+
+class AgentCreated(_Live):
+    pass
+
+
+class AgentSessionStart(_Live):
+    source: Literal["startup", "resume"]
+
+
+class AgentDisposed(_Live):
+    pass
+
+
+class AgentStatusChanged(_Live):
+    status: AgentStatus
+
+
+class InboxInserted(_Live):
+    message: UserMessage
+    target: Literal["next-turn", "next-step"]
+
+
+class InboxClaimed(_Live):
+    message: UserMessage
+    turn: int
+
+
+class InboxDiscarded(_Live):
+    message: UserMessage
+
+
+class AgentSettled(_Live):
+    turn: int
+    reason: TurnEndReason
+
+
+class SessionEventLive(_Live):
+    """``session/event``: one committed fact of this agent's session."""
+
+    event: Any
+
+
+class AgentError(_Live):
+    turn: int
+    step: int | None
+    error: LlmFailure
+
+
+class TurnSignal:
+    """The live abort signal of one turn. First cause wins; thread-safe.
+
+    Invariant: once ``aborted`` is true it never becomes false, and ``reason`` never
+    changes.
+    """
+
+    __slots__ = ("_callbacks", "_lock", "_reason")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reason: CancelCause | None = None
+        self._callbacks: list[Callable[[CancelCause], None]] = []
+
+    @property
+    def aborted(self) -> bool:
+        return self._reason is not None
+
+    @property
+    def reason(self) -> CancelCause | None:
+        return self._reason
+
+    def abort(self, cause: CancelCause) -> bool:
+        """Abort with ``cause``; returns False if an earlier cause already won."""
+        with self._lock:
+            if self._reason is not None:
+                return False
+            self._reason = cause
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(cause)
+        return True
+
+    def on_abort(self, callback: Callable[[CancelCause], None]) -> None:
+        """Call ``callback(cause)`` when aborted (at once if it already is)."""
+        with self._lock:
+            if self._reason is None:
+                self._callbacks.append(callback)
+                return
+            cause = self._reason
+        callback(cause)
+
+
+class PreStep(_Live):
+    messages: Sequence[UserMessage]
+    turn: int
+    step: int
+    signal: TurnSignal
+
+
+class Enter(msgspec.Struct, frozen=True, tag="enter", tag_field="kind"):
+    """Enter the step with exactly ``messages`` (authoritative: may be rewritten)."""
+
+    messages: Sequence[UserMessage]
+
+
+class Reject(msgspec.Struct, frozen=True, tag="reject", tag_field="kind"):
+    """End the turn ``blocked`` without a step."""
+
+    reason: str | None = None
+
+
+PreStepDecision: TypeAlias = Enter | Reject
+
+
+class RequestEvent(_Live):
+    turn: int
+    step: int
+    signal: TurnSignal
+
+
+class RequestError(_Live):
+    turn: int
+    step: int
+    error: BaseException
+    failure: LlmFailure
+    prior_failures: Sequence[LlmFailure]
+    signal: TurnSignal
+
+
+class Retry(msgspec.Struct, frozen=True, tag="retry", tag_field="kind"):
+    """Returned from ``agent/request-error`` by the listener that owns recovery."""
+
+    delay_s: float | None = None
+
+
+class TurnStopping(_Live):
+    turn: int
+    step: int
+    signal: TurnSignal
+
+
+class PreExecute(_Live):
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    arguments: Any
+    signal: TurnSignal
+
+
+class Allow(msgspec.Struct, frozen=True, tag="allow", tag_field="kind"):
+    pass
+
+
+class Deny(msgspec.Struct, frozen=True, tag="deny", tag_field="kind"):
+    reason: str
+
+
+class ToolExecute(_Live):
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    arguments: Any
+
+
+class PostExecute(_Live):
+    """``tools/post-execute``: return a replacement ``output`` (or this event's)."""
+
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    arguments: Any
+    output: Any
+    error: str | None
+
+
+class ToolResultEvent(_Live):
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    seq: int
+    is_error: bool
+
+
+AGENT_EVENTS: Final = frozenset(
+    {
+        "agent/created",
+        "agent/session-start",
+        "agent/disposed",
+        "agent/status",
+        "agent/inbox/inserted",
+        "agent/inbox/claimed",
+        "agent/inbox/discarded",
+        "agent/pre-step",
+        "agent/request",
+        "agent/request-error",
+        "agent/turn-stopping",
+        "agent/settled",
+        "agent/error",
+        "tools/pre-execute",
+        "tools/execute",
+        "tools/post-execute",
+        "tools/result",
+        "session/event",
+    }
+)
+"""Every live event name the runtime emits (a typo in ``on()`` is refused)."""

@@ -1,0 +1,166 @@
+"""The agent's two long-running effects: a model stream and a tool execution.
+
+Both run on the I/O side and hand results back to the owning actor through a thread-safe
+handle plus a notification (an actor message). A stream's chunks are batched: while the
+actor has not taken the last batch, new chunks join it instead of sending another message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from storage.events import StreamChunk
+
+from ._ioside import EffectHandle, IoSide, Outcome
+from .effects import StreamEnd
+from .model import ImmediateModel, Model, ModelError, ModelRequest
+from .toolphase import ToolPlan, ToolRun
+from .tools import run_execute_chain
+
+__all__ = ["StreamHandle", "ToolHandle", "open_stream", "start_tool"]
+
+
+class StreamHandle:
+    """Chunks of one model call, produced on the loop, taken by the actor."""
+
+    __slots__ = ("_effect", "_error", "_items", "_lock", "_notified", "_notify", "waiting")
+
+    def __init__(self, notify: Callable[[StreamHandle], None]) -> None:
+        self._lock = threading.Lock()
+        self._items: list[StreamChunk | StreamEnd] = []
+        self._error: BaseException | None = None
+        self._notify = notify
+        self._notified = False
+        self._effect: EffectHandle[Any] | None = None
+        self.waiting = False
+
+    def _signal(self) -> None:
+        with self._lock:
+            if self._notified:
+                return
+            self._notified = True
+        self._notify(self)
+
+    def push(self, item: StreamChunk | StreamEnd) -> None:
+        with self._lock:
+            self._items.append(item)
+        self._signal()
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            self._error = error
+        self._signal()
+
+    def take(self) -> tuple[list[StreamChunk | StreamEnd], BaseException | None]:
+        """Everything that arrived; the error only once the chunks before it were taken."""
+        with self._lock:
+            self._notified = False
+            items, self._items = self._items, []
+            if items:
+                return items, None
+            error, self._error = self._error, None
+            return [], error
+
+    def cancel(self) -> None:
+        if self._effect is not None:
+            self._effect.cancel()
+
+
+def open_stream(
+    model: Model, request: ModelRequest, io: IoSide, notify: Callable[[StreamHandle], None]
+) -> StreamHandle:
+    """Start ``model`` on ``request``; an immediate model answers inline."""
+    handle = StreamHandle(notify)
+    if isinstance(model, ImmediateModel):
+        try:
+            answer = model.answer_now(request)
+        except ModelError as err:
+            handle._error = err  # noqa: SLF001 - not yet shared with any thread
+            return handle
+        if answer is not None:
+            handle._items = [*answer, StreamEnd()]  # noqa: SLF001
+            return handle
+
+    async def pump() -> None:
+        chunks = model.stream(request)
+        try:
+            async for chunk in chunks:
+                handle.push(chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - delivered to the turn as the failure
+            handle.fail(err)
+            return
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        handle.push(StreamEnd())
+
+    handle._effect = io.start(pump, on_done=_ignore)  # noqa: SLF001
+    return handle
+
+
+def _ignore(_outcome: Outcome[Any]) -> None:
+    return None
+
+
+class ToolHandle:
+    """One tool execution; ``run`` is set (then ``done``) from an I/O thread."""
+
+    __slots__ = ("done", "run")
+
+    def __init__(self) -> None:
+        self.run: ToolRun | None = None
+        self.done = False
+
+
+class _Timeout(Exception):  # noqa: N818 - internal marker
+    pass
+
+
+def start_tool(
+    plan: ToolPlan, io: IoSide, bus: Any, scope: str, notify: Callable[[ToolHandle], None]
+) -> ToolHandle:
+    """Run ``plan``'s body (wrapped by ``tools/execute``) on the I/O side."""
+    handle = ToolHandle()
+    tool = plan.tool
+    listeners = bus.listeners("tools/execute", scope=scope)
+    timeout = tool.timeout_s
+
+    def finish(outcome: Outcome[Any]) -> None:
+        if outcome.cancelled and outcome.error is None and outcome.value is None:
+            handle.run = ToolRun(error=RuntimeError("the tool run was cancelled by shutdown"))
+        elif isinstance(outcome.error, _Timeout):
+            handle.run = ToolRun(timed_out=True)
+        elif outcome.error is not None:
+            handle.run = ToolRun(error=outcome.error)
+        else:
+            handle.run = ToolRun(output=outcome.value)
+        handle.done = True
+        notify(handle)
+
+    if not listeners and not tool.is_async and timeout is None:
+        io.start_blocking(lambda: tool.run(plan.prepared), on_done=finish)
+        return handle
+
+    async def body() -> Any:
+        if tool.is_async:
+            work = tool.run(plan.prepared)
+        else:
+            work = asyncio.get_running_loop().run_in_executor(io.blocking_pool, tool.run, plan.prepared)
+        if timeout is None:
+            return await work
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except TimeoutError as err:
+            raise _Timeout from err
+
+    async def chain() -> Any:
+        return await run_execute_chain(listeners, plan.event, body, pool=io.blocking_pool)
+
+    io.start(chain, on_done=finish)
+    return handle

@@ -1,0 +1,209 @@
+"""The tool phase of a step (CONTRACT section 6).
+
+``tool/call`` facts are already durable when this runs. Each call passes
+``tools/pre-execute`` (allow / deny), then its body runs on the I/O side wrapped by
+``tools/execute``, then ``tools/post-execute`` may replace the output; ``tool/result``
+facts are appended in model order as soon as every earlier call has one. Calls whose
+tool is concurrency-safe run in parallel (at most ``max_parallel`` in flight); others run
+alone. After an abort no new call starts: in-flight calls finish and commit, every
+unstarted call gets a synthetic ``ABORTED_BEFORE_DISPATCH`` result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from storage.events import TextBlock, ToolCallBlock, ToolError, ToolMessage, ToolResultData, ToolSpec
+
+from .effects import JoinTool, RunAsync, StartTool, TurnAborted
+from .live import AgentLike, Allow, Deny, PostExecute, PreExecute, ToolExecute, ToolResultEvent, TurnSignal
+from .tools import MAX_PARALLEL_TOOLS, Tool, ToolArgumentError, ToolOutcome, outcome_from_output
+
+__all__ = ["ToolPhase", "ToolPlan", "ToolRun"]
+
+
+class ToolPlan(msgspec.Struct, frozen=True):
+    """What the actor needs to run one call's body."""
+
+    tool: Any
+    prepared: Any
+    event: ToolExecute
+
+
+class ToolRun(msgspec.Struct, frozen=True):
+    """How a body ended: its output, or the exception it raised, or a timeout."""
+
+    output: Any = None
+    error: BaseException | None = None
+    timed_out: bool = False
+
+
+def _error(code: str, message: str) -> ToolOutcome:
+    return ToolOutcome(content=[TextBlock(text=message)], error=ToolError(code=code, message=message))
+
+
+class ToolPhase:
+    """Runs the calls of one step. Owned by one agent's turn machine."""
+
+    def __init__(
+        self,
+        *,
+        agent: AgentLike,
+        tools: Mapping[str, Tool],
+        append_fact: Callable[[Any], Any],
+        waterfall: Callable[[str, Any, Callable[[], Any]], Any],
+        emit: Callable[[str, Any], None],
+        max_parallel: int = MAX_PARALLEL_TOOLS,
+    ) -> None:
+        self._agent = agent
+        self._tools = dict(tools)
+        self._append = append_fact
+        self._waterfall = waterfall
+        self._emit = emit
+        self._max_parallel = max_parallel
+        self._specs = [tool.spec for tool in self._tools.values()]
+
+    def specs(self) -> list[ToolSpec]:
+        return self._specs
+
+    async def _decide(self, name: str, event: Any, default: Callable[[], Any]) -> Any:
+        result = self._waterfall(name, event, default)
+        if hasattr(result, "value"):
+            return result.value
+        return await RunAsync(name, result.run)
+
+    async def _admit(
+        self, turn: int, step: int, call: ToolCallBlock, signal: TurnSignal
+    ) -> ToolPlan | ToolOutcome:
+        """Parse, validate and ask ``tools/pre-execute``; an outcome means "do not run"."""
+        tool = self._tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self._tools)) or "none"
+            return _error("UNKNOWN_TOOL", f"there is no tool named {call.name!r} (tools: {known})")
+        try:
+            arguments = json.loads(call.arguments or "{}", parse_constant=_no_constant)
+        except ValueError as err:
+            return _error("INVALID_ARGUMENTS", f"the arguments are not valid JSON: {err}")
+        try:
+            prepared = tool.prepare(arguments)
+        except ToolArgumentError as err:
+            return _error("INVALID_ARGUMENTS", str(err))
+        event = PreExecute(
+            agent=self._agent, turn=turn, step=step, call_id=call.call_id, name=call.name,
+            arguments=arguments, signal=signal,
+        )
+        try:
+            decision = await self._decide("tools/pre-execute", event, Allow)
+        except TurnAborted:
+            return _error("ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started")
+        except Exception as err:  # noqa: BLE001 - a failing gate denies the call
+            return _error("TOOL_DENIED", f"tools/pre-execute failed: {err!r}")
+        if isinstance(decision, Deny):
+            return _error("TOOL_DENIED", decision.reason)
+        execute = ToolExecute(
+            agent=self._agent, turn=turn, step=step, call_id=call.call_id, name=call.name,
+            arguments=arguments,
+        )
+        return ToolPlan(tool=tool, prepared=prepared, event=execute)
+
+    async def _finish(self, plan: ToolPlan, run: ToolRun) -> ToolOutcome:
+        """Turn a body's run into an outcome, through ``tools/post-execute``."""
+        tool_name = plan.event.name
+        if run.timed_out:
+            return _error("TOOL_TIMEOUT", f"tool {tool_name!r} timed out")
+        error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
+        event = PostExecute(
+            agent=self._agent, turn=plan.event.turn, step=plan.event.step, call_id=plan.event.call_id,
+            name=tool_name, arguments=plan.event.arguments, output=run.output, error=error,
+        )
+        try:
+            output = await self._decide("tools/post-execute", event, lambda: run.output)
+        except TurnAborted:
+            output = run.output
+        except Exception as err:  # noqa: BLE001 - a failing post hook fails the call
+            return _error("TOOL_FAILED", f"tools/post-execute failed: {err!r}")
+        if error is not None and output is run.output:
+            return _error("TOOL_FAILED", f"tool {tool_name!r} raised {error}")
+        return outcome_from_output(output)
+
+    async def run(
+        self,
+        turn: int,
+        step: int,
+        calls: Sequence[ToolCallBlock],
+        call_seqs: Sequence[int],
+        signal: TurnSignal,
+    ) -> bool:
+        """Run every call; returns True when a result concludes the turn."""
+        outcomes: list[ToolOutcome | None] = [None] * len(calls)
+        plans: dict[int, ToolPlan] = {}
+        inflight: deque[tuple[int, Any]] = deque()
+        committed = 0
+
+        def commit_ready() -> None:
+            nonlocal committed
+            while committed < len(calls) and outcomes[committed] is not None:
+                self._commit(turn, step, calls[committed], call_seqs[committed], outcomes[committed])
+                committed += 1
+
+        async def join_oldest() -> None:
+            index, handle = inflight.popleft()
+            outcomes[index] = await self._finish(plans[index], await JoinTool(handle))
+            commit_ready()
+
+        for index, call in enumerate(calls):
+            if signal.aborted:
+                outcomes[index] = _error("ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started")
+                commit_ready()
+                continue
+            admitted = await self._admit(turn, step, call, signal)
+            if isinstance(admitted, ToolOutcome):
+                outcomes[index] = admitted
+                commit_ready()
+                continue
+            safe = bool(admitted.tool.concurrency_safe)
+            while inflight and (not safe or len(inflight) >= self._max_parallel):
+                await join_oldest()
+            if signal.aborted:
+                outcomes[index] = _error("ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started")
+                commit_ready()
+                continue
+            plans[index] = admitted
+            inflight.append((index, await StartTool(admitted)))
+            if not safe:
+                await join_oldest()
+        while inflight:
+            await join_oldest()
+        commit_ready()
+        return any(o is not None and o.concludes_turn for o in outcomes)
+
+    def _commit(
+        self, turn: int, step: int, call: ToolCallBlock, call_seq: int, outcome: ToolOutcome | None
+    ) -> None:
+        assert outcome is not None
+        message = ToolMessage(
+            call_id=call.call_id, name=call.name, content=list(outcome.content),
+            is_error=outcome.error is not None,
+        )
+        event = self._append(
+            ToolResultData(
+                turn=turn, step=step, message=message, error=outcome.error,
+                concludes_turn=outcome.concludes_turn, source_event_seqs=[call_seq],
+            )
+        )
+        self._emit(
+            "tools/result",
+            ToolResultEvent(
+                agent=self._agent, turn=turn, step=step, call_id=call.call_id, name=call.name,
+                seq=event.seq, is_error=outcome.error is not None,
+            ),
+        )
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")

@@ -1,0 +1,418 @@
+"""The turn/step machine of the seeds, as a coroutine its agent actor steps.
+
+``drain()`` reads top to bottom: claim, pre-step, step (request, stream, tools), turn
+stopping, turn end, settle — and again while work is owed. It never touches a thread or
+an event loop: where it needs the outside world it awaits an effect
+(:mod:`actors.effects`). Every committed ``turn/start`` gets a ``turn/end`` and every
+committed ``step/start`` a ``step/end``, whatever happens in between.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import msgspec
+
+from storage.events import (
+    Aborted,
+    AssistantChunk,
+    AssistantMessageData,
+    Blocked,
+    Completed,
+    Errored,
+    LimitExceeded,
+    LlmFailure,
+    LlmRetry,
+    MaxTokens,
+    MessageTrigger,
+    RequestConfig,
+    RequestHeader,
+    RetryTrigger,
+    StepEnd,
+    StepStart,
+    ToolCallData,
+    ToolSpec,
+    Trigger,
+    TurnEnd,
+    TurnEndReason,
+    TurnStart,
+    UserMessage,
+    UserMessageData,
+)
+
+from .assembly import Assembler
+from .effects import Checkpoint, Flush, NextBatch, OpenStream, RunAsync, Sleep, StreamEnd, TurnAborted
+from .errors import ListenerError
+from .inbox import Inbox
+from .live import (
+    AgentError,
+    AgentLike,
+    AgentSettled,
+    AgentStatus,
+    AgentStatusChanged,
+    Enter,
+    PreStep,
+    Reject,
+    RequestError,
+    RequestEvent,
+    Retry,
+    TurnSignal,
+    TurnStopping,
+)
+from .model import ModelError, ModelRequest
+from .toolphase import ToolPhase
+
+__all__ = ["Durability", "TurnMachine"]
+
+log = logging.getLogger("corral.turn")
+
+Durability = Literal["write-ahead", "turn", "none"]
+
+
+class _StepResult(msgspec.Struct, frozen=True):
+    """How one step ended. ``failure`` set: the request failed (``offer``: to request-error)."""
+
+    more: bool = False
+    end: TurnEndReason | None = None
+    failure: LlmFailure | None = None
+    error: BaseException | None = None
+    offer: bool = True
+
+
+def _listener_failure(name: str, err: BaseException) -> LlmFailure:
+    cause = err.cause if isinstance(err, ListenerError) else err
+    return LlmFailure(message=f"{name} listener failed: {cause!r}", code="UNKNOWN")
+
+
+class TurnMachine:
+    """One agent's loop. Owned by its actor; never shared between threads."""
+
+    def __init__(
+        self,
+        *,
+        agent: AgentLike,
+        session: Any,
+        inbox: Inbox,
+        bus: Any,
+        tools: ToolPhase,
+        default_config: Callable[[], RequestConfig],
+        system: str | None = None,
+        durability: Durability = "write-ahead",
+        max_steps: int | None = None,
+        on_request: Callable[[ModelRequest], None] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.session = session
+        self.inbox = inbox
+        self.bus = bus
+        self.tools = tools
+        self.default_config = default_config
+        self.system = system
+        self.durability = durability
+        self.max_steps = max_steps
+        self.on_request = on_request
+        self.status: AgentStatus = "idle"
+        self.signal: TurnSignal | None = None
+        self.turn_open = False
+        self.latched_wake = False
+
+    # ------------------------------------------------------------------ helpers
+
+    def emit(self, name: str, payload: Any) -> None:
+        self.bus.emit(name, payload, scope=self.agent.id)
+
+    def _set_status(self, status: AgentStatus) -> None:
+        if status != self.status:
+            self.status = status
+            self.emit("agent/status", AgentStatusChanged(agent=self.agent, status=status))
+
+    async def _waterfall(self, name: str, event: Any, default: Callable[[], Any]) -> Any:
+        result = self.bus.waterfall(name, event, default, scope=self.agent.id)
+        if hasattr(result, "value"):
+            return result.value
+        return await RunAsync(name, result.run)
+
+    async def _serial(self, name: str, event: Any) -> None:
+        result = self.bus.serial(name, event, scope=self.agent.id)
+        if not hasattr(result, "value"):
+            await RunAsync(name, result.run)
+
+    @property
+    def unwinding(self) -> bool:
+        """An aborted turn is still closing: a wake now is forced to ``next-turn``."""
+        return self.turn_open and self.signal is not None and self.signal.aborted
+
+    # ------------------------------------------------------------------ the loop
+
+    async def drain(self) -> None:
+        """Run turns while work is owed; ``running`` for the whole chain, then ``idle``."""
+        if not len(self.inbox):
+            return
+        self._set_status("running")
+        try:
+            await self._chain()
+        finally:
+            self._set_status("idle")
+
+    async def _chain(self) -> None:
+        retry: Retry | None = None
+        failed_turn: int | None = None
+        prior: list[LlmFailure] = []
+        while True:
+            trigger: Trigger
+            if retry is not None:
+                trigger = RetryTrigger(previous_turn=failed_turn)
+            elif len(self.inbox):
+                trigger = MessageTrigger()
+            else:
+                return
+            turn = self.session.state.last_turn + 1
+            signal = self.signal = TurnSignal()
+            self.session.append_fact(TurnStart(turn=turn, trigger=trigger))
+            self.turn_open = True
+            batch = self.inbox.claim(turn, new_turn=retry is None)
+            reason, retry = await self._turn(turn, trigger, batch, signal, prior)
+            if retry is not None and isinstance(reason, Errored):
+                delay = retry.delay_s or 0.0
+                self.session.append_fact(
+                    LlmRetry(turn=turn, attempt=len(prior) + 1, delay_s=delay, failure=reason.error)
+                )
+                self.session.append_fact(TurnEnd(turn=turn, reason=reason))
+                self.turn_open = False
+                prior.append(reason.error)
+                failed_turn = turn
+                if delay > 0 and not await self._pause(delay):
+                    await self._settle(turn, reason)
+                    return
+                continue
+            self.session.append_fact(TurnEnd(turn=turn, reason=reason))
+            self.turn_open = False
+            await self._settle(turn, reason)
+            prior.clear()
+            if isinstance(reason, Completed | MaxTokens):
+                continue
+            if isinstance(reason, Aborted) and self.latched_wake:
+                self.latched_wake = False
+                continue
+            return
+
+    async def _pause(self, seconds: float) -> bool:
+        try:
+            await Sleep(seconds)
+        except TurnAborted:
+            return False
+        return True
+
+    async def _settle(self, turn: int, reason: TurnEndReason) -> None:
+        if self.durability != "none":
+            await Flush()
+        self.emit("agent/settled", AgentSettled(agent=self.agent, turn=turn, reason=reason))
+
+    def _aborted(self, signal: TurnSignal) -> Aborted:
+        assert signal.reason is not None
+        return Aborted(reason=signal.reason)
+
+    def _error(self, turn: int, step: int | None, failure: LlmFailure) -> Errored:
+        self.emit("agent/error", AgentError(agent=self.agent, turn=turn, step=step, error=failure))
+        return Errored(error=failure)
+
+    async def _turn(
+        self,
+        turn: int,
+        trigger: Trigger,
+        batch: list[UserMessage],
+        signal: TurnSignal,
+        prior: Sequence[LlmFailure],
+    ) -> tuple[TurnEndReason, Retry | None]:
+        step = 0
+        proposal: Sequence[UserMessage] = batch
+        try:
+            await Checkpoint()
+        except TurnAborted:
+            return self._aborted(signal), None
+        while True:
+            if signal.aborted:
+                return self._aborted(signal), None
+            if self.max_steps is not None and step >= self.max_steps:
+                message = f"the turn reached its limit of {self.max_steps} steps"
+                return LimitExceeded(limit="max_steps", message=message), None
+            event = PreStep(agent=self.agent, messages=proposal, turn=turn, step=step + 1, signal=signal)
+            try:
+                decision = await self._waterfall(
+                    "agent/pre-step", event, lambda p=proposal: Enter(messages=p)
+                )
+            except TurnAborted:
+                return self._aborted(signal), None
+            except Exception as err:  # noqa: BLE001 - a listener fault ends the turn
+                return self._error(turn, None, _listener_failure("agent/pre-step", err)), None
+            if signal.aborted:
+                return self._aborted(signal), None
+            if isinstance(decision, Reject):
+                return Blocked(), None
+            if not isinstance(decision, Enter):
+                failure = LlmFailure(
+                    message=f"agent/pre-step must return Enter or Reject, got {decision!r}"
+                )
+                return self._error(turn, None, failure), None
+            messages = list(decision.messages)
+            if not messages and step == 0 and isinstance(trigger, MessageTrigger):
+                return Completed(), None
+            step += 1
+            result = await self._step(turn, step, messages, signal)
+            if signal.aborted:
+                return self._aborted(signal), None
+            if result.failure is not None:
+                return await self._failed(turn, step, result, signal, prior)
+            if result.end is not None:
+                return result.end, None
+            proposal = self.inbox.claim(turn, new_turn=False)
+            if result.more or proposal:
+                continue
+            try:
+                await self._serial(
+                    "agent/turn-stopping", TurnStopping(agent=self.agent, turn=turn, step=step, signal=signal)
+                )
+                await Checkpoint()
+            except TurnAborted:
+                return self._aborted(signal), None
+            except Exception as err:  # noqa: BLE001 - a throwing listener ends the turn as error
+                if signal.aborted:
+                    return self._aborted(signal), None
+                return self._error(turn, step, _listener_failure("agent/turn-stopping", err)), None
+            if signal.aborted:
+                return self._aborted(signal), None
+            proposal = self.inbox.claim(turn, new_turn=False)
+            if not proposal:
+                return Completed(), None
+
+    async def _failed(
+        self, turn: int, step: int, result: _StepResult, signal: TurnSignal, prior: Sequence[LlmFailure]
+    ) -> tuple[TurnEndReason, Retry | None]:
+        failure = result.failure
+        assert failure is not None
+        if not result.offer:
+            return self._error(turn, step, failure), None
+        event = RequestError(
+            agent=self.agent,
+            turn=turn,
+            step=step,
+            error=result.error or ModelError(failure),
+            failure=failure,
+            prior_failures=tuple(prior),
+            signal=signal,
+        )
+        try:
+            decision = await self._waterfall("agent/request-error", event, lambda: None)
+        except TurnAborted:
+            return self._aborted(signal), None
+        except Exception:  # noqa: BLE001 - a throwing recovery listener means no retry
+            log.exception("agent/request-error listener failed; the turn ends as error")
+            decision = None
+        if signal.aborted:
+            return self._aborted(signal), None
+        if isinstance(decision, Retry):
+            return Errored(error=failure), decision
+        return self._error(turn, step, failure), None
+
+    # ------------------------------------------------------------------ one step
+
+    async def _step(
+        self, turn: int, step: int, messages: list[UserMessage], signal: TurnSignal
+    ) -> _StepResult:
+        append = self.session.append_fact
+        append(StepStart(turn=turn, step=step))
+        try:
+            for message in messages:
+                append(UserMessageData(message=message, turn=turn, step=step))
+            try:
+                config = await self._waterfall(
+                    "agent/request", RequestEvent(agent=self.agent, turn=turn, step=step, signal=signal),
+                    self.default_config,
+                )
+            except TurnAborted:
+                return _StepResult()
+            except Exception as err:  # noqa: BLE001 - request listener faults are not offered
+                return _StepResult(failure=_listener_failure("agent/request", err), offer=False)
+            if not isinstance(config, RequestConfig):
+                failure = LlmFailure(message=f"agent/request must produce a RequestConfig, got {config!r}")
+                return _StepResult(failure=failure, offer=False)
+            specs = self.tools.specs()
+            self._write_header(turn, step, config, specs)
+            if self.durability == "write-ahead":
+                await Flush()
+            if signal.aborted:
+                return _StepResult()
+            request = ModelRequest(
+                config=config, messages=self.session.derive_messages(), system=self.system, tools=specs
+            )
+            if self.on_request is not None:
+                self.on_request(request)
+            return await self._exchange(turn, step, request, signal)
+        finally:
+            append(StepEnd(turn=turn, step=step))
+
+    def _write_header(self, turn: int, step: int, config: RequestConfig, specs: list[ToolSpec]) -> None:
+        last = self.session.state.last_header
+        if last is not None and last.config == config and last.system == self.system and last.tools == specs:
+            return
+        self.session.append_fact(
+            RequestHeader(turn=turn, step=step, config=config, system=self.system, tools=specs)
+        )
+
+    async def _exchange(
+        self, turn: int, step: int, request: ModelRequest, signal: TurnSignal
+    ) -> _StepResult:
+        append = self.session.append_fact
+        assembler = Assembler(turn, step)
+        try:
+            stream = await OpenStream(request)
+            done = False
+            while not done:
+                for item in await NextBatch(stream):
+                    if isinstance(item, StreamEnd):
+                        done = True
+                        break
+                    event = append(AssistantChunk(turn=turn, step=step, chunk=item))
+                    assembler.add(item, event.seq)
+        except TurnAborted:
+            visible = assembler.visible()
+            if visible:
+                append(
+                    AssistantMessageData(
+                        turn=turn, step=step, message=assembler.message(with_calls=False),
+                        usage=assembler.usage, interrupted=True, source_event_seqs=assembler.chunk_seqs,
+                    )
+                )
+            return _StepResult()
+        except ModelError as err:
+            return _StepResult(failure=err.failure, error=err)
+        except Exception as err:  # noqa: BLE001 - any adapter fault is a request failure
+            return _StepResult(failure=LlmFailure(message=repr(err), code="UNKNOWN"), error=err)
+        failure = assembler.failure()
+        if failure is not None:
+            return _StepResult(failure=failure, error=ModelError(failure))
+        truncated = assembler.finish == "max-tokens"
+        calls = [] if truncated else assembler.calls()
+        append(
+            AssistantMessageData(
+                turn=turn, step=step, message=assembler.message(with_calls=not truncated),
+                usage=assembler.usage, finish_reason=assembler.finish,
+                source_event_seqs=assembler.chunk_seqs,
+            )
+        )
+        if truncated:
+            return _StepResult(end=MaxTokens())
+        if not calls:
+            return _StepResult()
+        call_seqs = [
+            append(
+                ToolCallData(turn=turn, step=step, call_id=c.call_id, name=c.name, arguments=c.arguments)
+            ).seq
+            for c in calls
+        ]
+        if self.durability == "write-ahead":
+            await Flush()
+        concluded = await self.tools.run(turn, step, calls, call_seqs, signal)
+        return _StepResult(more=not concluded)

@@ -1,0 +1,223 @@
+"""``Agent``: the thread-safe handle users, listeners and supervisors hold.
+
+Every verb is safe from any thread. ``followup`` / ``steer`` / ``inject`` validate the
+message, reserve its id (a duplicate is refused here, synchronously) and return the
+``MessageId`` at once; the agent actor does the rest in order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+from pykka import ActorDeadError, ActorRef
+
+from actors.agent import AwaitIdle, Cancel, Edit, Insert
+from actors.errors import AgentDisposedError, InvalidMessageError
+from actors.inbox import Inbox, InboxView
+from actors.live import AGENT_EVENTS
+from storage.events import (
+    CancelCause,
+    ContentBlock,
+    ImageBlock,
+    InboxLane,
+    MessageId,
+    ReasoningBlock,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultBlock,
+    UserCause,
+    UserMessage,
+)
+
+if TYPE_CHECKING:
+    from storage.session import Session
+
+    from .runtime import Runtime
+
+__all__ = ["Agent", "MessageLike"]
+
+MessageLike = str | UserMessage | Sequence[ContentBlock]
+_BLOCKS = (TextBlock, ReasoningBlock, ImageBlock, ToolCallBlock, ToolResultBlock)
+_CAUSES = ("user", "parent", "hook", "disposed")
+
+
+class Agent:
+    """A live agent. ``agent.id`` is also its session id."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        session: Session,
+        *,
+        new_id: Callable[[], str],
+        max_message_bytes: int,
+    ) -> None:
+        self._runtime = runtime
+        self._session = session
+        self._inbox: Inbox | None = None
+        self._new_id = new_id
+        self._max_bytes = max_message_bytes
+        self._ref: ActorRef[Any] | None = None
+        self._status: Callable[[], Literal["idle", "running"]] = lambda: "idle"
+        self._dispose_lock = threading.Lock()
+        self._disposing = False
+        self._disposed = threading.Event()
+
+    def _bind(
+        self, ref: ActorRef[Any], inbox: Inbox, status: Callable[[], Literal["idle", "running"]]
+    ) -> None:
+        self._ref = ref
+        self._inbox = inbox
+        self._status = status
+
+    def __repr__(self) -> str:
+        return f"<Agent {self.id} {self.status}>"
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def id(self) -> str:
+        return self._session.id
+
+    @property
+    def session(self) -> Session:
+        return self._session
+
+    @property
+    def status(self) -> Literal["idle", "running"]:
+        return self._status()
+
+    @property
+    def inbox(self) -> InboxView:
+        assert self._inbox is not None
+        return self._inbox.view()
+
+    @property
+    def disposed(self) -> bool:
+        return self._disposed.is_set()
+
+    # ------------------------------------------------------------------ messages
+
+    def _message(self, value: object, message_id: MessageId | None, source: str) -> UserMessage:
+        if isinstance(value, UserMessage):
+            if message_id is not None and message_id != value.id:
+                raise InvalidMessageError("give the id inside the UserMessage, or pass a str")
+            message = value
+        elif isinstance(value, str):
+            message = UserMessage(id=message_id or self._new_id(), content=[TextBlock(text=value)], source=source)
+        elif isinstance(value, list | tuple) and value and all(isinstance(b, _BLOCKS) for b in value):
+            message = UserMessage(id=message_id or self._new_id(), content=list(value), source=source)
+        else:
+            raise InvalidMessageError(
+                f"a message is a str, a UserMessage or a non-empty list of content blocks; "
+                f"got {type(value).__name__}"
+            )
+        if not message.id:
+            raise InvalidMessageError(f"a message id is a non-empty str, got {message.id!r}")
+        size = len(msgspec.json.encode(message))
+        if size > self._max_bytes:
+            raise InvalidMessageError(
+                f"the message encodes to {size} bytes, over the {self._max_bytes}-byte event limit"
+            )
+        return message
+
+    def _send(self, value: object, lane: InboxLane, wake: bool, message_id: MessageId | None, source: str) -> MessageId:
+        message = self._message(value, message_id, source)
+        self._check_open(wake)
+        assert self._inbox is not None
+        self._inbox.reserve(message.id)
+        try:
+            self._tell(Insert(lane=lane, message=message, wake=wake))
+        except BaseException:
+            self._inbox.release(message.id)
+            raise
+        return message.id
+
+    def _check_open(self, wake: bool) -> None:
+        if self._disposing:
+            what = "wake" if wake else "message"
+            raise AgentDisposedError(f"agent {self.id} is disposed; a {what} sent to it is refused")
+
+    def _tell(self, message: object) -> None:
+        assert self._ref is not None
+        try:
+            self._ref.tell(message)
+        except ActorDeadError as err:
+            raise AgentDisposedError(f"agent {self.id} is no longer running") from err
+
+    def followup(self, message: MessageLike, *, id: MessageId | None = None, source: str = "user") -> MessageId:  # noqa: A002
+        """Queue ``message`` as its own next turn and wake the agent."""
+        return self._send(message, "next-turn", True, id, source)
+
+    def steer(self, message: MessageLike, *, id: MessageId | None = None, source: str = "user") -> MessageId:  # noqa: A002
+        """Add ``message`` to the next step of the running turn (or a new turn) and wake."""
+        return self._send(message, "next-step", True, id, source)
+
+    def inject(self, message: MessageLike, *, id: MessageId | None = None, source: str = "user") -> MessageId:  # noqa: A002
+        """Add ``message`` to the next step without waking an idle agent."""
+        return self._send(message, "next-step", False, id, source)
+
+    # ------------------------------------------------------------------ editing (blocking)
+
+    def _ask(self, edit: Edit, timeout: float | None) -> Any:
+        assert self._ref is not None
+        try:
+            return self._ref.ask(edit, timeout=timeout)
+        except ActorDeadError as err:
+            raise AgentDisposedError(f"agent {self.id} is no longer running") from err
+
+    def remove(self, message_id: MessageId, *, timeout: float | None = 10.0) -> UserMessage:
+        """Discard one pending message (``outcome: canceled``); raises if it is not pending."""
+        return self._ask(Edit(op="remove", message_id=message_id), timeout)
+
+    def replace(self, message_id: MessageId, message: MessageLike, *, timeout: float | None = 10.0) -> MessageId:
+        """Swap a pending message for a new one in the same place; returns the new id."""
+        new = self._message(message, None, "user")
+        assert self._inbox is not None
+        self._inbox.reserve(new.id)
+        self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
+        return new.id
+
+    def clear(self, *, timeout: float | None = 10.0) -> list[UserMessage]:
+        """Discard every pending message; returns them."""
+        return self._ask(Edit(op="clear"), timeout)
+
+    # ------------------------------------------------------------------ control
+
+    def cancel(self, cause: CancelCause | None = None, *, keep_inbox: bool = False) -> None:
+        """Clear the inbox durably (unless ``keep_inbox``) and abort the active turn."""
+        cause = cause or UserCause()
+        if getattr(cause, "kind", None) not in _CAUSES:
+            raise InvalidMessageError(f"cause must be one of the CancelCause structs, got {cause!r}")
+        if self._ref is not None and self._ref.is_alive():
+            self._tell(Cancel(cause=cause, keep_inbox=keep_inbox))
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until every send before this call was handled and the agent is idle.
+
+        Returns False on timeout. Do not call it from this agent's own listeners."""
+        done = threading.Event()
+        try:
+            self._tell(AwaitIdle(callback=done.set))
+        except AgentDisposedError:
+            return True
+        return done.wait(timeout)
+
+    def dispose(self, timeout: float | None = None) -> bool:
+        """Cancel (``disposed``), wait for idle, stop, emit ``agent/disposed``. Idempotent."""
+        with self._dispose_lock:
+            first = not self._disposing
+            self._disposing = True
+        if first:
+            self._runtime._dispose(self)  # noqa: SLF001 - the runtime owns the lifecycle
+        return self._disposed.wait(timeout)
+
+    def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
+        """Listen to ``name`` for this agent only; returns a disposer."""
+        if name not in AGENT_EVENTS:
+            raise ValueError(f"unknown live event {name!r}; known: {', '.join(sorted(AGENT_EVENTS))}")
+        return self._runtime.bus.on(name, listener, scope=self.id)
+

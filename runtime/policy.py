@@ -1,0 +1,58 @@
+"""The built-in retry policy: an ``agent/request-error`` listener (CONTRACT section 5).
+
+Up to ``max_retries`` retries for transient failures (``RATE_LIMIT``, ``SERVER``,
+``TIMEOUT``, ``TRANSPORT``, ``EMPTY_RESPONSE``), exponential backoff from ``base_s`` to
+``cap_s`` with ``jitter`` (10%) either way, honouring the provider's ``retry_after_s``.
+The loop logs each accepted retry durably as ``llm/retry`` and opens a retry turn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any, Final
+
+from actors.live import RequestError, Retry
+
+__all__ = ["DEFAULT_RETRYABLE", "RetryPolicy"]
+
+DEFAULT_RETRYABLE: Final = frozenset({"RATE_LIMIT", "SERVER", "TIMEOUT", "TRANSPORT", "EMPTY_RESPONSE"})
+
+
+class RetryPolicy:
+    """Decides retries; register with ``rt.on("agent/request-error", policy)``."""
+
+    def __init__(
+        self,
+        *,
+        max_retries: int = 5,
+        retryable: frozenset[str] = DEFAULT_RETRYABLE,
+        base_s: float = 0.5,
+        cap_s: float = 10.0,
+        jitter: float = 0.1,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if not 0 <= jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {jitter}")
+        self.max_retries = max_retries
+        self.retryable = retryable
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.jitter = jitter
+        self._rng = rng or random.Random()
+
+    def delay(self, attempt: int, retry_after_s: float | None) -> float:
+        """The wait before retry number ``attempt`` (1-based)."""
+        if retry_after_s is not None and retry_after_s >= 0:
+            return retry_after_s
+        backoff = min(self.cap_s, self.base_s * 2 ** (attempt - 1))
+        return backoff * (1 + self.jitter * (2 * self._rng.random() - 1))
+
+    def __call__(self, event: RequestError, next_: Callable[[], Any]) -> Any:
+        failure = event.failure
+        attempt = len(event.prior_failures) + 1
+        if failure.code in self.retryable and attempt <= self.max_retries and not event.signal.aborted:
+            return Retry(delay_s=self.delay(attempt, failure.retry_after_s))
+        return next_()

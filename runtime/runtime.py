@@ -1,0 +1,310 @@
+"""``Runtime``: the facade over one store, one dispatcher, one I/O side and one bus.
+
+``Runtime.open()`` is a context manager; ``close()`` cancels running turns (keeping
+their inboxes for a later resume), stops every agent, flushes and closes the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from itertools import count
+from typing import Any, Literal
+
+from pykka import ActorRef
+from pykka.messages import ProxyCall
+
+from actors import Bus, Dispatcher, IoSide, RegistryActor, Scheduler
+from actors.agent import AgentActor, AwaitIdle, Cancel
+from actors.inbox import Inbox
+from actors.live import (
+    AGENT_EVENTS,
+    AgentCreated,
+    AgentDisposed,
+    AgentSessionStart,
+    SessionEventLive,
+)
+from actors.model import Model
+from actors.toolphase import ToolPhase
+from actors.tools import Tool
+from actors.turn import Durability, TurnMachine
+from storage.lmdb_store import Store
+from storage.events import DisposedCause, RequestConfig
+from storage.session import Session
+
+from .agent import Agent
+from .policy import RetryPolicy
+from .tool import FunctionTool
+
+__all__ = ["Runtime"]
+
+log = logging.getLogger("corral.runtime")
+_DURABILITY = ("write-ahead", "turn", "none")
+_DEFAULT_POLICY: Any = object()
+
+
+def _resolve_model(model: Model | str) -> Model:
+    if isinstance(model, str):
+        from .providers.resolve import resolve_model  # noqa: PLC0415 - optional vendor SDKs
+
+        return resolve_model(model)
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a Model (e.g. ScriptedModel) or a model string, got {model!r}")
+    return model
+
+
+def _resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
+    out: dict[str, Tool] = {}
+    for item in tools:
+        resolved: Tool = item if isinstance(item, Tool) else FunctionTool(item)
+        name = resolved.spec.name
+        if name in out:
+            raise ValueError(f"two tools are named {name!r}; tool names must be unique per agent")
+        out[name] = resolved
+    return out
+
+
+class Runtime:
+    """Hosts agents. Build with :meth:`open`."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        durability: Durability = "write-ahead",
+        threads: int | None = None,
+        blocking_workers: int = 32,
+        retry_policy: RetryPolicy | None = _DEFAULT_POLICY,
+        max_steps: int | None = None,
+        inbox_limit: int | None = None,
+        owns_store: bool = True,
+    ) -> None:
+        if durability not in _DURABILITY:
+            raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
+        self.store = store
+        self.durability: Durability = durability
+        self.max_steps = max_steps
+        self.inbox_limit = inbox_limit
+        self._owns_store = owns_store
+        self.dispatcher = Dispatcher(threads, name="corral")
+        self.io = IoSide(blocking_workers=blocking_workers, dead_letters=self.dispatcher.dead_letters)
+        self.scheduler = Scheduler(dead_letters=self.dispatcher.dead_letters)
+        self.bus = Bus(self.io)
+        self._lock = threading.Lock()
+        self._agents: dict[str, Agent] = {}
+        self._refs: dict[str, ActorRef[Any]] = {}
+        self._closed = False
+        self._id_prefix = uuid.uuid4().hex[:12]
+        self._ids = count(1)
+        self._registry: ActorRef[RegistryActor] = RegistryActor.start(
+            on_created=self._announce_created, on_disposed=self._announce_disposed,
+            dispatcher=self.dispatcher,
+        )
+        if retry_policy is _DEFAULT_POLICY:
+            retry_policy = RetryPolicy()
+        if retry_policy is not None:
+            self.bus.on("agent/request-error", retry_policy)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        durability: Durability = "write-ahead",
+        threads: int | None = None,
+        **options: Any,
+    ) -> Runtime:
+        """Open a runtime over the embedded LMDB store at ``path`` (default ``./.corral/``)."""
+        if durability not in _DURABILITY:
+            raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
+        store_options = {k: options.pop(k) for k in ("max_event_bytes", "map_size") if k in options}
+        store = Store.open(path, durability=durability, **store_options)
+        try:
+            return cls(store, durability=durability, threads=threads, **options)
+        except BaseException:
+            store.close()
+            raise
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ events
+
+    def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
+        """Listen to a live event of every agent; returns a disposer."""
+        if name not in AGENT_EVENTS:
+            raise ValueError(f"unknown live event {name!r}; known: {', '.join(sorted(AGENT_EVENTS))}")
+        return self.bus.on(name, listener)
+
+    # ------------------------------------------------------------------ agents
+
+    def _new_message_id(self) -> str:
+        return f"m-{self._id_prefix}-{next(self._ids)}"
+
+    def spawn(
+        self,
+        *,
+        model: Model | str,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        session_id: str | None = None,
+        system: str | None = None,
+    ) -> Agent:
+        """Create an agent with a new session. It stays idle until a waking send."""
+        self._check_open()
+        resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
+        session = self.store.create_session(session_id)
+        return self._start(session, resolved, tool_map, system, "startup")
+
+    def resume(
+        self,
+        session_id: str,
+        *,
+        model: Model | str,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        system: str | None = None,
+    ) -> Agent:
+        """Rebuild an agent from its durable log: repair an open tail turn, restore the
+        inbox from its splices, continue turn numbers. It stays idle until a waking send."""
+        self._check_open()
+        with self._lock:
+            if session_id in self._agents:
+                raise ValueError(f"agent {session_id!r} is already live in this runtime")
+        resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
+        session = self.store.open_session(session_id)
+        session.repair()
+        return self._start(session, resolved, tool_map, system, "resume")
+
+    def _start(
+        self,
+        session: Session,
+        model: Model,
+        tools: dict[str, Tool],
+        system: str | None,
+        source: Literal["startup", "resume"],
+    ) -> Agent:
+        handle = Agent(self, session, new_id=self._new_message_id,
+                       max_message_bytes=self.store.codec.max_event_bytes)
+        agent_id = session.id
+
+        def emit(name: str, payload: Any) -> None:
+            self.bus.emit(name, payload, scope=agent_id)
+
+        inbox = Inbox(append_fact=session.append_fact, emit=emit, agent=handle, limit=self.inbox_limit)
+        inbox.load(*session.pending_inbox())
+
+        def waterfall(name: str, event: Any, default: Callable[[], Any]) -> Any:
+            return self.bus.waterfall(name, event, default, scope=agent_id)
+
+        phase = ToolPhase(agent=handle, tools=tools, append_fact=session.append_fact,
+                          waterfall=waterfall, emit=emit)
+        machine = TurnMachine(
+            agent=handle, session=session, inbox=inbox, bus=self.bus, tools=phase,
+            default_config=lambda: RequestConfig(provider=model.provider, model=model.name),
+            system=system, durability=self.durability, max_steps=self.max_steps,
+        )
+        session.on_event(self._session_bridge(handle))
+
+        def factory() -> ActorRef[Any]:
+            return AgentActor.start(
+                machine=machine, inbox=inbox, session=session, model=model, io=self.io,
+                scheduler=self.scheduler, bus=self.bus, dispatcher=self.dispatcher,
+            )
+
+        with self._lock:
+            self._agents[agent_id] = handle
+        try:
+            ref = self._registry.proxy().create(agent_id, factory).get()
+        except BaseException:
+            with self._lock:
+                self._agents.pop(agent_id, None)
+            raise
+        handle._bind(ref, inbox, lambda: machine.status)  # noqa: SLF001
+        with self._lock:
+            self._refs[agent_id] = ref
+        emit("agent/session-start", AgentSessionStart(agent=handle, source=source))
+        return handle
+
+    def _session_bridge(self, handle: Agent) -> Callable[[Any], None]:
+        bus, scope = self.bus, handle.id
+
+        def observe(event: Any) -> None:
+            if bus.has_listeners("session/event", scope=scope):
+                bus.emit("session/event", SessionEventLive(agent=handle, event=event), scope=scope)
+
+        return observe
+
+    def _announce_created(self, agent_id: str, _ref: ActorRef[Any]) -> None:
+        handle = self._agents[agent_id]
+        self.bus.emit("agent/created", AgentCreated(agent=handle), scope=agent_id)
+
+    def _announce_disposed(self, agent_id: str) -> None:
+        with self._lock:
+            handle = self._agents.pop(agent_id, None)
+            self._refs.pop(agent_id, None)
+        if handle is None:
+            return
+        self.bus.emit("agent/disposed", AgentDisposed(agent=handle), scope=agent_id)
+        handle._disposed.set()  # noqa: SLF001
+
+    def _dispose(self, handle: Agent, *, keep_inbox: bool = False) -> None:
+        ref = self._refs.get(handle.id)
+        if ref is None or not ref.is_alive():
+            self._announce_disposed(handle.id)
+            return
+        registry = self._registry
+
+        def stop() -> None:
+            registry.tell(ProxyCall(attr_path=("remove",), args=(handle.id,), kwargs={}))
+
+        ref.tell(Cancel(cause=DisposedCause(), keep_inbox=keep_inbox))
+        ref.tell(AwaitIdle(callback=stop))
+
+    def get(self, agent_id: str) -> Agent:
+        """The live agent with this id; ``KeyError`` if none."""
+        with self._lock:
+            try:
+                return self._agents[agent_id]
+            except KeyError:
+                raise KeyError(f"no live agent {agent_id!r} in this runtime") from None
+
+    def agents(self) -> list[Agent]:
+        with self._lock:
+            return list(self._agents.values())
+
+    # ------------------------------------------------------------------ durability
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Return once everything appended before the call is durable on disk."""
+        self.store.flush(timeout)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this runtime is closed; open a new one with Runtime.open()")
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Cancel running turns (inboxes kept), stop agents, flush, release everything."""
+        if self._closed:
+            return
+        self._closed = True
+        agents = self.agents()
+        for handle in agents:
+            with handle._dispose_lock:  # noqa: SLF001
+                first = not handle._disposing  # noqa: SLF001
+                handle._disposing = True  # noqa: SLF001
+            if first:
+                self._dispose(handle, keep_inbox=True)
+        for handle in agents:
+            if not handle._disposed.wait(timeout):  # noqa: SLF001
+                log.warning("agent %s did not stop within %s s", handle.id, timeout)
+        self._registry.stop(timeout=timeout)
+        self.scheduler.close()
+        self.io.close()
+        self.dispatcher.shutdown(timeout)
+        if self._owns_store:
+            self.store.close()

@@ -1,0 +1,171 @@
+"""``ScriptedModel``: a deterministic model that ships in the library.
+
+It drives tests and load benchmarks. Each model request consumes one scripted item: a
+``str`` (the reply text), a list of :class:`ToolCall` (the model calls those tools), or
+an :class:`~storage.events.LlmFailure` (the request fails with it). Once the script is
+exhausted it echoes the last user text. With ``latency`` it waits on the I/O side's
+event loop timers (never a sleeping thread); without it, it answers inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeAlias
+
+import msgspec
+
+from actors.model import ModelError, ModelRequest
+from storage.events import (
+    FinishChunk,
+    LlmFailure,
+    StreamChunk,
+    TextBlock,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    UsageChunk,
+    UserMessage,
+)
+
+__all__ = ["Latency", "ScriptItem", "ScriptedModel", "ToolCall"]
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """A tool call the scripted model makes: ``arguments`` are encoded as JSON, or given
+    raw (``raw_arguments``) to script malformed JSON."""
+
+    name: str
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+    raw_arguments: str | None = None
+
+
+ScriptItem: TypeAlias = str | Sequence[ToolCall] | LlmFailure
+Latency: TypeAlias = float | Callable[[], float]
+
+_encoder = msgspec.json.Encoder()
+
+
+def last_user_text(messages: Sequence[Any]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, UserMessage):
+            return "".join(b.text for b in message.content if isinstance(b, TextBlock))
+    return ""
+
+
+def _split(text: str, parts: int) -> list[str]:
+    if parts <= 1 or len(text) <= 1:
+        return [text]
+    size = -(-len(text) // parts)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class ScriptedModel:
+    """A model whose replies are scripted (or computed by a function of the request)."""
+
+    def __init__(
+        self,
+        replies: Iterable[ScriptItem] | Callable[[ModelRequest], ScriptItem] = (),
+        *,
+        latency: Latency = 0.0,
+        chunks: int = 1,
+        name: str = "scripted",
+    ) -> None:
+        if isinstance(replies, str | bytes):
+            raise TypeError("replies must be an iterable of items or a function, not one string")
+        if chunks < 1:
+            raise ValueError(f"chunks must be at least 1, got {chunks}")
+        if not callable(latency) and latency < 0:
+            raise ValueError(f"latency must be >= 0 seconds, got {latency}")
+        self._fn: Callable[[ModelRequest], ScriptItem] | None = None
+        self._script: Iterator[ScriptItem] | None = None
+        if callable(replies):
+            self._fn = replies
+        else:
+            self._script = iter(list(replies))
+        self._lock = threading.Lock()
+        self._latency = latency
+        self._chunks = chunks
+        self._name = name
+        self.requests = 0
+
+    @classmethod
+    def echo(cls, *, latency: Latency = 0.0, chunks: int = 1) -> ScriptedModel:
+        """Answer every request with the last user text."""
+        return cls((), latency=latency, chunks=chunks)
+
+    @classmethod
+    def jittered(cls, mean: float, spread: float, *, seed: int | None = None) -> Latency:
+        """A latency distribution: uniform in ``mean ± spread`` seconds."""
+        rng = random.Random(seed)
+        lock = threading.Lock()
+
+        def draw() -> float:
+            with lock:
+                return max(0.0, rng.uniform(mean - spread, mean + spread))
+
+        return draw
+
+    @property
+    def provider(self) -> str:
+        return "scripted"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"ScriptedModel(name={self._name!r}, chunks={self._chunks})"
+
+    def _next(self, request: ModelRequest) -> ScriptItem:
+        with self._lock:
+            self.requests += 1
+            if self._fn is not None:
+                return self._fn(request)
+            assert self._script is not None
+            item = next(self._script, None)
+        return last_user_text(request.messages) if item is None else item
+
+    def _reply(self, item: ScriptItem, request: ModelRequest) -> list[StreamChunk]:
+        if isinstance(item, LlmFailure):
+            raise ModelError(item)
+        out: list[StreamChunk] = []
+        if isinstance(item, str):
+            out += [TextDelta(text=piece) for piece in _split(item, self._chunks)]
+            finish = "stop"
+            produced = len(item)
+        else:
+            for index, call in enumerate(item):
+                raw = call.raw_arguments
+                args = raw if raw is not None else _encoder.encode(call.arguments).decode()
+                pieces = _split(args, self._chunks)
+                out.append(
+                    ToolCallDelta(index=index, call_id=f"call-{index}-{self.requests}", name=call.name,
+                                  arguments_delta=pieces[0])
+                )
+                out += [ToolCallDelta(index=index, arguments_delta=p) for p in pieces[1:]]
+            finish = "tool-calls"
+            produced = sum(len(c.name) for c in item)
+        prompt = sum(1 for _ in request.messages)
+        out.append(UsageChunk(usage=Usage(input_tokens=prompt, output_tokens=max(1, produced // 4))))
+        out.append(FinishChunk(reason=finish))  # type: ignore[arg-type]
+        return out
+
+    def _delay(self) -> float:
+        return self._latency() if callable(self._latency) else self._latency
+
+    def answer_now(self, request: ModelRequest) -> Sequence[StreamChunk] | None:
+        """Inline answer when there is no latency to serve."""
+        if callable(self._latency) or self._latency > 0:
+            return None
+        return self._reply(self._next(request), request)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        delay = self._delay()
+        item = self._next(request)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for chunk in self._reply(item, request):
+            yield chunk

@@ -1,0 +1,145 @@
+"""``@tool``: turn a typed function (sync or ``async def``) into a corral tool.
+
+The JSON schema of the parameters is derived from the type hints with msgspec; the
+model's arguments are validated and converted with the same types before the body
+runs. A body concludes the turn by returning :func:`conclude` (``ToolReturn``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar, get_type_hints, overload
+
+import msgspec
+
+from actors.tools import ToolArgumentError, ToolReturn
+from storage.events import ToolSpec
+
+__all__ = ["FunctionTool", "conclude", "tool"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def conclude(output: Any = None) -> ToolReturn:
+    """Return this from a tool body to end the tool loop at its step."""
+    return ToolReturn(output=output, concludes_turn=True)
+
+
+def _inline_refs(schema: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline_refs(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inline_refs(v, defs) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inline_refs(v, defs) for v in schema]
+    return schema
+
+
+class FunctionTool:
+    """A tool backed by a Python function."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        concurrency_safe: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.fn = fn
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._concurrency_safe = concurrency_safe
+        self._timeout = timeout
+        hints = get_type_hints(fn)
+        fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+        for param in inspect.signature(fn).parameters.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TypeError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
+            annotation = hints.get(param.name, Any)
+            if param.default is inspect.Parameter.empty:
+                fields.append((param.name, annotation))
+            else:
+                fields.append((param.name, annotation, param.default))
+        tool_name = name or fn.__name__
+        self._args = msgspec.defstruct(f"{tool_name}_arguments", fields, forbid_unknown_fields=True)
+        schema = msgspec.json.schema(self._args)
+        parameters = _inline_refs(schema, schema.get("$defs", {}))
+        parameters.pop("title", None)
+        doc = inspect.getdoc(fn) or ""
+        self._spec = ToolSpec(
+            name=tool_name, description=description or doc.split("\n\n")[0], parameters=parameters
+        )
+
+    def __repr__(self) -> str:
+        return f"FunctionTool({self._spec.name!r})"
+
+    @property
+    def spec(self) -> ToolSpec:
+        return self._spec
+
+    @property
+    def concurrency_safe(self) -> bool:
+        return self._concurrency_safe
+
+    @property
+    def timeout_s(self) -> float | None:
+        return self._timeout
+
+    @property
+    def is_async(self) -> bool:
+        return self._is_async
+
+    def prepare(self, arguments: Any) -> Any:
+        if not isinstance(arguments, dict):
+            raise ToolArgumentError(
+                f"tool {self._spec.name!r} takes a JSON object of arguments, got {type(arguments).__name__}"
+            )
+        try:
+            return msgspec.convert(arguments, type=self._args)
+        except msgspec.ValidationError as err:
+            raise ToolArgumentError(f"tool {self._spec.name!r}: {err}") from err
+
+    def run(self, prepared: Any) -> Any:
+        kwargs = {f: getattr(prepared, f) for f in prepared.__struct_fields__}
+        return self.fn(**kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> FunctionTool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    concurrency_safe: bool = False,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    concurrency_safe: bool = False,
+    timeout: float | None = None,
+) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
+    """Decorate a typed function to make it a tool (``@tool`` or ``@tool(...)``)."""
+
+    def wrap(f: Callable[..., Any]) -> FunctionTool:
+        return FunctionTool(
+            f, name=name, description=description, concurrency_safe=concurrency_safe, timeout=timeout
+        )
+
+    return wrap(fn) if fn is not None else wrap

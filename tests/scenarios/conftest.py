@@ -1,0 +1,96 @@
+"""Fixtures for scenario tests: a real runtime on a real LMDB store in a temp dir.
+
+Every log a scenario produces is checked with the invariant checker when the test ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import Runtime
+from storage import assert_invariants
+from storage.lmdb_store import Store
+
+WAIT = 10.0
+
+
+class Timeline:
+    """Records live events and committed session facts of a runtime, in order."""
+
+    NAMES = (
+        "agent/created",
+        "agent/session-start",
+        "agent/disposed",
+        "agent/status",
+        "agent/inbox/inserted",
+        "agent/inbox/claimed",
+        "agent/inbox/discarded",
+        "agent/settled",
+        "agent/error",
+        "tools/result",
+        "session/event",
+    )
+
+    def __init__(self, rt: Runtime) -> None:
+        self._lock = threading.Lock()
+        self.entries: list[tuple[str, Any]] = []
+        self._changed = threading.Condition(self._lock)
+        for name in self.NAMES:
+            rt.on(name, self._recorder(name))
+
+    def _recorder(self, name: str) -> Any:
+        def record(event: Any) -> None:
+            label = event.event.type if name == "session/event" else name
+            with self._changed:
+                self.entries.append((label, event))
+                self._changed.notify_all()
+
+        return record
+
+    def labels(self, *, agent: str | None = None) -> list[str]:
+        with self._lock:
+            return [n for n, e in self.entries if agent is None or e.agent.id == agent]
+
+    def of(self, name: str) -> list[Any]:
+        with self._lock:
+            return [e for n, e in self.entries if n == name]
+
+    def wait_for(self, name: str, count: int = 1, timeout: float = WAIT) -> list[Any]:
+        with self._changed:
+            ok = self._changed.wait_for(
+                lambda: sum(1 for n, _ in self.entries if n == name) >= count, timeout
+            )
+        assert ok, f"timed out waiting for {count} x {name}; saw {self.labels()}"
+        return self.of(name)
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def rt(store_path: Path) -> Iterator[Runtime]:
+    runtime = Runtime.open(store_path)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+        check_store(store_path)
+
+
+def check_store(path: Path) -> None:
+    """Run the invariant checker over every session of the store at ``path``."""
+    with Store.open(path) as store:
+        for header in store.sessions():
+            assert_invariants(store.read(header.id))
+
+
+@pytest.fixture
+def timeline(rt: Runtime) -> Timeline:
+    return Timeline(rt)
