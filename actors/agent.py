@@ -35,6 +35,7 @@ from .effects import (
     TurnAborted,
 )
 from .inbox import Inbox, InboxView
+from .live import TurnSignal
 from .streams import StreamHandle, ToolHandle, open_stream, start_tool
 from .turn import TurnMachine
 
@@ -52,11 +53,16 @@ _PENDING: Any = object()
 
 
 class Insert(msgspec.Struct, frozen=True):
-    """Put a reserved message into a lane; ``wake`` starts a turn when idle."""
+    """Put a reserved message into a lane; ``wake`` starts a turn when idle.
+
+    ``unwinding``: the sender saw an aborted turn still open when it sent this wake; if
+    that turn is still unwinding, the wake is forced to ``next-turn`` and latched.
+    """
 
     lane: InboxLane
     message: UserMessage
     wake: bool
+    unwinding: bool = False
 
 
 class Edit(msgspec.Struct, frozen=True):
@@ -68,8 +74,12 @@ class Edit(msgspec.Struct, frozen=True):
 
 
 class Cancel(msgspec.Struct, frozen=True):
+    """``target``: the turn that was active when cancel was called (already aborted in
+    the caller's thread), or None if none was: then the turn active now is aborted."""
+
     cause: CancelCause
     keep_inbox: bool = False
+    target: TurnSignal | None = None
 
 
 class AwaitIdle(msgspec.Struct, frozen=True):
@@ -140,7 +150,7 @@ class AgentActor(PooledActor):
         elif isinstance(message, Insert):
             self._insert(message)
         elif isinstance(message, Cancel):
-            self._cancel(message.cause, keep_inbox=message.keep_inbox)
+            self._cancel(message.cause, keep_inbox=message.keep_inbox, target=message.target)
         elif isinstance(message, AwaitIdle):
             if self._coro is None:
                 message.callback()
@@ -157,7 +167,7 @@ class AgentActor(PooledActor):
 
     def _insert(self, message: Insert) -> None:
         lane, wake = message.lane, message.wake
-        if wake and self.machine.unwinding:
+        if wake and message.unwinding and self.machine.unwinding:
             lane = "next-turn"
             self.machine.latched_wake = True
         try:
@@ -183,12 +193,15 @@ class AgentActor(PooledActor):
             return None
         return self.inbox.clear()
 
-    def _cancel(self, cause: CancelCause, *, keep_inbox: bool) -> None:
+    def _cancel(self, cause: CancelCause, *, keep_inbox: bool, target: TurnSignal | None) -> None:
         if not keep_inbox:
             self.inbox.clear()
         signal = self.machine.signal
-        if self._coro is None or signal is None or not signal.abort(cause):
+        if self._coro is None or signal is None:
             return
+        if target is not None and target is not signal:
+            return  # the turn it aimed at has ended; a later turn is not its target
+        signal.abort(cause)
         waiting = self._waiting
         if waiting is not None and waiting.abortable:
             if self._cancel_waiting is not None:

@@ -116,6 +116,7 @@ class TurnMachine:
         self.status: AgentStatus = "idle"
         self.signal: TurnSignal | None = None
         self.turn_open = False
+        self.draining = False
         self.latched_wake = False
 
     # ------------------------------------------------------------------ helpers
@@ -141,8 +142,10 @@ class TurnMachine:
 
     @property
     def unwinding(self) -> bool:
-        """An aborted turn is still closing: a wake now is forced to ``next-turn``."""
-        return self.turn_open and self.signal is not None and self.signal.aborted
+        """An aborted turn's chain has not converged yet: a wake now is forced to
+        ``next-turn`` and latched (it runs once the aborted turn has settled)."""
+        signal = self.signal
+        return self.draining and signal is not None and signal.aborted
 
     # ------------------------------------------------------------------ the loop
 
@@ -151,9 +154,12 @@ class TurnMachine:
         if not len(self.inbox):
             return
         self._set_status("running")
+        self.draining = True
         try:
             await self._chain()
         finally:
+            self.draining = False
+            self.latched_wake = False
             self._set_status("idle")
 
     async def _chain(self) -> None:
@@ -270,11 +276,13 @@ class TurnMachine:
             proposal = self.inbox.claim(turn, new_turn=False)
             if result.more or proposal:
                 continue
+            if not self.bus.has_listeners("agent/turn-stopping", scope=self.agent.id):
+                return Completed(), None
             try:
                 await self._serial(
                     "agent/turn-stopping", TurnStopping(agent=self.agent, turn=turn, step=step, signal=signal)
                 )
-                await Checkpoint()
+                await Checkpoint()  # a listener's steer is queued to us: let it land first
             except TurnAborted:
                 return self._aborted(signal), None
             except Exception as err:  # noqa: BLE001 - a throwing listener ends the turn as error

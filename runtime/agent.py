@@ -17,7 +17,7 @@ from pykka import ActorDeadError, ActorRef
 from actors.agent import AwaitIdle, Cancel, Edit, Insert
 from actors.errors import AgentDisposedError, InvalidMessageError
 from actors.inbox import Inbox, InboxView
-from actors.live import AGENT_EVENTS
+from actors.live import AGENT_EVENTS, TurnSignal
 from storage.events import (
     CancelCause,
     ContentBlock,
@@ -62,16 +62,25 @@ class Agent:
         self._max_bytes = max_message_bytes
         self._ref: ActorRef[Any] | None = None
         self._status: Callable[[], Literal["idle", "running"]] = lambda: "idle"
+        self._active_signal: Callable[[], TurnSignal | None] = lambda: None
+        self._unwinding: Callable[[], bool] = lambda: False
         self._dispose_lock = threading.Lock()
         self._disposing = False
         self._disposed = threading.Event()
 
     def _bind(
-        self, ref: ActorRef[Any], inbox: Inbox, status: Callable[[], Literal["idle", "running"]]
+        self,
+        ref: ActorRef[Any],
+        inbox: Inbox,
+        status: Callable[[], Literal["idle", "running"]],
+        active_signal: Callable[[], TurnSignal | None],
+        unwinding: Callable[[], bool],
     ) -> None:
         self._ref = ref
         self._inbox = inbox
         self._status = status
+        self._active_signal = active_signal
+        self._unwinding = unwinding
 
     def __repr__(self) -> str:
         return f"<Agent {self.id} {self.status}>"
@@ -130,7 +139,8 @@ class Agent:
         assert self._inbox is not None
         self._inbox.reserve(message.id)
         try:
-            self._tell(Insert(lane=lane, message=message, wake=wake))
+            unwinding = wake and self._unwinding()
+            self._tell(Insert(lane=lane, message=message, wake=wake, unwinding=unwinding))
         except BaseException:
             self._inbox.release(message.id)
             raise
@@ -192,8 +202,12 @@ class Agent:
         cause = cause or UserCause()
         if getattr(cause, "kind", None) not in _CAUSES:
             raise InvalidMessageError(f"cause must be one of the CancelCause structs, got {cause!r}")
-        if self._ref is not None and self._ref.is_alive():
-            self._tell(Cancel(cause=cause, keep_inbox=keep_inbox))
+        if self._ref is None or not self._ref.is_alive():
+            return
+        target = self._active_signal()
+        if target is not None:
+            target.abort(cause)
+        self._tell(Cancel(cause=cause, keep_inbox=keep_inbox, target=target))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every send before this call was handled and the agent is idle.

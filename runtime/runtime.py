@@ -26,6 +26,7 @@ from actors.live import (
     AgentDisposed,
     AgentSessionStart,
     SessionEventLive,
+    TurnSignal,
 )
 from actors.model import Model
 from actors.toolphase import ToolPhase
@@ -224,7 +225,12 @@ class Runtime:
             with self._lock:
                 self._agents.pop(agent_id, None)
             raise
-        handle._bind(ref, inbox, lambda: machine.status)  # noqa: SLF001
+        def active_signal() -> TurnSignal | None:
+            return machine.signal if machine.turn_open else None
+
+        handle._bind(  # noqa: SLF001
+            ref, inbox, lambda: machine.status, active_signal, lambda: machine.unwinding
+        )
         with self._lock:
             self._refs[agent_id] = ref
         emit("agent/session-start", AgentSessionStart(agent=handle, source=source))

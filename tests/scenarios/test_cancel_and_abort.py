@@ -1,0 +1,102 @@
+"""Scenario tests of cancel, abort and dispose (CONTRACT sections 2, 3, 4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import AgentDisposedError, HookCause, Runtime, ScriptedModel, UserCause
+from storage.events import AssistantMessage, TextBlock
+
+from .conftest import WAIT, Timeline
+from .models import GateModel
+
+
+def end_reasons(agent: object) -> list[object]:
+    return [e.data.reason for e in agent.session.events() if e.type == "turn/end"]  # type: ignore[attr-defined]
+
+
+def test_a_cancel_right_after_a_waking_send_closes_a_no_step_aborted_turn(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hello")
+    agent.cancel()
+    assert agent.wait_idle(WAIT)
+    types = [e.type for e in agent.session.events()]
+    assert "turn/start" in types and "step/start" not in types
+    assert [r.kind for r in end_reasons(agent)] == ["aborted"]
+    assert end_reasons(agent)[0].reason == UserCause()
+    settled = timeline.wait_for("agent/settled")
+    assert settled[0].reason.kind == "aborted"
+
+
+def test_cancel_mid_stream_keeps_the_visible_prefix_as_an_interrupted_message(rt: Runtime) -> None:
+    model = GateModel()
+    agent = rt.spawn(model=model)
+    agent.followup("go")
+    assert model.reached.wait(WAIT)
+    agent.cancel()
+    assert agent.wait_idle(WAIT)
+    assert model.cancelled.wait(WAIT) and model.closed.wait(WAIT)
+    message = next(e for e in agent.session.events() if e.type == "assistant/message")
+    assert message.data.interrupted is True
+    assert message.data.message == AssistantMessage(content=[TextBlock(text="partial ")])
+    chunks = [e.seq for e in agent.session.events() if e.type == "assistant/chunk"]
+    assert message.data.source_event_seqs == chunks
+    assert [r.kind for r in end_reasons(agent)] == ["aborted"]
+
+
+def test_the_first_cancel_cause_wins(rt: Runtime) -> None:
+    model = GateModel()
+    agent = rt.spawn(model=model)
+    agent.followup("go")
+    assert model.reached.wait(WAIT)
+    agent.cancel(HookCause(reason="first"))
+    agent.cancel(UserCause())
+    assert agent.wait_idle(WAIT)
+    assert end_reasons(agent)[0].reason == HookCause(reason="first")
+
+
+def test_cancel_without_keep_inbox_discards_pending_messages_durably_even_when_idle(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    mid = agent.inject("later")
+    agent.cancel()
+    assert agent.wait_idle(WAIT)
+    assert len(agent.inbox) == 0
+    splices = [e.data for e in agent.session.events() if e.type == "agent/inbox/spliced"]
+    assert splices[-1].outcome == "canceled" and splices[-1].removed_count == 1
+    assert [d.message.id for d in timeline.of("agent/inbox/discarded")] == [mid]
+    assert "turn/start" not in [e.type for e in agent.session.events()]
+
+
+def test_cancel_with_keep_inbox_leaves_queued_work_parked(rt: Runtime) -> None:
+    model = GateModel()
+    agent = rt.spawn(model=model)
+    agent.followup("first")
+    assert model.reached.wait(WAIT)
+    queued = agent.followup("second")
+    agent.cancel(keep_inbox=True)
+    assert agent.wait_idle(WAIT)
+    assert agent.inbox.ids() == [queued]
+    assert [r.kind for r in end_reasons(agent)] == ["aborted"]
+
+
+def test_dispose_discards_the_inbox_durably_and_announces_disposed_once(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    model = GateModel()
+    agent = rt.spawn(model=model)
+    agent.followup("first")
+    assert model.reached.wait(WAIT)
+    agent.followup("queued")
+    assert agent.dispose(WAIT)
+    assert agent.dispose(WAIT)
+    disposed = timeline.wait_for("agent/disposed")
+    assert len(disposed) == 1 and disposed[0].agent is agent
+    assert [r.kind for r in end_reasons(agent)] == ["aborted"]
+    assert end_reasons(agent)[0].reason.kind == "disposed"
+    assert len(agent.inbox) == 0
+    with pytest.raises(AgentDisposedError):
+        agent.followup("too late")

@@ -1,0 +1,180 @@
+"""Scenario tests of request failure and retry turns (CONTRACT section 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import LlmFailure, Retry, RetryPolicy, Runtime, ScriptedModel
+
+from .conftest import WAIT, Timeline, check_store
+from .models import FailingThenOk, GateModel
+
+SERVER = LlmFailure(message="boom", code="SERVER", status=500)
+
+
+@pytest.fixture
+def fast_rt(store_path: Path) -> Iterator[Runtime]:
+    runtime = Runtime.open(store_path, retry_policy=RetryPolicy(base_s=0.001, cap_s=0.002))
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+        check_store(store_path)
+
+
+def turn_events(agent: Any, kind: str) -> list[Any]:
+    return [e.data for e in agent.session.events() if e.type == kind]
+
+
+def test_two_failures_then_success_give_three_turns_one_running_interval_and_one_settled(
+    fast_rt: Runtime,
+) -> None:
+    timeline = Timeline(fast_rt)
+    agent = fast_rt.spawn(model=FailingThenOk([SERVER, SERVER]))
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    starts = turn_events(agent, "turn/start")
+    assert [s.turn for s in starts] == [1, 2, 3]
+    assert [s.trigger.kind for s in starts] == ["message", "retry", "retry"]
+    assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error", "error", "completed"]
+    assert [r.attempt for r in turn_events(agent, "llm/retry")] == [1, 2]
+    timeline.wait_for("agent/status", 2)
+    assert [e.status for e in timeline.of("agent/status")] == ["running", "idle"]
+    settled = timeline.of("agent/settled")
+    assert [(s.turn, s.reason.kind) for s in settled] == [(3, "completed")]
+    assert timeline.of("agent/error") == []
+
+
+def test_a_failure_closes_its_step_before_request_error_runs(store_path: Path) -> None:
+    seen: list[list[str]] = []
+
+    def recover(event: Any, next_: Any) -> Any:
+        seen.append([e.type for e in event.agent.session.events()])
+        return Retry()
+
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        rt.on("agent/request-error", recover)
+        agent = rt.spawn(model=FailingThenOk([SERVER]))
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
+    assert seen[0][-1] == "step/end"
+    check_store(store_path)
+
+
+def test_a_non_retryable_failure_ends_the_turn_error_after_agent_error(fast_rt: Runtime) -> None:
+    timeline = Timeline(fast_rt)
+    auth = LlmFailure(message="bad key", code="AUTH", status=401)
+    agent = fast_rt.spawn(model=FailingThenOk([auth]))
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    timeline.wait_for("agent/settled")
+    labels = timeline.labels(agent=agent.id)
+    assert labels.index("agent/error") < labels.index("turn/end")
+    assert timeline.of("agent/error")[0].error == auth
+    assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error"]
+
+
+def test_retries_stop_at_the_policy_limit(store_path: Path) -> None:
+    policy = RetryPolicy(max_retries=2, base_s=0.001, cap_s=0.001)
+    with Runtime.open(store_path, retry_policy=policy) as rt:
+        agent = rt.spawn(model=FailingThenOk([SERVER] * 5))
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
+        assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error"] * 3
+    check_store(store_path)
+
+
+def test_without_a_retry_listener_a_failure_is_terminal(store_path: Path) -> None:
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        agent = rt.spawn(model=FailingThenOk([SERVER]))
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
+        assert len(turn_events(agent, "turn/start")) == 1
+
+
+def test_prior_failures_list_the_failures_already_retried_in_the_chain(store_path: Path) -> None:
+    seen: list[int] = []
+
+    def policy(event: Any, next_: Any) -> Any:
+        seen.append(len(event.prior_failures))
+        return Retry() if len(event.prior_failures) < 2 else next_()
+
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        rt.on("agent/request-error", policy)
+        agent = rt.spawn(model=FailingThenOk([SERVER] * 3))
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
+    assert seen == [0, 1, 2]
+
+
+def test_after_an_error_queued_work_stays_parked_until_the_next_waking_send(
+    store_path: Path,
+) -> None:
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        model = GateModel(fail_after_gate=SERVER)
+        agent = rt.spawn(model=model)
+        agent.followup("first")
+        assert model.reached.wait(WAIT)
+        parked = agent.followup("second")
+        model.release()
+        assert agent.wait_idle(WAIT)
+        assert agent.inbox.ids() == [parked]
+        assert len(turn_events(agent, "turn/start")) == 1
+    check_store(store_path)
+
+
+def test_a_cancel_racing_a_failure_is_classified_aborted(store_path: Path) -> None:
+    gate = GateModel(fail_after_gate=SERVER)
+
+    def slow_policy(event: Any, next_: Any) -> Any:
+        event.agent.cancel()
+        return Retry()
+
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        rt.on("agent/request-error", slow_policy)
+        agent = rt.spawn(model=gate)
+        agent.followup("hi")
+        assert gate.reached.wait(WAIT)
+        gate.release()
+        assert agent.wait_idle(WAIT)
+        ends = turn_events(agent, "turn/end")
+        assert [e.reason.kind for e in ends] == ["aborted"]
+    check_store(store_path)
+
+
+def test_the_request_config_comes_only_from_next_and_a_listener_may_replace_it(
+    rt: Runtime,
+) -> None:
+    import msgspec
+
+    def tune(event: Any, next_: Any) -> Any:
+        config = next_()
+        return msgspec.structs.replace(config, temperature=0.5, max_tokens=64)
+
+    rt.on("agent/request", tune)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    header = turn_events(agent, "request/header")[0]
+    assert (header.config.provider, header.config.temperature, header.config.max_tokens) == (
+        "scripted", 0.5, 64,
+    )
+
+
+def test_a_failing_request_listener_is_not_offered_to_request_error(rt: Runtime) -> None:
+    offered: list[Any] = []
+    rt.on("agent/request-error", lambda e, n: offered.append(e))
+
+    def broken(event: Any, next_: Any) -> Any:
+        raise RuntimeError("listener bug")
+
+    rt.on("agent/request", broken)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    assert offered == []
+    assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error"]

@@ -1,0 +1,182 @@
+"""Scenario tests of the inbox and steering (CONTRACT sections 3 and 4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runtime import DuplicateMessageError, Enter, InvalidMessageError, Runtime, ScriptedModel
+from runtime import UnknownMessageError, UserMessage
+from storage.events import TextBlock
+
+from .conftest import WAIT, Timeline
+from .models import GateModel
+
+
+def user_texts(agent: Any) -> list[str]:
+    return [
+        m.content[0].text for m in agent.session.messages() if isinstance(m, UserMessage)
+    ]
+
+
+def test_a_duplicate_pending_message_id_is_refused_in_the_callers_thread(rt: Runtime) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.inject("a", id="m1")
+    with pytest.raises(DuplicateMessageError):
+        agent.followup("b", id="m1")
+    assert agent.wait_idle(WAIT)
+    assert agent.inbox.ids() == ["m1"]
+
+
+def test_wrong_types_to_the_verbs_get_a_clear_error(rt: Runtime) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    for bad in (42, None, b"bytes", [], {"text": "x"}):
+        with pytest.raises(InvalidMessageError):
+            agent.followup(bad)  # type: ignore[arg-type]
+    assert len(agent.inbox) == 0
+
+
+def test_inject_does_not_wake_an_idle_agent_and_joins_the_next_turn(rt: Runtime) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.inject("context")
+    assert agent.wait_idle(WAIT)
+    assert agent.status == "idle" and len(agent.inbox) == 1
+    agent.followup("question")
+    assert agent.wait_idle(WAIT)
+    assert user_texts(agent) == ["question", "context"]
+    assert len([e for e in agent.session.events() if e.type == "turn/start"]) == 1
+
+
+def test_a_steer_during_a_running_turn_joins_the_next_step(rt: Runtime) -> None:
+    model = GateModel()
+    agent = rt.spawn(model=model)
+    agent.followup("first")
+    assert model.reached.wait(WAIT)
+    agent.steer("and also this")
+    model.release(0)
+    assert model.wait_reached(2)
+    model.release(1)
+    assert agent.wait_idle(WAIT)
+    steps = [e.data.step for e in agent.session.events() if e.type == "step/start"]
+    assert steps == [1, 2]
+    assert user_texts(agent) == ["first", "and also this"]
+    user_steps = [e.data.step for e in agent.session.events() if e.type == "user/message"]
+    assert user_steps == [1, 2]
+
+
+def test_turn_stopping_steer_asks_for_another_step(rt: Runtime) -> None:
+    asked: list[int] = []
+
+    def more(event: Any) -> None:
+        if not asked:
+            asked.append(event.step)
+            event.agent.steer("one more thing")
+
+    rt.on("agent/turn-stopping", more)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("start")
+    assert agent.wait_idle(WAIT)
+    assert [e.data.step for e in agent.session.events() if e.type == "step/start"] == [1, 2]
+    assert [e.data.turn for e in agent.session.events() if e.type == "turn/start"] == [1]
+
+
+def test_a_throwing_turn_stopping_listener_ends_the_turn_as_error(rt: Runtime) -> None:
+    def broken(event: Any) -> None:
+        raise RuntimeError("listener bug")
+
+    rt.on("agent/turn-stopping", broken)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("start")
+    assert agent.wait_idle(WAIT)
+    end = next(e.data for e in agent.session.events() if e.type == "turn/end")
+    assert end.reason.kind == "error" and "listener bug" in end.reason.error.message
+
+
+def test_pre_step_runs_before_every_step_and_its_batch_is_authoritative(rt: Runtime) -> None:
+    seen: list[tuple[int, int]] = []
+
+    def rewrite(event: Any, next_: Any) -> Any:
+        seen.append((event.turn, event.step))
+        if event.step == 1:
+            extra = UserMessage(id="extra", content=[TextBlock(text="added")], source="plugin")
+            return Enter(messages=[*event.messages, extra])
+        return next_()
+
+    rt.on("agent/pre-step", rewrite)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    assert seen == [(1, 1)]
+    assert user_texts(agent) == ["hi", "added"]
+
+
+def test_an_empty_enter_on_the_first_step_closes_a_no_step_completed_turn(rt: Runtime) -> None:
+    rt.on("agent/pre-step", lambda event, next_: Enter(messages=[]))
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    types = [e.type for e in agent.session.events()]
+    assert "step/start" not in types
+    end = next(e.data for e in agent.session.events() if e.type == "turn/end")
+    assert end.reason.kind == "completed"
+
+
+def test_async_listeners_run_on_the_io_side(rt: Runtime) -> None:
+    import threading
+
+    threads: list[str] = []
+
+    async def gate(event: Any, next_: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return await next_()
+
+    rt.on("agent/pre-step", gate)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    assert threads and all("io" in name for name in threads)
+    assert user_texts(agent) == ["hi"]
+
+
+def test_remove_and_replace_edit_pending_messages_with_canceled_splices(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    a = agent.inject("a")
+    b = agent.inject("b")
+    removed = agent.remove(a)
+    assert removed.id == a
+    c = agent.replace(b, "c")
+    assert agent.inbox.ids() == [c]
+    with pytest.raises(UnknownMessageError):
+        agent.remove("nope")
+    assert [d.message.id for d in timeline.of("agent/inbox/discarded")] == [a, b]
+    splices = [e.data for e in agent.session.events() if e.type == "agent/inbox/spliced"]
+    assert [(s.start, s.removed_count, s.outcome) for s in splices] == [
+        (0, 0, None), (1, 0, None), (0, 1, "canceled"), (0, 1, "canceled"),
+    ]
+
+
+def test_a_wake_while_an_aborted_turn_unwinds_is_latched_and_runs_next(rt: Runtime) -> None:
+    unwinding = GateModel()
+    seen: list[Any] = []
+
+    def during_abort(event: Any) -> None:
+        # runs while the aborted turn is still open: a steer now is forced to next-turn
+        if event.turn == 1 and not seen:
+            seen.append(event.agent.steer("after abort"))
+
+    rt.on("agent/turn-stopping", during_abort)
+    agent = rt.spawn(model=unwinding)
+    agent.followup("first")
+    assert unwinding.reached.wait(WAIT)
+    agent.cancel()
+    mid = agent.steer("latched")
+    assert unwinding.wait_reached(2)
+    unwinding.release(1)
+    assert agent.wait_idle(WAIT)
+    claimed = [e.data for e in agent.session.events() if e.type == "turn/start"]
+    assert [c.turn for c in claimed] == [1, 2]
+    assert "latched" in user_texts(agent)
+    assert mid not in agent.inbox.ids()

@@ -1,0 +1,97 @@
+"""Scenario tests of resume, crash repair and fork (CONTRACT sections 2, 3, 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime import Runtime, ScriptedModel, ToolCall, tool
+from storage import assert_invariants
+from storage.events import StepStart, ToolCallData, TurnStart, MessageTrigger
+from storage.lmdb_store import Store
+
+from .conftest import WAIT, Timeline, check_store
+
+
+def test_a_resumed_session_with_pending_inbox_items_stays_idle_until_a_waking_send(
+    store_path: Path,
+) -> None:
+    with Runtime.open(store_path) as rt:
+        agent = rt.spawn(model=ScriptedModel.echo(), session_id="s1")
+        pending = agent.inject("pending context")
+        assert agent.wait_idle(WAIT)
+    with Runtime.open(store_path) as rt:
+        timeline = Timeline(rt)
+        agent = rt.resume("s1", model=ScriptedModel.echo())
+        assert timeline.of("agent/session-start")[0].source == "resume"
+        assert agent.inbox.ids() == [pending]
+        assert agent.status == "idle"
+        agent.followup("now")
+        assert agent.wait_idle(WAIT)
+        assert agent.inbox.ids() == []
+    check_store(store_path)
+
+
+def test_resume_repairs_an_interrupted_tail_turn_durably(store_path: Path) -> None:
+    with Store.open(store_path) as store:
+        session = store.create_session("crashed")
+        session.append_fact(TurnStart(turn=1, trigger=MessageTrigger()))
+        session.append_fact(StepStart(turn=1, step=1))
+        session.append_fact(
+            ToolCallData(turn=1, step=1, call_id="c1", name="probe", arguments="{}")
+        )
+        store.flush()
+    with Runtime.open(store_path) as rt:
+        agent = rt.resume("crashed", model=ScriptedModel.echo())
+        types = [e.type for e in agent.session.events()]
+        assert types[-3:] == ["tool/result", "step/end", "turn/end"]
+        end = agent.session.events()[-1].data
+        assert end.reason.kind == "interrupted"
+        result = agent.session.events()[-3].data
+        assert result.error.code in ("TOOL_NOT_STARTED", "TOOL_OUTCOME_UNKNOWN")
+        agent.followup("again")
+        assert agent.wait_idle(WAIT)
+        starts = [e.data.turn for e in agent.session.events() if e.type == "turn/start"]
+        assert starts == [1, 2]
+    with Store.open(store_path) as store:
+        assert [e.type for e in store.read("crashed")][3:6] == ["tool/result", "step/end", "turn/end"]
+        assert_invariants(store.read("crashed"))
+
+
+def test_a_fork_child_continues_turn_numbers_without_the_parents_inbox(store_path: Path) -> None:
+    with Runtime.open(store_path) as rt:
+        parent = rt.spawn(model=ScriptedModel.echo(), session_id="parent")
+        parent.followup("one")
+        assert parent.wait_idle(WAIT)
+        parent.inject("parent only")
+        assert parent.wait_idle(WAIT)
+        boundary = next(e.seq for e in parent.session.events() if e.type == "turn/end")
+        rt.flush()
+        rt.store.fork("parent", boundary, "child")
+        child = rt.resume("child", model=ScriptedModel.echo())
+        assert child.inbox.ids() == []
+        child.followup("two")
+        assert child.wait_idle(WAIT)
+        starts = [e.data.turn for e in child.session.events() if e.type == "turn/start"]
+        assert starts == [1, 2]
+        assert len(child.session.messages()) == 4
+    check_store(store_path)
+
+
+def test_a_tool_turn_survives_a_restart_between_turns(store_path: Path) -> None:
+    @tool
+    def ping() -> str:
+        return "pong"
+
+    script = [[ToolCall(name="ping")], "done", [ToolCall(name="ping")], "done again"]
+    with Runtime.open(store_path) as rt:
+        agent = rt.spawn(model=ScriptedModel(script[:2]), tools=[ping], session_id="t")
+        agent.followup("one")
+        assert agent.wait_idle(WAIT)
+    with Runtime.open(store_path) as rt:
+        agent = rt.resume("t", model=ScriptedModel(script[2:]), tools=[ping])
+        agent.followup("two")
+        assert agent.wait_idle(WAIT)
+        assert [m.role for m in agent.session.messages()] == [
+            "user", "assistant", "tool", "assistant", "user", "assistant", "tool", "assistant",
+        ]
+    check_store(store_path)

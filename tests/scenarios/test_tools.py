@@ -1,0 +1,232 @@
+"""Scenario tests of the tool pipeline (CONTRACT section 6)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from runtime import Deny, Runtime, ScriptedModel, ToolCall, conclude, tool
+from storage.events import TextBlock
+
+from .conftest import WAIT, Timeline
+from .models import GateModel
+
+
+def results(agent: Any) -> list[Any]:
+    return [e.data for e in agent.session.events() if e.type == "tool/result"]
+
+
+def test_results_are_committed_in_model_order_while_safe_calls_run_in_parallel(
+    rt: Runtime,
+) -> None:
+    both_running = threading.Barrier(2, timeout=WAIT)
+    order: list[str] = []
+
+    @tool(concurrency_safe=True)
+    def slow(name: str) -> str:
+        both_running.wait()  # proves the two calls were in flight together
+        order.append(name)
+        return name
+
+    calls = [ToolCall(name="slow", arguments={"name": "a"}), ToolCall(name="slow", arguments={"name": "b"})]
+    agent = rt.spawn(model=ScriptedModel([calls, "done"]), tools=[slow])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert [r.message.content[0].text for r in results(agent)] == ["a", "b"]
+    call_seqs = [e.seq for e in agent.session.events() if e.type == "tool/call"]
+    assert [r.source_event_seqs for r in results(agent)] == [[s] for s in call_seqs]
+
+
+def test_unsafe_calls_run_alone(rt: Runtime) -> None:
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    @tool
+    def exclusive(n: int) -> int:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        with lock:
+            active -= 1
+        return n
+
+    calls = [ToolCall(name="exclusive", arguments={"n": i}) for i in range(4)]
+    agent = rt.spawn(model=ScriptedModel([calls, "done"]), tools=[exclusive])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert peak == 1
+    assert [r.message.content[0].text for r in results(agent)] == ["0", "1", "2", "3"]
+
+
+def test_tool_faults_become_error_results_and_the_turn_goes_on(rt: Runtime) -> None:
+    @tool
+    def boom() -> str:
+        raise ValueError("broken tool")
+
+    @tool
+    def weird() -> object:
+        return object()
+
+    @tool
+    def typed(n: int) -> int:
+        return n
+
+    calls = [
+        ToolCall(name="boom"),
+        ToolCall(name="weird"),
+        ToolCall(name="typed", raw_arguments="{not json"),
+        ToolCall(name="typed", arguments={"n": "seven"}),
+        ToolCall(name="missing"),
+    ]
+    agent = rt.spawn(model=ScriptedModel([calls, "recovered"]), tools=[boom, weird, typed])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    codes = [r.error.code for r in results(agent)]
+    assert codes == ["TOOL_FAILED", "TOOL_FAILED", "INVALID_ARGUMENTS", "INVALID_ARGUMENTS", "UNKNOWN_TOOL"]
+    assert all(r.message.is_error for r in results(agent))
+    assert "broken tool" in results(agent)[0].message.content[0].text
+    end = next(e.data for e in agent.session.events() if e.type == "turn/end")
+    assert end.reason.kind == "completed"
+
+
+def test_pre_execute_can_deny_and_post_execute_can_replace_the_output(rt: Runtime) -> None:
+    @tool
+    def echo(text: str) -> str:
+        return text
+
+    def gate(event: Any, next_: Any) -> Any:
+        return Deny(reason="not today") if event.arguments["text"] == "no" else next_()
+
+    rt.on("tools/pre-execute", gate)
+    rt.on("tools/post-execute", lambda event, next_: f"[{next_()}]")
+    calls = [ToolCall(name="echo", arguments={"text": "no"}), ToolCall(name="echo", arguments={"text": "yes"})]
+    agent = rt.spawn(model=ScriptedModel([calls, "ok"]), tools=[echo])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    first, second = results(agent)
+    assert first.error.code == "TOOL_DENIED" and "not today" in first.message.content[0].text
+    assert second.error is None and second.message.content == [TextBlock(text="[yes]")]
+
+
+def test_a_concluding_tool_result_ends_the_tool_loop_at_its_step(rt: Runtime) -> None:
+    @tool
+    def finish(answer: str) -> Any:
+        return conclude(answer)
+
+    model = ScriptedModel([[ToolCall(name="finish", arguments={"answer": "42"})], "never asked"])
+    agent = rt.spawn(model=model, tools=[finish])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert model.requests == 1
+    assert results(agent)[0].concludes_turn is True
+    end = next(e.data for e in agent.session.events() if e.type == "turn/end")
+    assert end.reason.kind == "completed"
+
+
+def test_async_tools_and_execute_middleware_run_off_the_dispatcher(rt: Runtime) -> None:
+    threads: list[str] = []
+
+    @tool
+    async def fetch(key: str) -> str:
+        threads.append(threading.current_thread().name)
+        return key.upper()
+
+    async def wrap(event: Any, next_: Any) -> Any:
+        return "<" + (await next_()) + ">"
+
+    rt.on("tools/execute", wrap)
+    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="fetch", arguments={"key": "k"})], "ok"]), tools=[fetch])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert results(agent)[0].message.content == [TextBlock(text="<K>")]
+    assert threads and "dispatcher" not in threads[0]
+
+
+def test_a_tool_timeout_is_an_error_result(rt: Runtime) -> None:
+    release = threading.Event()
+
+    @tool(timeout=0.05)
+    def stuck() -> str:
+        release.wait(WAIT)
+        return "late"
+
+    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="stuck")], "ok"]), tools=[stuck])
+    agent.followup("go")
+    try:
+        assert agent.wait_idle(WAIT)
+    finally:
+        release.set()
+    assert results(agent)[0].error.code == "TOOL_TIMEOUT"
+
+
+def test_after_abort_unstarted_calls_get_synthetic_results(rt: Runtime, timeline: Timeline) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    @tool
+    def first() -> str:
+        started.set()
+        release.wait(WAIT)
+        return "finished anyway"
+
+    @tool
+    def second() -> str:
+        return "never runs"
+
+    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="first"), ToolCall(name="second")]]), tools=[first, second])
+    agent.followup("go")
+    assert started.wait(WAIT)
+    agent.cancel()
+    release.set()
+    assert agent.wait_idle(WAIT)
+    done, skipped = results(agent)
+    assert done.error is None and done.message.content[0].text == "finished anyway"
+    assert skipped.error.code == "ABORTED_BEFORE_DISPATCH"
+    end = next(e.data for e in agent.session.events() if e.type == "turn/end")
+    assert end.reason.kind == "aborted"
+
+
+def test_tool_call_facts_are_durable_before_the_body_runs(rt: Runtime) -> None:
+    durable: list[list[str]] = []
+
+    @tool
+    def probe() -> str:
+        durable.append([e.type for e in rt.store.read(agent_id)])
+        return "ok"
+
+    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="probe")], "ok"]), tools=[probe])
+    agent_id = agent.id
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert durable[0][-1] == "tool/call"
+
+
+def test_a_model_request_is_sent_only_after_its_facts_are_durable(rt: Runtime) -> None:
+    durable: list[list[str]] = []
+    ids: list[str] = []
+
+    def reply(request: Any) -> str:
+        durable.append([e.type for e in rt.store.read(ids[0])])
+        return "ok"
+
+    agent = rt.spawn(model=ScriptedModel(reply))
+    ids.append(agent.id)
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert durable[0][-2:] == ["user/message", "request/header"]
+
+
+def test_settled_fires_after_the_terminal_turn_end_is_durable(rt: Runtime) -> None:
+    durable: list[str] = []
+
+    def on_settled(event: Any) -> None:
+        durable.append(rt.store.read(event.agent.id)[-1].type)
+
+    rt.on("agent/settled", on_settled)
+    agent = rt.spawn(model=GateModel(before=(), after=()))
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert durable == ["turn/end"]
