@@ -36,7 +36,7 @@ from .effects import (
 )
 from .inbox import Inbox, InboxView
 from .live import TurnSignal
-from .streams import StreamHandle, ToolHandle, open_stream, start_tool
+from .streams import StreamHandle, ToolHandle, is_immediate, open_stream, start_tool
 from .turn import TurnMachine
 
 __all__ = [
@@ -124,6 +124,7 @@ class AgentActor(PooledActor):
         self.inbox = inbox
         self.session = session
         self.model = model
+        self._immediate = is_immediate(model)
         self.io = io
         self.scheduler = scheduler
         self.bus = bus
@@ -174,7 +175,9 @@ class AgentActor(PooledActor):
             self.inbox.insert(lane, message.message)
         except Exception:
             self.inbox.release(message.message.id)
-            log.exception("agent %s could not insert message %s", self.session.id, message.message.id)
+            log.exception(
+                "agent %s could not insert message %s", self.session.id, message.message.id
+            )
             return
         if wake and self._coro is None:
             self._start_drain()
@@ -184,7 +187,8 @@ class AgentActor(PooledActor):
             assert edit.message_id is not None
             return self.inbox.remove(edit.message_id)
         if edit.op == "replace":
-            assert edit.message_id is not None and edit.message is not None
+            assert edit.message_id is not None
+            assert edit.message is not None
             try:
                 self.inbox.replace(edit.message_id, edit.message)
             except Exception:
@@ -237,7 +241,9 @@ class AgentActor(PooledActor):
         for callback in waiters:
             callback()
 
-    def _wait(self, effect: Effect[Any], cancel: Callable[[], None] | None = None) -> tuple[int, Any]:
+    def _wait(
+        self, effect: Effect[Any], cancel: Callable[[], None] | None = None
+    ) -> tuple[int, Any]:
         token = self._waiting_token = next(self._tokens)
         self._cancel_waiting = cancel
         return token, _PENDING
@@ -271,10 +277,19 @@ class AgentActor(PooledActor):
             return pending
         if isinstance(effect, OpenStream):
             ref = self.actor_ref
-            return open_stream(self.model, effect.request, self.io, lambda s: ref.tell(_StreamReady(s))), None
+            stream = open_stream(
+                self.model,
+                effect.request,
+                self.io,
+                lambda s: ref.tell(_StreamReady(s)),
+                immediate=self._immediate,
+            )
+            return stream, None
         if isinstance(effect, StartTool):
             ref = self.actor_ref
-            handle = start_tool(effect.plan, self.io, self.bus, self.session.id, lambda h: ref.tell(_ToolDone(h)))
+            handle = start_tool(
+                effect.plan, self.io, self.bus, self.session.id, lambda h: ref.tell(_ToolDone(h))
+            )
             return handle, None
         if isinstance(effect, JoinTool):
             tool: ToolHandle = effect.handle

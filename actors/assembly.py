@@ -78,7 +78,9 @@ class Assembler:
             call = self._calls[index]
             call_id = call.call_id or f"call_{self._turn}_{self._step}_{index}"
             calls.append(
-                ToolCallBlock(call_id=call_id, name=call.name or "", arguments="".join(call.arguments))
+                ToolCallBlock(
+                    call_id=call_id, name=call.name or "", arguments="".join(call.arguments)
+                )
             )
         return calls
 

@@ -36,7 +36,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-class TurnAborted(Exception):  # noqa: N818 - a control signal, not an error condition
+class TurnAborted(Exception):
     """Thrown into the turn coroutine when its signal aborts an abortable effect."""
 
 

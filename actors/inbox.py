@@ -136,7 +136,9 @@ class Inbox:
                     self._reserved.discard(message.id)
         if outcome is not None:
             for message in removed:
-                self._emit("agent/inbox/discarded", InboxDiscarded(agent=self._agent, message=message))
+                self._emit(
+                    "agent/inbox/discarded", InboxDiscarded(agent=self._agent, message=message)
+                )
         for message in inserted:
             self._emit(
                 "agent/inbox/inserted",
@@ -187,5 +189,7 @@ class Inbox:
             for message in batch:
                 self._reserved.discard(message.id)
         for message in batch:
-            self._emit("agent/inbox/claimed", InboxClaimed(agent=self._agent, message=message, turn=turn))
+            self._emit(
+                "agent/inbox/claimed", InboxClaimed(agent=self._agent, message=message, turn=turn)
+            )
         return batch

@@ -20,7 +20,7 @@ from .model import ImmediateModel, Model, ModelError, ModelRequest
 from .toolphase import ToolPlan, ToolRun
 from .tools import run_execute_chain
 
-__all__ = ["StreamHandle", "ToolHandle", "open_stream", "start_tool"]
+__all__ = ["StreamHandle", "ToolHandle", "is_immediate", "open_stream", "start_tool"]
 
 
 class StreamHandle:
@@ -69,19 +69,30 @@ class StreamHandle:
             self._effect.cancel()
 
 
+def is_immediate(model: Model) -> bool:
+    """Whether ``model`` may answer inline (checked once per agent: Protocol checks are slow)."""
+    return isinstance(model, ImmediateModel)
+
+
 def open_stream(
-    model: Model, request: ModelRequest, io: IoSide, notify: Callable[[StreamHandle], None]
+    model: Model,
+    request: ModelRequest,
+    io: IoSide,
+    notify: Callable[[StreamHandle], None],
+    *,
+    immediate: bool,
 ) -> StreamHandle:
     """Start ``model`` on ``request``; an immediate model answers inline."""
     handle = StreamHandle(notify)
-    if isinstance(model, ImmediateModel):
+    if immediate:
+        assert isinstance(model, ImmediateModel)
         try:
             answer = model.answer_now(request)
         except ModelError as err:
-            handle._error = err  # noqa: SLF001 - not yet shared with any thread
+            handle._error = err
             return handle
         if answer is not None:
-            handle._items = [*answer, StreamEnd()]  # noqa: SLF001
+            handle._items = [*answer, StreamEnd()]
             return handle
 
     async def pump() -> None:
@@ -100,7 +111,7 @@ def open_stream(
                 await aclose()
         handle.push(StreamEnd())
 
-    handle._effect = io.start(pump, on_done=_ignore)  # noqa: SLF001
+    handle._effect = io.start(pump, on_done=_ignore)
     return handle
 
 
@@ -118,7 +129,7 @@ class ToolHandle:
         self.done = False
 
 
-class _Timeout(Exception):  # noqa: N818 - internal marker
+class _Timeout(Exception):
     pass
 
 
@@ -151,7 +162,9 @@ def start_tool(
         if tool.is_async:
             work = tool.run(plan.prepared)
         else:
-            work = asyncio.get_running_loop().run_in_executor(io.blocking_pool, tool.run, plan.prepared)
+            work = asyncio.get_running_loop().run_in_executor(
+                io.blocking_pool, tool.run, plan.prepared
+            )
         if timeout is None:
             return await work
         try:

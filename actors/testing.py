@@ -81,12 +81,18 @@ class TurnHarness:
             agent=self.agent,
         )
         phase = ToolPhase(
-            agent=self.agent, tools=tools or {}, append_fact=self.session.append_fact,
+            agent=self.agent,
+            tools=tools or {},
+            append_fact=self.session.append_fact,
             waterfall=lambda n, e, d: self.bus.waterfall(n, e, d, scope=agent_id),
             emit=lambda name, payload: self.bus.emit(name, payload, scope=agent_id),
         )
         self.machine = TurnMachine(
-            agent=self.agent, session=self.session, inbox=self.inbox, bus=self.bus, tools=phase,
+            agent=self.agent,
+            session=self.session,
+            inbox=self.inbox,
+            bus=self.bus,
+            tools=phase,
             default_config=lambda: RequestConfig(provider="test", model="harness"),
             durability=durability,
         )

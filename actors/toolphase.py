@@ -18,10 +18,26 @@ from typing import Any
 
 import msgspec
 
-from storage.events import TextBlock, ToolCallBlock, ToolError, ToolMessage, ToolResultData, ToolSpec
+from storage.events import (
+    TextBlock,
+    ToolCallBlock,
+    ToolError,
+    ToolMessage,
+    ToolResultData,
+    ToolSpec,
+)
 
 from .effects import JoinTool, RunAsync, StartTool, TurnAborted
-from .live import AgentLike, Allow, Deny, PostExecute, PreExecute, ToolExecute, ToolResultEvent, TurnSignal
+from .live import (
+    AgentLike,
+    Allow,
+    Deny,
+    PostExecute,
+    PreExecute,
+    ToolExecute,
+    ToolResultEvent,
+    TurnSignal,
+)
 from .tools import MAX_PARALLEL_TOOLS, Tool, ToolArgumentError, ToolOutcome, outcome_from_output
 
 __all__ = ["ToolPhase", "ToolPlan", "ToolRun"]
@@ -44,7 +60,9 @@ class ToolRun(msgspec.Struct, frozen=True):
 
 
 def _error(code: str, message: str) -> ToolOutcome:
-    return ToolOutcome(content=[TextBlock(text=message)], error=ToolError(code=code, message=message))
+    return ToolOutcome(
+        content=[TextBlock(text=message)], error=ToolError(code=code, message=message)
+    )
 
 
 class ToolPhase:
@@ -94,19 +112,30 @@ class ToolPhase:
         except ToolArgumentError as err:
             return _error("INVALID_ARGUMENTS", str(err))
         event = PreExecute(
-            agent=self._agent, turn=turn, step=step, call_id=call.call_id, name=call.name,
-            arguments=arguments, signal=signal,
+            agent=self._agent,
+            turn=turn,
+            step=step,
+            call_id=call.call_id,
+            name=call.name,
+            arguments=arguments,
+            signal=signal,
         )
         try:
             decision = await self._decide("tools/pre-execute", event, Allow)
         except TurnAborted:
-            return _error("ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started")
+            return _error(
+                "ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started"
+            )
         except Exception as err:  # noqa: BLE001 - a failing gate denies the call
             return _error("TOOL_DENIED", f"tools/pre-execute failed: {err!r}")
         if isinstance(decision, Deny):
             return _error("TOOL_DENIED", decision.reason)
         execute = ToolExecute(
-            agent=self._agent, turn=turn, step=step, call_id=call.call_id, name=call.name,
+            agent=self._agent,
+            turn=turn,
+            step=step,
+            call_id=call.call_id,
+            name=call.name,
             arguments=arguments,
         )
         return ToolPlan(tool=tool, prepared=prepared, event=execute)
@@ -118,8 +147,14 @@ class ToolPhase:
             return _error("TOOL_TIMEOUT", f"tool {tool_name!r} timed out")
         error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
         event = PostExecute(
-            agent=self._agent, turn=plan.event.turn, step=plan.event.step, call_id=plan.event.call_id,
-            name=tool_name, arguments=plan.event.arguments, output=run.output, error=error,
+            agent=self._agent,
+            turn=plan.event.turn,
+            step=plan.event.step,
+            call_id=plan.event.call_id,
+            name=tool_name,
+            arguments=plan.event.arguments,
+            output=run.output,
+            error=error,
         )
         try:
             output = await self._decide("tools/post-execute", event, lambda: run.output)
@@ -148,7 +183,9 @@ class ToolPhase:
         def commit_ready() -> None:
             nonlocal committed
             while committed < len(calls) and outcomes[committed] is not None:
-                self._commit(turn, step, calls[committed], call_seqs[committed], outcomes[committed])
+                self._commit(
+                    turn, step, calls[committed], call_seqs[committed], outcomes[committed]
+                )
                 committed += 1
 
         async def join_oldest() -> None:
@@ -158,7 +195,9 @@ class ToolPhase:
 
         for index, call in enumerate(calls):
             if signal.aborted:
-                outcomes[index] = _error("ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started")
+                outcomes[index] = _error(
+                    "ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started"
+                )
                 commit_ready()
                 continue
             admitted = await self._admit(turn, step, call, signal)
@@ -170,7 +209,9 @@ class ToolPhase:
             while inflight and (not safe or len(inflight) >= self._max_parallel):
                 await join_oldest()
             if signal.aborted:
-                outcomes[index] = _error("ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started")
+                outcomes[index] = _error(
+                    "ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started"
+                )
                 commit_ready()
                 continue
             plans[index] = admitted
@@ -187,20 +228,31 @@ class ToolPhase:
     ) -> None:
         assert outcome is not None
         message = ToolMessage(
-            call_id=call.call_id, name=call.name, content=list(outcome.content),
+            call_id=call.call_id,
+            name=call.name,
+            content=list(outcome.content),
             is_error=outcome.error is not None,
         )
         event = self._append(
             ToolResultData(
-                turn=turn, step=step, message=message, error=outcome.error,
-                concludes_turn=outcome.concludes_turn, source_event_seqs=[call_seq],
+                turn=turn,
+                step=step,
+                message=message,
+                error=outcome.error,
+                concludes_turn=outcome.concludes_turn,
+                source_event_seqs=[call_seq],
             )
         )
         self._emit(
             "tools/result",
             ToolResultEvent(
-                agent=self._agent, turn=turn, step=step, call_id=call.call_id, name=call.name,
-                seq=event.seq, is_error=outcome.error is not None,
+                agent=self._agent,
+                turn=turn,
+                step=step,
+                call_id=call.call_id,
+                name=call.name,
+                seq=event.seq,
+                is_error=outcome.error is not None,
             ),
         )
 

@@ -43,7 +43,16 @@ from storage.events import (
 )
 
 from .assembly import Assembler
-from .effects import Checkpoint, Flush, NextBatch, OpenStream, RunAsync, Sleep, StreamEnd, TurnAborted
+from .effects import (
+    Checkpoint,
+    Flush,
+    NextBatch,
+    OpenStream,
+    RunAsync,
+    Sleep,
+    StreamEnd,
+    TurnAborted,
+)
 from .errors import ListenerError
 from .inbox import Inbox
 from .live import (
@@ -244,7 +253,9 @@ class TurnMachine:
             if self.max_steps is not None and step >= self.max_steps:
                 message = f"the turn reached its limit of {self.max_steps} steps"
                 return LimitExceeded(limit="max_steps", message=message), None
-            event = PreStep(agent=self.agent, messages=proposal, turn=turn, step=step + 1, signal=signal)
+            event = PreStep(
+                agent=self.agent, messages=proposal, turn=turn, step=step + 1, signal=signal
+            )
             try:
                 decision = await self._waterfall(
                     "agent/pre-step", event, lambda p=proposal: Enter(messages=p)
@@ -280,7 +291,8 @@ class TurnMachine:
                 return Completed(), None
             try:
                 await self._serial(
-                    "agent/turn-stopping", TurnStopping(agent=self.agent, turn=turn, step=step, signal=signal)
+                    "agent/turn-stopping",
+                    TurnStopping(agent=self.agent, turn=turn, step=step, signal=signal),
                 )
                 await Checkpoint()  # a listener's steer is queued to us: let it land first
             except TurnAborted:
@@ -296,7 +308,12 @@ class TurnMachine:
                 return Completed(), None
 
     async def _failed(
-        self, turn: int, step: int, result: _StepResult, signal: TurnSignal, prior: Sequence[LlmFailure]
+        self,
+        turn: int,
+        step: int,
+        result: _StepResult,
+        signal: TurnSignal,
+        prior: Sequence[LlmFailure],
     ) -> tuple[TurnEndReason, Retry | None]:
         failure = result.failure
         assert failure is not None
@@ -315,7 +332,7 @@ class TurnMachine:
             decision = await self._waterfall("agent/request-error", event, lambda: None)
         except TurnAborted:
             return self._aborted(signal), None
-        except Exception:  # noqa: BLE001 - a throwing recovery listener means no retry
+        except Exception:
             log.exception("agent/request-error listener failed; the turn ends as error")
             decision = None
         if signal.aborted:
@@ -336,7 +353,8 @@ class TurnMachine:
                 append(UserMessageData(message=message, turn=turn, step=step))
             try:
                 config = await self._waterfall(
-                    "agent/request", RequestEvent(agent=self.agent, turn=turn, step=step, signal=signal),
+                    "agent/request",
+                    RequestEvent(agent=self.agent, turn=turn, step=step, signal=signal),
                     self.default_config,
                 )
             except TurnAborted:
@@ -344,7 +362,9 @@ class TurnMachine:
             except Exception as err:  # noqa: BLE001 - request listener faults are not offered
                 return _StepResult(failure=_listener_failure("agent/request", err), offer=False)
             if not isinstance(config, RequestConfig):
-                failure = LlmFailure(message=f"agent/request must produce a RequestConfig, got {config!r}")
+                failure = LlmFailure(
+                    message=f"agent/request must produce a RequestConfig, got {config!r}"
+                )
                 return _StepResult(failure=failure, offer=False)
             specs = self.tools.specs()
             self._write_header(turn, step, config, specs)
@@ -353,7 +373,10 @@ class TurnMachine:
             if signal.aborted:
                 return _StepResult()
             request = ModelRequest(
-                config=config, messages=self.session.derive_messages(), system=self.system, tools=specs
+                config=config,
+                messages=self.session.derive_messages(),
+                system=self.system,
+                tools=specs,
             )
             if self.on_request is not None:
                 self.on_request(request)
@@ -361,9 +384,16 @@ class TurnMachine:
         finally:
             append(StepEnd(turn=turn, step=step))
 
-    def _write_header(self, turn: int, step: int, config: RequestConfig, specs: list[ToolSpec]) -> None:
+    def _write_header(
+        self, turn: int, step: int, config: RequestConfig, specs: list[ToolSpec]
+    ) -> None:
         last = self.session.state.last_header
-        if last is not None and last.config == config and last.system == self.system and last.tools == specs:
+        if (
+            last is not None
+            and last.config == config
+            and last.system == self.system
+            and last.tools == specs
+        ):
             return
         self.session.append_fact(
             RequestHeader(turn=turn, step=step, config=config, system=self.system, tools=specs)
@@ -389,8 +419,12 @@ class TurnMachine:
             if visible:
                 append(
                     AssistantMessageData(
-                        turn=turn, step=step, message=assembler.message(with_calls=False),
-                        usage=assembler.usage, interrupted=True, source_event_seqs=assembler.chunk_seqs,
+                        turn=turn,
+                        step=step,
+                        message=assembler.message(with_calls=False),
+                        usage=assembler.usage,
+                        interrupted=True,
+                        source_event_seqs=assembler.chunk_seqs,
                     )
                 )
             return _StepResult()
@@ -405,8 +439,11 @@ class TurnMachine:
         calls = [] if truncated else assembler.calls()
         append(
             AssistantMessageData(
-                turn=turn, step=step, message=assembler.message(with_calls=not truncated),
-                usage=assembler.usage, finish_reason=assembler.finish,
+                turn=turn,
+                step=step,
+                message=assembler.message(with_calls=not truncated),
+                usage=assembler.usage,
+                finish_reason=assembler.finish,
                 source_event_seqs=assembler.chunk_seqs,
             )
         )
@@ -416,7 +453,9 @@ class TurnMachine:
             return _StepResult()
         call_seqs = [
             append(
-                ToolCallData(turn=turn, step=step, call_id=c.call_id, name=c.name, arguments=c.arguments)
+                ToolCallData(
+                    turn=turn, step=step, call_id=c.call_id, name=c.name, arguments=c.arguments
+                )
             ).seq
             for c in calls
         ]

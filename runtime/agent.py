@@ -116,9 +116,15 @@ class Agent:
                 raise InvalidMessageError("give the id inside the UserMessage, or pass a str")
             message = value
         elif isinstance(value, str):
-            message = UserMessage(id=message_id or self._new_id(), content=[TextBlock(text=value)], source=source)
-        elif isinstance(value, list | tuple) and value and all(isinstance(b, _BLOCKS) for b in value):
-            message = UserMessage(id=message_id or self._new_id(), content=list(value), source=source)
+            message = UserMessage(
+                id=message_id or self._new_id(), content=[TextBlock(text=value)], source=source
+            )
+        elif (
+            isinstance(value, list | tuple) and value and all(isinstance(b, _BLOCKS) for b in value)
+        ):
+            message = UserMessage(
+                id=message_id or self._new_id(), content=list(value), source=source
+            )
         else:
             raise InvalidMessageError(
                 f"a message is a str, a UserMessage or a non-empty list of content blocks; "
@@ -133,7 +139,9 @@ class Agent:
             )
         return message
 
-    def _send(self, value: object, lane: InboxLane, wake: bool, message_id: MessageId | None, source: str) -> MessageId:
+    def _send(
+        self, value: object, lane: InboxLane, wake: bool, message_id: MessageId | None, source: str
+    ) -> MessageId:
         message = self._message(value, message_id, source)
         self._check_open(wake)
         assert self._inbox is not None
@@ -158,15 +166,21 @@ class Agent:
         except ActorDeadError as err:
             raise AgentDisposedError(f"agent {self.id} is no longer running") from err
 
-    def followup(self, message: MessageLike, *, id: MessageId | None = None, source: str = "user") -> MessageId:  # noqa: A002
+    def followup(
+        self, message: MessageLike, *, id: MessageId | None = None, source: str = "user"
+    ) -> MessageId:
         """Queue ``message`` as its own next turn and wake the agent."""
         return self._send(message, "next-turn", True, id, source)
 
-    def steer(self, message: MessageLike, *, id: MessageId | None = None, source: str = "user") -> MessageId:  # noqa: A002
+    def steer(
+        self, message: MessageLike, *, id: MessageId | None = None, source: str = "user"
+    ) -> MessageId:
         """Add ``message`` to the next step of the running turn (or a new turn) and wake."""
         return self._send(message, "next-step", True, id, source)
 
-    def inject(self, message: MessageLike, *, id: MessageId | None = None, source: str = "user") -> MessageId:  # noqa: A002
+    def inject(
+        self, message: MessageLike, *, id: MessageId | None = None, source: str = "user"
+    ) -> MessageId:
         """Add ``message`` to the next step without waking an idle agent."""
         return self._send(message, "next-step", False, id, source)
 
@@ -183,7 +197,9 @@ class Agent:
         """Discard one pending message (``outcome: canceled``); raises if it is not pending."""
         return self._ask(Edit(op="remove", message_id=message_id), timeout)
 
-    def replace(self, message_id: MessageId, message: MessageLike, *, timeout: float | None = 10.0) -> MessageId:
+    def replace(
+        self, message_id: MessageId, message: MessageLike, *, timeout: float | None = 10.0
+    ) -> MessageId:
         """Swap a pending message for a new one in the same place; returns the new id."""
         new = self._message(message, None, "user")
         assert self._inbox is not None
@@ -201,7 +217,9 @@ class Agent:
         """Clear the inbox durably (unless ``keep_inbox``) and abort the active turn."""
         cause = cause or UserCause()
         if getattr(cause, "kind", None) not in _CAUSES:
-            raise InvalidMessageError(f"cause must be one of the CancelCause structs, got {cause!r}")
+            raise InvalidMessageError(
+                f"cause must be one of the CancelCause structs, got {cause!r}"
+            )
         if self._ref is None or not self._ref.is_alive():
             return
         target = self._active_signal()
@@ -226,12 +244,13 @@ class Agent:
             first = not self._disposing
             self._disposing = True
         if first:
-            self._runtime._dispose(self)  # noqa: SLF001 - the runtime owns the lifecycle
+            self._runtime._dispose(self)
         return self._disposed.wait(timeout)
 
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
         """Listen to ``name`` for this agent only; returns a disposer."""
         if name not in AGENT_EVENTS:
-            raise ValueError(f"unknown live event {name!r}; known: {', '.join(sorted(AGENT_EVENTS))}")
+            raise ValueError(
+                f"unknown live event {name!r}; known: {', '.join(sorted(AGENT_EVENTS))}"
+            )
         return self._runtime.bus.on(name, listener, scope=self.id)
-

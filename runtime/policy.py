@@ -16,7 +16,9 @@ from actors.live import RequestError, Retry
 
 __all__ = ["DEFAULT_RETRYABLE", "RetryPolicy"]
 
-DEFAULT_RETRYABLE: Final = frozenset({"RATE_LIMIT", "SERVER", "TIMEOUT", "TRANSPORT", "EMPTY_RESPONSE"})
+DEFAULT_RETRYABLE: Final = frozenset(
+    {"RATE_LIMIT", "SERVER", "TIMEOUT", "TRANSPORT", "EMPTY_RESPONSE"}
+)
 
 
 class RetryPolicy:
@@ -53,6 +55,10 @@ class RetryPolicy:
     def __call__(self, event: RequestError, next_: Callable[[], Any]) -> Any:
         failure = event.failure
         attempt = len(event.prior_failures) + 1
-        if failure.code in self.retryable and attempt <= self.max_retries and not event.signal.aborted:
+        if (
+            failure.code in self.retryable
+            and attempt <= self.max_retries
+            and not event.signal.aborted
+        ):
             return Retry(delay_s=self.delay(attempt, failure.retry_after_s))
         return next_()

@@ -32,8 +32,8 @@ from actors.model import Model
 from actors.toolphase import ToolPhase
 from actors.tools import Tool
 from actors.turn import Durability, TurnMachine
-from storage.lmdb_store import Store
 from storage.events import DisposedCause, RequestConfig
+from storage.lmdb_store import Store
 from storage.session import Session
 
 from .agent import Agent
@@ -53,7 +53,9 @@ def _resolve_model(model: Model | str) -> Model:
 
         return resolve_model(model)
     if not isinstance(model, Model):
-        raise TypeError(f"model must be a Model (e.g. ScriptedModel) or a model string, got {model!r}")
+        raise TypeError(
+            f"model must be a Model (e.g. ScriptedModel) or a model string, got {model!r}"
+        )
     return model
 
 
@@ -91,7 +93,9 @@ class Runtime:
         self.inbox_limit = inbox_limit
         self._owns_store = owns_store
         self.dispatcher = Dispatcher(threads, name="corral")
-        self.io = IoSide(blocking_workers=blocking_workers, dead_letters=self.dispatcher.dead_letters)
+        self.io = IoSide(
+            blocking_workers=blocking_workers, dead_letters=self.dispatcher.dead_letters
+        )
         self.scheduler = Scheduler(dead_letters=self.dispatcher.dead_letters)
         self.bus = Bus(self.io)
         self._lock = threading.Lock()
@@ -101,7 +105,8 @@ class Runtime:
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
         self._registry: ActorRef[RegistryActor] = RegistryActor.start(
-            on_created=self._announce_created, on_disposed=self._announce_disposed,
+            on_created=self._announce_created,
+            on_disposed=self._announce_disposed,
             dispatcher=self.dispatcher,
         )
         if retry_policy is _DEFAULT_POLICY:
@@ -140,7 +145,9 @@ class Runtime:
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
         """Listen to a live event of every agent; returns a disposer."""
         if name not in AGENT_EVENTS:
-            raise ValueError(f"unknown live event {name!r}; known: {', '.join(sorted(AGENT_EVENTS))}")
+            raise ValueError(
+                f"unknown live event {name!r}; known: {', '.join(sorted(AGENT_EVENTS))}"
+            )
         return self.bus.on(name, listener)
 
     # ------------------------------------------------------------------ agents
@@ -189,48 +196,72 @@ class Runtime:
         system: str | None,
         source: Literal["startup", "resume"],
     ) -> Agent:
-        handle = Agent(self, session, new_id=self._new_message_id,
-                       max_message_bytes=self.store.codec.max_event_bytes)
+        handle = Agent(
+            self,
+            session,
+            new_id=self._new_message_id,
+            max_message_bytes=self.store.codec.max_event_bytes,
+        )
         agent_id = session.id
 
         def emit(name: str, payload: Any) -> None:
             self.bus.emit(name, payload, scope=agent_id)
 
-        inbox = Inbox(append_fact=session.append_fact, emit=emit, agent=handle, limit=self.inbox_limit)
+        inbox = Inbox(
+            append_fact=session.append_fact, emit=emit, agent=handle, limit=self.inbox_limit
+        )
         inbox.load(*session.pending_inbox())
 
         def waterfall(name: str, event: Any, default: Callable[[], Any]) -> Any:
             return self.bus.waterfall(name, event, default, scope=agent_id)
 
-        phase = ToolPhase(agent=handle, tools=tools, append_fact=session.append_fact,
-                          waterfall=waterfall, emit=emit)
+        phase = ToolPhase(
+            agent=handle,
+            tools=tools,
+            append_fact=session.append_fact,
+            waterfall=waterfall,
+            emit=emit,
+        )
         machine = TurnMachine(
-            agent=handle, session=session, inbox=inbox, bus=self.bus, tools=phase,
+            agent=handle,
+            session=session,
+            inbox=inbox,
+            bus=self.bus,
+            tools=phase,
             default_config=lambda: RequestConfig(provider=model.provider, model=model.name),
-            system=system, durability=self.durability, max_steps=self.max_steps,
+            system=system,
+            durability=self.durability,
+            max_steps=self.max_steps,
         )
         session.on_event(self._session_bridge(handle))
 
         def factory() -> ActorRef[Any]:
             return AgentActor.start(
-                machine=machine, inbox=inbox, session=session, model=model, io=self.io,
-                scheduler=self.scheduler, bus=self.bus, dispatcher=self.dispatcher,
+                machine=machine,
+                inbox=inbox,
+                session=session,
+                model=model,
+                io=self.io,
+                scheduler=self.scheduler,
+                bus=self.bus,
+                dispatcher=self.dispatcher,
             )
 
         with self._lock:
             self._agents[agent_id] = handle
         try:
-            ref = self._registry.proxy().create(agent_id, factory).get()
+            ref = self._registry.ask(
+                ProxyCall(attr_path=("create",), args=(agent_id, factory), kwargs={})
+            )
         except BaseException:
             with self._lock:
                 self._agents.pop(agent_id, None)
             raise
+
         def active_signal() -> TurnSignal | None:
             return machine.signal if machine.turn_open else None
 
-        handle._bind(  # noqa: SLF001
-            ref, inbox, lambda: machine.status, active_signal, lambda: machine.unwinding
-        )
+        handle._bind(ref, inbox, lambda: machine.status, active_signal, lambda: machine.unwinding)
         with self._lock:
             self._refs[agent_id] = ref
         emit("agent/session-start", AgentSessionStart(agent=handle, source=source))
@@ -256,7 +287,7 @@ class Runtime:
         if handle is None:
             return
         self.bus.emit("agent/disposed", AgentDisposed(agent=handle), scope=agent_id)
-        handle._disposed.set()  # noqa: SLF001
+        handle._disposed.set()
 
     def _dispose(self, handle: Agent, *, keep_inbox: bool = False) -> None:
         ref = self._refs.get(handle.id)
@@ -300,13 +331,13 @@ class Runtime:
         self._closed = True
         agents = self.agents()
         for handle in agents:
-            with handle._dispose_lock:  # noqa: SLF001
-                first = not handle._disposing  # noqa: SLF001
-                handle._disposing = True  # noqa: SLF001
+            with handle._dispose_lock:
+                first = not handle._disposing
+                handle._disposing = True
             if first:
                 self._dispose(handle, keep_inbox=True)
         for handle in agents:
-            if not handle._disposed.wait(timeout):  # noqa: SLF001
+            if not handle._disposed.wait(timeout):
                 log.warning("agent %s did not stop within %s s", handle.id, timeout)
         self._registry.stop(timeout=timeout)
         self.scheduler.close()

@@ -142,14 +142,20 @@ class ScriptedModel:
                 args = raw if raw is not None else _encoder.encode(call.arguments).decode()
                 pieces = _split(args, self._chunks)
                 out.append(
-                    ToolCallDelta(index=index, call_id=f"call-{index}-{self.requests}", name=call.name,
-                                  arguments_delta=pieces[0])
+                    ToolCallDelta(
+                        index=index,
+                        call_id=f"call-{index}-{self.requests}",
+                        name=call.name,
+                        arguments_delta=pieces[0],
+                    )
                 )
                 out += [ToolCallDelta(index=index, arguments_delta=p) for p in pieces[1:]]
             finish = "tool-calls"
             produced = sum(len(c.name) for c in item)
         prompt = sum(1 for _ in request.messages)
-        out.append(UsageChunk(usage=Usage(input_tokens=prompt, output_tokens=max(1, produced // 4))))
+        out.append(
+            UsageChunk(usage=Usage(input_tokens=prompt, output_tokens=max(1, produced // 4)))
+        )
         out.append(FinishChunk(reason=finish))  # type: ignore[arg-type]
         return out
 

@@ -59,7 +59,9 @@ class FunctionTool:
         fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
         for param in inspect.signature(fn).parameters.values():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise TypeError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
+                raise TypeError(
+                    f"tool {fn.__name__}: *args/**kwargs cannot be described to a model"
+                )
             annotation = hints.get(param.name, Any)
             if param.default is inspect.Parameter.empty:
                 fields.append((param.name, annotation))
@@ -96,8 +98,9 @@ class FunctionTool:
 
     def prepare(self, arguments: Any) -> Any:
         if not isinstance(arguments, dict):
+            found = type(arguments).__name__
             raise ToolArgumentError(
-                f"tool {self._spec.name!r} takes a JSON object of arguments, got {type(arguments).__name__}"
+                f"tool {self._spec.name!r} takes a JSON object of arguments, got {found}"
             )
         try:
             return msgspec.convert(arguments, type=self._args)
@@ -139,7 +142,11 @@ def tool(
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
         return FunctionTool(
-            f, name=name, description=description, concurrency_safe=concurrency_safe, timeout=timeout
+            f,
+            name=name,
+            description=description,
+            concurrency_safe=concurrency_safe,
+            timeout=timeout,
         )
 
     return wrap(fn) if fn is not None else wrap

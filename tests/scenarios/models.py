@@ -7,7 +7,7 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 
 from actors.model import ModelError, ModelRequest
-from storage.events import FinishChunk, LlmFailure, StreamChunk, TextDelta, UsageChunk, Usage
+from storage.events import FinishChunk, LlmFailure, StreamChunk, TextDelta, Usage, UsageChunk
 
 WAIT = 10.0
 

@@ -40,7 +40,11 @@ def test_two_failures_then_success_give_three_turns_one_running_interval_and_one
     starts = turn_events(agent, "turn/start")
     assert [s.turn for s in starts] == [1, 2, 3]
     assert [s.trigger.kind for s in starts] == ["message", "retry", "retry"]
-    assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error", "error", "completed"]
+    assert [e.reason.kind for e in turn_events(agent, "turn/end")] == [
+        "error",
+        "error",
+        "completed",
+    ]
     assert [r.attempt for r in turn_events(agent, "llm/retry")] == [1, 2]
     timeline.wait_for("agent/status", 2)
     assert [e.status for e in timeline.of("agent/status")] == ["running", "idle"]
@@ -161,7 +165,9 @@ def test_the_request_config_comes_only_from_next_and_a_listener_may_replace_it(
     assert agent.wait_idle(WAIT)
     header = turn_events(agent, "request/header")[0]
     assert (header.config.provider, header.config.temperature, header.config.max_tokens) == (
-        "scripted", 0.5, 64,
+        "scripted",
+        0.5,
+        64,
     )
 
 

@@ -6,8 +6,15 @@ from typing import Any
 
 import pytest
 
-from runtime import DuplicateMessageError, Enter, InvalidMessageError, Runtime, ScriptedModel
-from runtime import UnknownMessageError, UserMessage
+from runtime import (
+    DuplicateMessageError,
+    Enter,
+    InvalidMessageError,
+    Runtime,
+    ScriptedModel,
+    UnknownMessageError,
+    UserMessage,
+)
 from storage.events import TextBlock
 
 from .conftest import WAIT, Timeline
@@ -15,9 +22,7 @@ from .models import GateModel
 
 
 def user_texts(agent: Any) -> list[str]:
-    return [
-        m.content[0].text for m in agent.session.messages() if isinstance(m, UserMessage)
-    ]
+    return [m.content[0].text for m in agent.session.messages() if isinstance(m, UserMessage)]
 
 
 def test_a_duplicate_pending_message_id_is_refused_in_the_callers_thread(rt: Runtime) -> None:
@@ -154,7 +159,10 @@ def test_remove_and_replace_edit_pending_messages_with_canceled_splices(
     assert [d.message.id for d in timeline.of("agent/inbox/discarded")] == [a, b]
     splices = [e.data for e in agent.session.events() if e.type == "agent/inbox/spliced"]
     assert [(s.start, s.removed_count, s.outcome) for s in splices] == [
-        (0, 0, None), (1, 0, None), (0, 1, "canceled"), (0, 1, "canceled"),
+        (0, 0, None),
+        (1, 0, None),
+        (0, 1, "canceled"),
+        (0, 1, "canceled"),
     ]
 
 

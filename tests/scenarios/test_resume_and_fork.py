@@ -6,7 +6,7 @@ from pathlib import Path
 
 from runtime import Runtime, ScriptedModel, ToolCall, tool
 from storage import assert_invariants
-from storage.events import StepStart, ToolCallData, TurnStart, MessageTrigger
+from storage.events import MessageTrigger, StepStart, ToolCallData, TurnStart
 from storage.lmdb_store import Store
 
 from .conftest import WAIT, Timeline, check_store
@@ -53,7 +53,11 @@ def test_resume_repairs_an_interrupted_tail_turn_durably(store_path: Path) -> No
         starts = [e.data.turn for e in agent.session.events() if e.type == "turn/start"]
         assert starts == [1, 2]
     with Store.open(store_path) as store:
-        assert [e.type for e in store.read("crashed")][3:6] == ["tool/result", "step/end", "turn/end"]
+        assert [e.type for e in store.read("crashed")][3:6] == [
+            "tool/result",
+            "step/end",
+            "turn/end",
+        ]
         assert_invariants(store.read("crashed"))
 
 
@@ -92,6 +96,13 @@ def test_a_tool_turn_survives_a_restart_between_turns(store_path: Path) -> None:
         agent.followup("two")
         assert agent.wait_idle(WAIT)
         assert [m.role for m in agent.session.messages()] == [
-            "user", "assistant", "tool", "assistant", "user", "assistant", "tool", "assistant",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
         ]
     check_store(store_path)

@@ -28,7 +28,10 @@ def test_results_are_committed_in_model_order_while_safe_calls_run_in_parallel(
         order.append(name)
         return name
 
-    calls = [ToolCall(name="slow", arguments={"name": "a"}), ToolCall(name="slow", arguments={"name": "b"})]
+    calls = [
+        ToolCall(name="slow", arguments={"name": "a"}),
+        ToolCall(name="slow", arguments={"name": "b"}),
+    ]
     agent = rt.spawn(model=ScriptedModel([calls, "done"]), tools=[slow])
     agent.followup("go")
     assert agent.wait_idle(WAIT)
@@ -84,7 +87,13 @@ def test_tool_faults_become_error_results_and_the_turn_goes_on(rt: Runtime) -> N
     agent.followup("go")
     assert agent.wait_idle(WAIT)
     codes = [r.error.code for r in results(agent)]
-    assert codes == ["TOOL_FAILED", "TOOL_FAILED", "INVALID_ARGUMENTS", "INVALID_ARGUMENTS", "UNKNOWN_TOOL"]
+    assert codes == [
+        "TOOL_FAILED",
+        "TOOL_FAILED",
+        "INVALID_ARGUMENTS",
+        "INVALID_ARGUMENTS",
+        "UNKNOWN_TOOL",
+    ]
     assert all(r.message.is_error for r in results(agent))
     assert "broken tool" in results(agent)[0].message.content[0].text
     end = next(e.data for e in agent.session.events() if e.type == "turn/end")
@@ -101,7 +110,10 @@ def test_pre_execute_can_deny_and_post_execute_can_replace_the_output(rt: Runtim
 
     rt.on("tools/pre-execute", gate)
     rt.on("tools/post-execute", lambda event, next_: f"[{next_()}]")
-    calls = [ToolCall(name="echo", arguments={"text": "no"}), ToolCall(name="echo", arguments={"text": "yes"})]
+    calls = [
+        ToolCall(name="echo", arguments={"text": "no"}),
+        ToolCall(name="echo", arguments={"text": "yes"}),
+    ]
     agent = rt.spawn(model=ScriptedModel([calls, "ok"]), tools=[echo])
     agent.followup("go")
     assert agent.wait_idle(WAIT)
@@ -137,7 +149,9 @@ def test_async_tools_and_execute_middleware_run_off_the_dispatcher(rt: Runtime) 
         return "<" + (await next_()) + ">"
 
     rt.on("tools/execute", wrap)
-    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="fetch", arguments={"key": "k"})], "ok"]), tools=[fetch])
+    agent = rt.spawn(
+        model=ScriptedModel([[ToolCall(name="fetch", arguments={"key": "k"})], "ok"]), tools=[fetch]
+    )
     agent.followup("go")
     assert agent.wait_idle(WAIT)
     assert results(agent)[0].message.content == [TextBlock(text="<K>")]
@@ -175,7 +189,10 @@ def test_after_abort_unstarted_calls_get_synthetic_results(rt: Runtime, timeline
     def second() -> str:
         return "never runs"
 
-    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="first"), ToolCall(name="second")]]), tools=[first, second])
+    agent = rt.spawn(
+        model=ScriptedModel([[ToolCall(name="first"), ToolCall(name="second")]]),
+        tools=[first, second],
+    )
     agent.followup("go")
     assert started.wait(WAIT)
     agent.cancel()
