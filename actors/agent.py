@@ -20,6 +20,7 @@ from pykka import ActorRef
 from storage.events import CancelCause, InboxLane, MessageId, UserMessage
 
 from ._ioside import IoSide, Outcome
+from ._mailbox import Mailbox
 from ._pooled import PooledActor
 from ._scheduler import Scheduler
 from .effects import (
@@ -41,10 +42,12 @@ from .turn import TurnMachine
 
 __all__ = [
     "AgentActor",
+    "AgentMailbox",
     "AwaitIdle",
     "Cancel",
     "Edit",
     "Insert",
+    "Kill",
 ]
 
 log = logging.getLogger("corral.agent")
@@ -88,6 +91,17 @@ class AwaitIdle(msgspec.Struct, frozen=True):
     callback: Callable[[], None]
 
 
+class Kill(msgspec.Struct, frozen=True):
+    """Crash the actor on purpose (fault injection for supervisors and their tests)."""
+
+    reason: str = "killed"
+
+
+class AgentKilledError(RuntimeError):
+    """Raised inside an agent actor by :class:`Kill`; the actor dies through pykka's
+    failure path, as it would on an unexpected error."""
+
+
 class _Resume(msgspec.Struct, frozen=True):
     token: int
     error: BaseException | None = None
@@ -102,8 +116,28 @@ class _ToolDone(msgspec.Struct, frozen=True):
     handle: ToolHandle
 
 
+class AgentMailbox(Mailbox):
+    """The agent's pykka mailbox *is* its inbox: control envelopes handled in send order,
+    plus ``lanes``, the pending user messages of the ``next-turn`` and ``next-step``
+    lanes, changed only by the actor through durable splices."""
+
+    __slots__ = ("lanes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lanes: Inbox | None = None
+
+    def pending_messages(self) -> InboxView:
+        assert self.lanes is not None
+        return self.lanes.view()
+
+
 class AgentActor(PooledActor):
     """One agent. Construct through the runtime; the fields below are its configuration."""
+
+    @staticmethod
+    def _create_actor_inbox() -> AgentMailbox:
+        return AgentMailbox()
 
     def __init__(
         self,
@@ -122,6 +156,9 @@ class AgentActor(PooledActor):
             self.actor_dispatcher = dispatcher
         self.machine = machine
         self.inbox = inbox
+        mailbox = self.actor_inbox
+        assert isinstance(mailbox, AgentMailbox)
+        mailbox.lanes = inbox
         self.session = session
         self.model = model
         self._immediate = is_immediate(model)
@@ -159,6 +196,8 @@ class AgentActor(PooledActor):
                 self._idle_waiters.append(message.callback)
         elif isinstance(message, Edit):
             return self._edit(message)
+        elif isinstance(message, Kill):
+            raise AgentKilledError(f"agent {self.session.id} killed: {message.reason}")
         else:
             return super().on_receive(message)
         return None
@@ -272,6 +311,8 @@ class AgentActor(PooledActor):
             self.session.flush_async(lambda err: resume(None, err))
             return pending
         if isinstance(effect, Checkpoint):
+            if self.actor_mailbox.empty():
+                return None, None  # nothing queued could change the outcome: go on
             token, pending = self._wait(effect)
             self.actor_ref.tell(_Resume(token=token))
             return pending
@@ -321,6 +362,9 @@ class AgentActor(PooledActor):
                 self._advance(items, error)
 
     # ------------------------------------------------------------------ lifecycle
+
+    def on_failure(self, *_exc_info: object) -> None:
+        self.on_stop()
 
     def on_stop(self) -> None:
         if self._coro is not None:

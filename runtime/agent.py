@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 from pykka import ActorDeadError, ActorRef
 
-from actors.agent import AwaitIdle, Cancel, Edit, Insert
+from actors.agent import AwaitIdle, Cancel, Edit, Insert, Kill
 from actors.errors import AgentDisposedError, InvalidMessageError
 from actors.inbox import Inbox, InboxView
 from actors.live import AGENT_EVENTS, TurnSignal
@@ -67,6 +67,8 @@ class Agent:
         self._dispose_lock = threading.Lock()
         self._disposing = False
         self._disposed = threading.Event()
+        self.crash: BaseException | None = None
+        """Why the agent's actor died unexpectedly, if it did (``rt.resume`` restarts it)."""
 
     def _bind(
         self,
@@ -246,6 +248,12 @@ class Agent:
         if first:
             self._runtime._dispose(self)
         return self._disposed.wait(timeout)
+
+    def kill(self, reason: str = "killed") -> None:
+        """Crash the agent's actor on purpose, as an unexpected failure would (fault
+        injection for supervisor scripts and their tests). Its open turn stays open in the
+        log until ``rt.resume`` repairs it."""
+        self._tell(Kill(reason=reason))
 
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
         """Listen to ``name`` for this agent only; returns a disposer."""

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pykka import ActorRef
 from pykka.messages import ProxyCall
 
-from actors import Bus, Dispatcher, IoSide, RegistryActor, Scheduler
+from actors import ActorDeath, Bus, Dispatcher, IoSide, RegistryActor, Scheduler, watch
 from actors.agent import AgentActor, AwaitIdle, Cancel
 from actors.inbox import Inbox
 from actors.live import (
@@ -264,8 +264,23 @@ class Runtime:
         handle._bind(ref, inbox, lambda: machine.status, active_signal, lambda: machine.unwinding)
         with self._lock:
             self._refs[agent_id] = ref
+        watch(ref, lambda _ref, death: self._on_death(agent_id, death))
         emit("agent/session-start", AgentSessionStart(agent=handle, source=source))
         return handle
+
+    def _on_death(self, agent_id: str, death: ActorDeath) -> None:
+        """An agent actor died. A failure ends its registration like a dispose would; the
+        session keeps its open turn, which ``resume`` repairs."""
+        if not death.failed:
+            return
+        log.error("agent %s crashed: %r", agent_id, death.error)
+        handle = self._agents.get(agent_id)
+        if handle is not None:
+            handle.crash = death.error
+            with handle._dispose_lock:  # noqa: SLF001
+                handle._disposing = True  # noqa: SLF001
+        forget = ProxyCall(attr_path=("remove",), args=(agent_id,), kwargs={"stop": False})
+        self._registry.tell(forget)
 
     def _session_bridge(self, handle: Agent) -> Callable[[Any], None]:
         bus, scope = self.bus, handle.id

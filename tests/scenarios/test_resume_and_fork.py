@@ -106,3 +106,37 @@ def test_a_tool_turn_survives_a_restart_between_turns(store_path: Path) -> None:
             "assistant",
         ]
     check_store(store_path)
+
+
+def test_a_killed_agent_is_unregistered_and_resume_repairs_its_open_turn(store_path: Path) -> None:
+    from .models import GateModel
+
+    with Runtime.open(store_path) as rt:
+        timeline = Timeline(rt)
+        model = GateModel()
+        agent = rt.spawn(model=model, session_id="victim")
+        agent.followup("work")
+        assert model.reached.wait(WAIT)
+        agent.kill("chaos test")
+        disposed = timeline.wait_for("agent/disposed")
+        assert disposed[0].agent is agent
+        assert agent.crash is not None and "chaos test" in str(agent.crash)
+        rt.flush()
+        revived = rt.resume("victim", model=ScriptedModel.echo())
+        ends = [e.data.reason.kind for e in revived.session.events() if e.type == "turn/end"]
+        assert ends == ["interrupted"]
+        revived.followup("again")
+        assert revived.wait_idle(WAIT)
+        assert revived.session.messages()[-1].content[0].text == "again"
+    check_store(store_path)
+
+
+def test_the_agents_mailbox_is_its_inbox(rt: Runtime) -> None:
+    from actors.agent import AgentMailbox
+
+    agent = rt.spawn(model=ScriptedModel.echo())
+    mid = agent.inject("pending")
+    assert agent.wait_idle(WAIT)
+    mailbox = agent._ref.actor_inbox  # type: ignore[union-attr]
+    assert isinstance(mailbox, AgentMailbox)
+    assert mailbox.pending_messages().ids() == [mid] == agent.inbox.ids()
