@@ -277,8 +277,8 @@ class Runtime:
         handle = self._agents.get(agent_id)
         if handle is not None:
             handle.crash = death.error
-            with handle._dispose_lock:  # noqa: SLF001
-                handle._disposing = True  # noqa: SLF001
+            with handle._dispose_lock:
+                handle._disposing = True
         forget = ProxyCall(attr_path=("remove",), args=(agent_id,), kwargs={"stop": False})
         self._registry.tell(forget)
 
