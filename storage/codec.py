@@ -1,0 +1,284 @@
+"""The event codec: type registry, lossless-JSON validation and the durable record bytes.
+
+A durable record is the JSON object ``{"type","seq","time","data"}`` (plus
+``"ignorable":true`` for types registered as ignorable, so that a reader that does not
+know the type may skip it). Records round-trip byte-identically:
+``decode(encode(e)) == e`` and ``encode(decode(b)) == b`` for records this codec wrote.
+
+Validation (:meth:`Codec.prepare`) accepts only data that survives JSON unchanged:
+finite floats, string keys, plain ``dict``/``list``/``str``/``int``/``float``/``bool``/
+``None`` values, no cycles. Typed facts are checked by a per-type plan compiled once from
+the struct's schema: only float fields and ``Any``/``dict``-typed parts (such as
+``ToolSpec.parameters``) are looked at, so a struct whose schema cannot hold a
+non-finite float or an odd key costs nothing to validate. Field *types* of a struct
+instance are trusted (msgspec does not check them at construction; mypy does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, NamedTuple
+
+import msgspec
+
+from storage.errors import (
+    EventTooLargeError,
+    InvalidEventError,
+    LogCorruptError,
+    UnknownEventTypeError,
+)
+from storage.events import EVENT_TYPES, SURFACE_TYPES, Event
+from storage.lossless import Check, check_plain_json, describe, run_check, struct_check
+
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "Codec", "EventTypes"]
+
+DEFAULT_MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
+_SURFACE_KEYS: Final = ("surfaceOp", "sourceEventSeqs")
+
+
+class _Entry(NamedTuple):
+    name: str
+    data_type: type[msgspec.Struct] | None
+    ignorable: bool
+    decoder: msgspec.json.Decoder[Any]
+    check: Check | None
+
+
+class EventTypes:
+    """A per-store registry of event types (never a process global).
+
+    Built-in facts come from :data:`storage.events.EVENT_TYPES` via :meth:`default`.
+    Plugins register their own types: with a ``msgspec.Struct`` for typed data, or with
+    ``data_type=None`` to accept any JSON object. ``ignorable`` types are marked in
+    their records so a reader that does not know them skips them instead of failing.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._by_class: dict[type, _Entry | None] = {}  # None: class used by two types
+
+    @classmethod
+    def default(cls) -> EventTypes:
+        """A new registry holding the built-in fact types."""
+        registry = cls()
+        for name, data_type in EVENT_TYPES.items():
+            registry.register(name, data_type)
+        return registry
+
+    def register(
+        self,
+        name: str,
+        data_type: type[msgspec.Struct] | None = None,
+        *,
+        ignorable: bool = False,
+    ) -> None:
+        """Register ``name``; registering the same definition twice is a no-op."""
+        if not isinstance(name, str) or not name:
+            raise InvalidEventError(f"an event type name must be a non-empty string, got {name!r}")
+        existing = self._entries.get(name)
+        if existing is not None:
+            if existing.data_type is data_type and existing.ignorable == ignorable:
+                return
+            raise InvalidEventError(
+                f"event type {name!r} is already registered (data_type="
+                f"{_type_name(existing.data_type)}, ignorable={existing.ignorable}); "
+                "a type's definition never changes: register a new type name instead"
+            )
+        if data_type is None:
+            decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(dict[str, Any])
+            check = None
+        else:
+            if not (isinstance(data_type, type) and issubclass(data_type, msgspec.Struct)):
+                raise InvalidEventError(
+                    f"event type {name!r}: data_type must be a msgspec.Struct subclass or "
+                    f"None, got {data_type!r}"
+                )
+            info = msgspec.inspect.type_info(data_type)
+            assert isinstance(info, msgspec.inspect.StructType)
+            carried = [f.encode_name for f in info.fields if f.encode_name in _SURFACE_KEYS]
+            if carried and name not in SURFACE_TYPES:
+                raise InvalidEventError(
+                    f"event type {name!r}: {data_type.__name__} has field(s) {carried}, but "
+                    "only user/message, assistant/message and tool/result may carry "
+                    "surfaceOp/sourceEventSeqs; rename the field(s)"
+                )
+            decoder = msgspec.json.Decoder(data_type)
+            check = struct_check(data_type)
+        entry = _Entry(name, data_type, ignorable, decoder, check)
+        self._entries[name] = entry
+        if data_type is not None:
+            self._by_class[data_type] = None if data_type in self._by_class else entry
+
+    def is_known(self, name: str) -> bool:
+        return name in self._entries
+
+    def is_ignorable(self, name: str) -> bool:
+        entry = self._entries.get(name)
+        return entry is not None and entry.ignorable
+
+    def data_type(self, name: str) -> type[msgspec.Struct] | None:
+        """The struct registered for ``name`` (``None`` for plain-JSON plugin types)."""
+        return self._entry(name).data_type
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def _entry(self, name: str) -> _Entry:
+        entry = self._entries.get(name)
+        if entry is None:
+            raise UnknownEventTypeError(
+                f"unknown event type {name!r}: register it with EventTypes.register() "
+                f"before appending it (known types: {', '.join(sorted(self._entries))})"
+            )
+        return entry
+
+    def _entry_of(self, data: msgspec.Struct) -> _Entry:
+        try:
+            entry = self._by_class[type(data)]
+        except KeyError:
+            raise UnknownEventTypeError(
+                f"no event type is registered for {type(data).__name__}; register it with "
+                "EventTypes.register(name, data_type) or use append(type, data)"
+            ) from None
+        if entry is None:
+            raise InvalidEventError(
+                f"{type(data).__name__} is registered under several event types; "
+                "use append(type, data) to say which"
+            )
+        return entry
+
+
+def _type_name(data_type: type | None) -> str:
+    return "None" if data_type is None else data_type.__name__
+
+
+class _IgnorableRecord(msgspec.Struct):
+    type: str
+    seq: int
+    time: int
+    data: Any
+    ignorable: bool = True
+
+
+class _RawRecord(msgspec.Struct):
+    type: str
+    seq: int
+    time: int
+    data: msgspec.Raw
+    ignorable: bool = False
+
+
+_ENCODER: Final = msgspec.json.Encoder()
+_RAW_DECODER: Final = msgspec.json.Decoder(_RawRecord)
+
+
+class Codec:
+    """Validates event data and encodes/decodes durable records for one store."""
+
+    def __init__(self, types: EventTypes, *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
+        if not isinstance(max_event_bytes, int) or max_event_bytes <= 0:
+            raise ValueError(f"max_event_bytes must be a positive int, got {max_event_bytes!r}")
+        self._types = types
+        self._max = max_event_bytes
+
+    @property
+    def types(self) -> EventTypes:
+        return self._types
+
+    @property
+    def max_event_bytes(self) -> int:
+        return self._max
+
+    def type_of(self, data: msgspec.Struct) -> str:
+        """The registered type name of a typed fact."""
+        return self._types._entry_of(data).name
+
+    def prepare_fact(self, data: msgspec.Struct) -> tuple[str, msgspec.Struct]:
+        """:meth:`prepare` for a typed fact whose type is looked up from its class (the
+        fast path of ``Session.append_fact``); returns ``(type, data)``."""
+        entry = self._types._entry_of(data)
+        if entry.check is not None:
+            run_check(entry.name, entry.check, data)
+        return entry.name, data
+
+    def prepare(self, type: str, data: object) -> object:
+        """Validate and normalize ``data`` for an event of ``type``.
+
+        Typed types take an instance of their struct (returned as is), or a mapping in
+        the durable JSON shape (camelCase keys; keys outside the schema are ignored, as
+        msgspec does) converted to it. Plain-JSON plugin types take a mapping and get a
+        fresh deep copy. Raises :class:`InvalidEventError` (or a subclass).
+        """
+        entry = self._types._entry(type)
+        data_type = entry.data_type
+        if data_type is not None and data.__class__ is data_type:
+            if entry.check is not None:
+                run_check(type, entry.check, data)
+            return data
+        if isinstance(data, msgspec.Struct) or not isinstance(data, Mapping):
+            expected = f"a {data_type.__name__} or a mapping" if data_type else "a JSON object"
+            raise InvalidEventError(
+                f"{type!r} event at $.data: expected {expected}, found {describe(data)}"
+            )
+        plain = dict(data)
+        run_check(type, check_plain_json, plain)
+        if data_type is None:
+            for key in _SURFACE_KEYS:
+                if key in plain:
+                    raise InvalidEventError(
+                        f"{type!r} event at $.data.{key}: only user/message, assistant/message "
+                        f"and tool/result may carry surfaceOp/sourceEventSeqs; remove {key!r}"
+                    )
+        try:
+            return entry.decoder.decode(_ENCODER.encode(plain))
+        except msgspec.ValidationError as err:
+            detail = str(err).replace("`$", "`$.data")
+            raise InvalidEventError(f"{type!r} event: {detail}") from err
+
+    def encode(self, event: Event) -> bytes:
+        """The durable record bytes; raises :class:`EventTooLargeError` over the limit."""
+        try:
+            if self._types._entry(event.type).ignorable:
+                record = _IgnorableRecord(event.type, event.seq, event.time, event.data)
+                payload = _ENCODER.encode(record)
+            else:
+                payload = _ENCODER.encode(event)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise InvalidEventError(
+                f"{event.type!r} event seq {event.seq}: data cannot be encoded as JSON ({err})"
+            ) from err
+        if len(payload) > self._max:
+            raise EventTooLargeError(
+                f"{event.type!r} event seq {event.seq} is {len(payload)} bytes encoded, over "
+                f"the limit of {self._max} bytes; store large content elsewhere and log a "
+                "reference, or raise max_event_bytes"
+            )
+        return payload
+
+    def decode(self, payload: bytes, *, session_id: str) -> Event | None:
+        """Read a record back. ``None`` means an unknown but ignorable type: skip it."""
+        try:
+            record = _RAW_DECODER.decode(payload)
+        except msgspec.DecodeError as err:
+            raise LogCorruptError(
+                f"session {session_id!r}: a record is not a valid event envelope ({err}); "
+                "the log is damaged: restore the store from a backup or an export"
+            ) from err
+        entry = self._types._entries.get(record.type)
+        if entry is None:
+            if record.ignorable:
+                return None
+            raise UnknownEventTypeError(
+                f"session {session_id!r} seq {record.seq}: unknown event type "
+                f"{record.type!r} (not marked ignorable); register it with "
+                "EventTypes.register() before opening this log"
+            )
+        try:
+            data = entry.decoder.decode(record.data)
+        except msgspec.DecodeError as err:
+            raise LogCorruptError(
+                f"session {session_id!r} seq {record.seq}: {record.type!r} data does not "
+                f"match its schema ({err}); the log is damaged or was written by another "
+                "schema: restore from a backup or an export"
+            ) from err
+        return Event(record.type, record.seq, record.time, data)

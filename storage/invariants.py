@@ -1,0 +1,217 @@
+"""The session invariants (CONTRACT 7), checkable over any log by any test.
+
+:func:`check_invariants` returns every :class:`Violation` it finds (it never stops at
+the first); :func:`assert_invariants` raises an ``AssertionError`` listing them. Rules
+(the ``rule`` code of a violation in brackets):
+
+* seqs strictly increase [``seq-order``], contiguous from 0 for a whole log [``seq-gap``];
+* turns number 1, 2, 3… continuing from a seeded prefix [``turn-number``], never nest
+  [``turn-nested``], and each ``turn/end`` closes the open turn [``turn-end``];
+* steps number 1..n per turn [``step-number``], never outside a turn
+  [``step-outside-turn``], never nest [``step-nested``], each ``step/end`` closes the
+  open step [``step-end``], and every step ends before its turn does [``step-unclosed``];
+* chunks, assistant messages, tool calls/results and request facts happen inside the
+  open step they name, and a ``user/message`` naming a turn/step inside that one
+  [``outside-step``];
+* every ``tool/result`` follows its ``tool/call`` (same callId) in the same step
+  [``tool-result-unmatched``], call ids are unique per step [``tool-call-duplicate``],
+  and every call is answered before its step ends [``tool-call-unanswered``];
+* ``sourceEventSeqs`` cite earlier seqs [``source-seq``]; a ``replace`` surfaceOp
+  targets an earlier surface event [``replace-target``];
+* the log ends outside any turn [``open-tail``], unless ``allow_open_tail=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, NamedTuple
+
+from storage.events import SURFACE_TYPES, Event, SurfaceReplace
+
+__all__ = ["Violation", "assert_invariants", "check_invariants"]
+
+_IN_STEP: Final = frozenset(
+    {
+        "assistant/chunk",
+        "assistant/message",
+        "tool/call",
+        "tool/result",
+        "request/header",
+        "request/context",
+    }
+)
+
+
+class Violation(NamedTuple):
+    """One broken invariant: where (``seq``, ``None`` for the log as a whole), which rule,
+    and what was found."""
+
+    seq: int | None
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        where = "log" if self.seq is None else f"seq {self.seq}"
+        return f"{where}: [{self.rule}] {self.message}"
+
+
+class _Checker:
+    def __init__(self, *, whole_log: bool) -> None:
+        self.whole_log = whole_log
+        self.found: list[Violation] = []
+        self.prev_seq: int | None = None
+        self.last_turn: int | None = 0 if whole_log else None
+        self.turn: int | None = None
+        self.step: int | None = None
+        self.last_step = 0
+        self.calls: dict[str, int] = {}  # open step: call id -> seq of tool/call
+        self.answered: set[str] = set()
+        self.seqs: set[int] = set()
+        self.surface: set[int] = set()
+
+    def bad(self, event: Event | None, rule: str, message: str) -> None:
+        self.found.append(Violation(None if event is None else event.seq, rule, message))
+
+    def visit(self, event: Event) -> None:
+        self.check_seq(event)
+        kind, data = event.type, event.data
+        if kind == "turn/start":
+            self.turn_start(event)
+        elif kind == "turn/end":
+            self.turn_end(event)
+        elif kind == "step/start":
+            self.step_start(event)
+        elif kind == "step/end":
+            self.step_end(event)
+        elif kind in _IN_STEP:
+            self.in_step(event, data.turn, data.step)
+        elif kind == "user/message" and (data.turn is not None or data.step is not None):
+            if data.turn is not None and data.turn != self.turn:
+                self.bad(event, "outside-step", f"names turn {data.turn}, open: {self.turn}")
+            elif data.step is not None and data.step != self.step:
+                self.bad(event, "outside-step", f"names step {data.step}, open: {self.step}")
+        if kind == "tool/call":
+            self.tool_call(event)
+        elif kind == "tool/result":
+            self.tool_result(event)
+        if kind in SURFACE_TYPES:
+            self.surface_refs(event)
+        self.seqs.add(event.seq)
+
+    def check_seq(self, event: Event) -> None:
+        prev = self.prev_seq
+        if prev is None:
+            if self.whole_log and event.seq != 0:
+                self.bad(event, "seq-gap", "a whole log starts at seq 0")
+        elif event.seq <= prev:
+            self.bad(event, "seq-order", f"follows seq {prev}; seqs must strictly increase")
+        elif self.whole_log and event.seq != prev + 1:
+            self.bad(event, "seq-gap", f"follows seq {prev}; seqs are contiguous")
+        self.prev_seq = event.seq if prev is None else max(prev, event.seq)
+
+    def turn_start(self, event: Event) -> None:
+        number = event.data.turn
+        if self.turn is not None:
+            self.bad(event, "turn-nested", f"turn {number} starts while turn {self.turn} is open")
+        if self.last_turn is not None and number != self.last_turn + 1:
+            self.bad(event, "turn-number", f"turn {number} follows turn {self.last_turn}")
+        self.last_turn = number if self.last_turn is None else max(self.last_turn, number)
+        self.turn, self.step, self.last_step = number, None, 0
+        self.calls, self.answered = {}, set()
+
+    def turn_end(self, event: Event) -> None:
+        number = event.data.turn
+        if self.turn is None:
+            self.bad(event, "turn-end", f"turn/end {number} with no open turn")
+        elif number != self.turn:
+            self.bad(event, "turn-end", f"turn/end {number} while turn {self.turn} is open")
+        if self.step is not None:
+            self.bad(event, "step-unclosed", f"turn ends while step {self.step} is open")
+            self.close_step(event)
+        self.turn = None
+
+    def step_start(self, event: Event) -> None:
+        turn, number = event.data.turn, event.data.step
+        if self.turn is None:
+            self.bad(event, "step-outside-turn", f"step {number} starts outside any turn")
+        elif turn != self.turn:
+            self.bad(event, "step-outside-turn", f"names turn {turn}, open: {self.turn}")
+        if self.step is not None:
+            self.bad(event, "step-nested", f"step {number} starts while step {self.step} is open")
+        if number != self.last_step + 1:
+            self.bad(event, "step-number", f"step {number} follows step {self.last_step}")
+        self.step, self.last_step = number, max(self.last_step, number)
+        self.calls, self.answered = {}, set()
+
+    def step_end(self, event: Event) -> None:
+        turn, number = event.data.turn, event.data.step
+        if self.step is None or (turn, number) != (self.turn, self.step):
+            self.bad(event, "step-end", f"step/end {turn}.{number}, open: {self.turn}.{self.step}")
+        if self.step is not None:
+            self.close_step(event)
+
+    def close_step(self, event: Event) -> None:
+        for call_id, seq in self.calls.items():
+            if call_id not in self.answered:
+                self.bad(event, "tool-call-unanswered", f"call {call_id!r} (seq {seq}) unanswered")
+        self.step = None
+        self.calls, self.answered = {}, set()
+
+    def in_step(self, event: Event, turn: int, step: int) -> None:
+        if self.step is None:
+            self.bad(event, "outside-step", f"{event.type} outside any step")
+        elif (turn, step) != (self.turn, self.step):
+            self.bad(event, "outside-step", f"names {turn}.{step}, open: {self.turn}.{self.step}")
+
+    def tool_call(self, event: Event) -> None:
+        call_id = event.data.call_id
+        if call_id in self.calls:
+            self.bad(event, "tool-call-duplicate", f"call id {call_id!r} reused in one step")
+        self.calls[call_id] = event.seq
+
+    def tool_result(self, event: Event) -> None:
+        call_id = event.data.message.call_id
+        if call_id not in self.calls:
+            self.bad(event, "tool-result-unmatched", f"no tool/call {call_id!r} in this step")
+        elif call_id in self.answered:
+            self.bad(event, "tool-result-unmatched", f"call {call_id!r} answered twice")
+        self.answered.add(call_id)
+
+    def surface_refs(self, event: Event) -> None:
+        data = event.data
+        for cited in data.source_event_seqs:
+            if cited >= event.seq or (self.whole_log and cited not in self.seqs):
+                self.bad(event, "source-seq", f"sourceEventSeqs cites {cited}, not an earlier seq")
+        op = data.surface_op
+        if type(op) is SurfaceReplace:
+            known = op.seq in self.surface or (not self.whole_log and op.seq not in self.seqs)
+            if op.seq >= event.seq or not known:
+                self.bad(event, "replace-target", f"replace targets {op.seq}, not a surface event")
+        self.surface.add(event.seq)
+
+
+def check_invariants(
+    events: Sequence[Event], *, allow_open_tail: bool = False, whole_log: bool = True
+) -> list[Violation]:
+    """Every invariant violation in ``events`` (``[]`` for a sound log).
+
+    ``whole_log=False`` checks a window of a log instead (it must start outside a turn):
+    seqs need not start at 0 or be contiguous, the first turn may have any number, and
+    references to seqs before the window are not checked.
+    """
+    checker = _Checker(whole_log=whole_log)
+    for event in events:
+        checker.visit(event)
+    if not allow_open_tail and checker.turn is not None:
+        checker.bad(None, "open-tail", f"the log ends inside turn {checker.turn}")
+    return checker.found
+
+
+def assert_invariants(
+    events: Sequence[Event], *, allow_open_tail: bool = False, whole_log: bool = True
+) -> None:
+    """Raise ``AssertionError`` listing every violation; return quietly for a sound log."""
+    found = check_invariants(events, allow_open_tail=allow_open_tail, whole_log=whole_log)
+    if found:
+        listing = "\n  ".join(str(violation) for violation in found)
+        raise AssertionError(f"the session log breaks {len(found)} invariant(s):\n  {listing}")

@@ -1,0 +1,70 @@
+"""An in-memory :class:`~storage.session.LogSink` for tests and deterministic runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from storage.errors import StoreClosedError
+from storage.session import PendingRecord
+
+__all__ = ["MemorySink"]
+
+
+class MemorySink:
+    """Keeps every submitted record in :attr:`records`; everything is durable at once.
+
+    ``flush`` returns immediately and ``flush_async`` calls its callback synchronously,
+    in the calling thread. After :meth:`close`, ``submit`` and the flushes refuse with
+    :class:`StoreClosedError` (to test what a session does when its store goes away).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: list[PendingRecord] = []
+        self._closed = False
+        self.flushes = 0
+        """How many flushes (sync or async) were requested."""
+
+    @property
+    def records(self) -> list[PendingRecord]:
+        """A copy of the submitted records, in submission order."""
+        with self._lock:
+            return list(self._records)
+
+    def payloads(self, session_key: int | None = None) -> list[bytes]:
+        """The submitted payloads, optionally of one session only."""
+        with self._lock:
+            return [
+                r.payload
+                for r in self._records
+                if session_key is None or r.session_key == session_key
+            ]
+
+    def submit(self, record: PendingRecord) -> None:
+        with self._lock:
+            self._check_open()
+            self._records.append(record)
+
+    def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:
+        with self._lock:
+            self.flushes += 1
+            error = None if not self._closed else self._refusal()
+        callback(error)
+
+    def flush(self, timeout: float | None = None) -> None:
+        with self._lock:
+            self.flushes += 1
+            self._check_open()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise self._refusal()
+
+    @staticmethod
+    def _refusal() -> StoreClosedError:
+        return StoreClosedError("the memory sink is closed: records can no longer be written")
