@@ -1,0 +1,102 @@
+"""The public surface scripts rely on: Runtime.open options, spawn/resume/get/agents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime import Runtime, ScriptedModel
+from storage import DuplicateSessionError, UnknownSessionError
+
+from .conftest import WAIT, Timeline, check_store
+
+
+@pytest.mark.parametrize("durability", ["write-ahead", "turn", "none"])
+def test_every_durability_mode_runs_turns_and_settles(store_path: Path, durability: str) -> None:
+    with Runtime.open(store_path, durability=durability) as rt:  # type: ignore[arg-type]
+        timeline = Timeline(rt)
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.followup("one")
+        agent.followup("two")
+        assert agent.wait_idle(WAIT)
+        assert len(timeline.wait_for("agent/settled", 2)) == 2
+        rt.flush()
+    check_store(store_path)
+
+
+def test_an_unknown_durability_mode_is_refused(store_path: Path) -> None:
+    with pytest.raises(ValueError, match="durability"):
+        Runtime.open(store_path, durability="sometimes")  # type: ignore[arg-type]
+
+
+def test_spawn_refuses_a_session_id_that_exists(rt: Runtime) -> None:
+    rt.spawn(model=ScriptedModel.echo(), session_id="same")
+    with pytest.raises(DuplicateSessionError):
+        rt.spawn(model=ScriptedModel.echo(), session_id="same")
+
+
+def test_resume_of_an_unknown_session_is_a_clear_error(rt: Runtime) -> None:
+    with pytest.raises(UnknownSessionError):
+        rt.resume("nobody", model=ScriptedModel.echo())
+
+
+def test_get_and_agents_list_the_live_agents(rt: Runtime) -> None:
+    a = rt.spawn(model=ScriptedModel.echo(), session_id="a")
+    b = rt.spawn(model=ScriptedModel.echo(), session_id="b")
+    assert rt.get("a") is a
+    assert {x.id for x in rt.agents()} == {"a", "b"}
+    assert b.dispose(WAIT)
+    assert [x.id for x in rt.agents()] == ["a"]
+    with pytest.raises(KeyError):
+        rt.get("b")
+
+
+def test_a_spawn_with_a_bad_model_or_tools_fails_before_anything_is_created(rt: Runtime) -> None:
+    with pytest.raises(TypeError):
+        rt.spawn(model=object())  # type: ignore[arg-type]
+
+    def dup() -> str:
+        return "x"
+
+    with pytest.raises(ValueError, match="unique"):
+        rt.spawn(model=ScriptedModel.echo(), tools=[dup, dup])
+    assert rt.agents() == []
+    assert rt.store.sessions() == []
+
+
+def test_an_unknown_live_event_name_is_refused(rt: Runtime) -> None:
+    with pytest.raises(ValueError, match="unknown live event"):
+        rt.on("agent/turn-start", lambda e: None)
+
+
+def test_agent_scoped_listeners_see_only_their_agents_events(rt: Runtime) -> None:
+    a = rt.spawn(model=ScriptedModel.echo())
+    b = rt.spawn(model=ScriptedModel.echo())
+    seen: list[str] = []
+    a.on("agent/settled", lambda e: seen.append(e.agent.id))
+    b.followup("b")
+    a.followup("a")
+    assert a.wait_idle(WAIT)
+    assert b.wait_idle(WAIT)
+    assert seen == [a.id]
+
+
+def test_session_event_listeners_see_every_committed_fact_in_order(rt: Runtime) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    seqs: list[int] = []
+    agent.on("session/event", lambda e: seqs.append(e.event.seq))
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    assert seqs == list(range(len(agent.session.events())))
+
+
+def test_status_changes_are_announced_only_on_real_changes(rt: Runtime) -> None:
+    timeline = Timeline(rt)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    for text in ("a", "b", "c"):
+        agent.followup(text)
+        assert agent.wait_idle(WAIT)
+    statuses = [e.status for e in timeline.of("agent/status")]
+    assert all(x != y for x, y in zip(statuses, statuses[1:], strict=False))
+    assert statuses[0] == "running" and statuses[-1] == "idle"
