@@ -1,0 +1,169 @@
+"""One-line error rendering for the ``corral`` command line.
+
+Every failure a person can meet ends as one line on stderr, ``corral: error: ...``, and a
+non-zero exit code; the traceback is printed only with the global ``--debug`` flag (or
+``CORRAL_DEBUG=1``). Exit codes: 0 success, 1 error, 2 usage (click), 3 a session log
+breaks its invariants, 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+import click
+
+from actors.errors import AgentStateError
+from storage.errors import (
+    DuplicateSessionError,
+    InvalidEventError,
+    LogCorruptError,
+    SchemaVersionError,
+    StorageError,
+    UnknownSessionError,
+)
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_VIOLATIONS",
+    "CliError",
+    "CorralGroup",
+    "InvariantsError",
+    "ScriptError",
+    "describe",
+]
+
+EXIT_ERROR: Final = 1
+EXIT_VIOLATIONS: Final = 3
+EXIT_INTERRUPTED: Final = 130
+_PREFIX: Final = "corral: error: "
+
+
+class CliError(click.ClickException):
+    """A failure the command line itself detected, shown as ``corral: error: <message>``."""
+
+    exit_code = EXIT_ERROR
+
+    def show(self, file: Any = None) -> None:
+        click.echo(_PREFIX + _one_line(self.format_message()), err=True)
+
+
+class InvariantsError(CliError):
+    """A session log breaks the session invariants (exit code 3)."""
+
+    exit_code = EXIT_VIOLATIONS
+
+
+class ScriptError(Exception):
+    """A supervisor script run by ``corral run`` raised ``__cause__``."""
+
+    def __init__(self, script: Path, error: BaseException) -> None:
+        super().__init__(f"{script} raised {type(error).__name__}")
+        self.script = script
+        self.error = error
+
+    def _in_script(self, tb: TracebackType) -> bool:
+        return Path(tb.tb_frame.f_code.co_filename).resolve() == self.script.resolve()
+
+    def where(self) -> str:
+        """``script.py:LINE``: the deepest frame of the traceback inside the script."""
+        error = self.error
+        if isinstance(error, SyntaxError) and error.lineno is not None:
+            return f"{self.script}:{error.lineno}"
+        line: int | None = None
+        tb = error.__traceback__
+        while tb is not None:
+            if self._in_script(tb):
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        return f"{self.script}:{line}" if line is not None else str(self.script)
+
+    def script_traceback(self) -> TracebackType | None:
+        """The traceback from the script's first frame on (corral's own frames dropped)."""
+        tb = self.error.__traceback__
+        while tb is not None and not self._in_script(tb):
+            tb = tb.tb_next
+        return tb or self.error.__traceback__
+
+
+def _one_line(text: str) -> str:
+    lines = [part.strip() for part in str(text).strip().splitlines() if part.strip()]
+    return "; ".join(lines) if lines else "(no message)"
+
+
+def _is_lmdb_error(err: BaseException) -> bool:
+    return type(err).__module__.split(".")[0] == "lmdb"
+
+
+def describe(err: BaseException) -> str:
+    """The one line (without the ``corral: error:`` prefix) that explains ``err``."""
+    match err:
+        case ScriptError():
+            inner = err.error
+            text = inner.msg if isinstance(inner, SyntaxError) else str(inner)
+            return f"{err.where()}: {type(inner).__name__}: {_one_line(text)}"
+        case SchemaVersionError():
+            return _one_line(str(err))
+        case LogCorruptError():
+            return f"corrupt session log: {_one_line(str(err))}"
+        case UnknownSessionError() | DuplicateSessionError():
+            return _one_line(str(err))
+        case InvalidEventError():
+            return f"invalid session log: {_one_line(str(err))}"
+        case StorageError():
+            return _one_line(str(err))
+        case AgentStateError():
+            return _one_line(str(err))
+        case FileNotFoundError() | IsADirectoryError() | PermissionError() if err.filename:
+            return f"{err.strerror or type(err).__name__}: {err.filename}"
+        case ImportError() if "pip install" in str(err):
+            return _one_line(str(err))
+        case _ if _is_lmdb_error(err):
+            detail = f"{type(err).__name__}: {_one_line(str(err))}"
+            return f"the store is unreadable or corrupt ({detail})"
+        case _ if type(err).__name__ in ("UnknownModelError", "MissingCredentialsError"):
+            return _one_line(str(err))
+        case _:
+            hint = "(run with --debug for the traceback)"
+            return f"{type(err).__name__}: {_one_line(str(err))} {hint}"
+
+
+def debug_enabled(ctx: click.Context | None) -> bool:
+    if os.environ.get("CORRAL_DEBUG", "") not in ("", "0"):
+        return True
+    root = ctx.find_root() if ctx is not None else None
+    return bool(root is not None and root.params.get("debug"))
+
+
+def report(err: BaseException, ctx: click.Context | None) -> None:
+    """Print ``err`` as one line (and its traceback first, with ``--debug``)."""
+    if debug_enabled(ctx):
+        if isinstance(err, ScriptError):
+            inner = err.error
+            traceback.print_exception(type(inner), inner, err.script_traceback(), file=sys.stderr)
+        else:
+            traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+    click.echo(_PREFIX + describe(err), err=True)
+
+
+class CorralGroup(click.Group):
+    """A click group that turns every uncaught exception into one ``corral: error:`` line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if ctx.parent is not None:  # only the root group handles errors
+            return super().invoke(ctx)
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("corral: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except Exception as err:  # noqa: BLE001 - the last line of defence is one clear line
+            report(err, ctx)
+            ctx.exit(EXIT_ERROR)

@@ -1,0 +1,315 @@
+"""``corral log``: read, follow, export, import and check session logs.
+
+Read commands open the store read-only (``Store.open(path, readonly=True)``), so they
+work while another process's runtime is writing: every read is a short LMDB read
+transaction that never blocks the writer. Only ``import`` opens the store writable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Final
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from runtime.load import check_store, store_bytes
+from storage.errors import DuplicateSessionError, UnknownSessionError
+from storage.events import Event
+from storage.lmdb_env import SCHEMA_VERSION
+from storage.lmdb_store import Store
+
+from .errors import CliError, InvariantsError
+from .options import store_option
+from .transcript import summary, transcript
+
+__all__ = ["log"]
+
+_TAIL_WINDOW: Final = 64
+
+
+def _out() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[Store]:
+    if not path.exists():
+        raise CliError(
+            f"no corral store at {path}: it does not exist (give the store with --store)"
+        )
+    store = Store.open(path, readonly=True)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _require(store: Store, session_id: str) -> int:
+    """The durable event count of ``session_id``; a clear error if there is no such session."""
+    try:
+        return store.stats(session_id).event_count
+    except UnknownSessionError as err:
+        raise CliError(
+            f"no session {session_id!r} in the store at {store.path} (`corral log ls` lists them)"
+        ) from err
+
+
+class _Counter(io.RawIOBase):
+    """A write-only sink that only counts bytes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self.count += len(data)
+        return len(data)
+
+
+def _last_turn(store: Store, session_id: str, count: int) -> tuple[int, str]:
+    """(number of the last turn, its state) from the tail of the log, widening the window
+    until a turn boundary is found."""
+    window = _TAIL_WINDOW
+    while True:
+        lower = max(0, count - window)
+        for event in reversed(store.read(session_id, lower=lower)):
+            if event.type == "turn/end":
+                return event.data.turn, event.data.reason.kind
+            if event.type == "turn/start":
+                return event.data.turn, "running"
+        if lower == 0:
+            return 0, "-"
+        window *= 4
+
+
+def _created(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@click.group(name="log")
+def log() -> None:
+    """Read, follow, export, import and check session logs."""
+
+
+@log.command(name="ls")
+@store_option
+def ls(store: Path) -> None:
+    """List sessions: created, turns, state of the last turn, size."""
+    with _reading(store) as st:
+        headers = st.sessions()
+        table = Table(box=None, pad_edge=False)
+        for name, justify in (
+            ("session", "left"),
+            ("created", "left"),
+            ("turns", "right"),
+            ("last turn", "left"),
+            ("events", "right"),
+            ("bytes", "right"),
+        ):
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for header in headers:
+            count = _require(st, header.id)
+            turns, state = _last_turn(st, header.id, count)
+            counter = _Counter()
+            st.export_jsonl(header.id, counter)  # type: ignore[arg-type]
+            label = header.id if header.parent is None else f"{header.id} (fork of {header.parent})"
+            table.add_row(
+                label,
+                _created(header.created),
+                f"{turns:,}",
+                state,
+                f"{count:,}",
+                f"{counter.count:,}",
+            )
+    out = _out()
+    if headers:
+        out.print(table)
+    out.print(f"{len(headers):,} session(s) in {store}")
+
+
+@log.command()
+@click.argument("session")
+@store_option
+@click.option("--raw", is_flag=True, help="Print the stored events as JSON lines.")
+@click.option("-v", "--verbose", is_flag=True, help="Also show chunks, inbox and request facts.")
+def show(session: str, store: Path, raw: bool, verbose: bool) -> None:
+    """Print a session as a readable transcript (or its raw events)."""
+    with _reading(store) as st:
+        count = _require(st, session)
+        if raw:
+            _write_records(st, session, sys.stdout.buffer)
+            return
+        events = st.read(session)
+        header = next((h for h in st.sessions() if h.id == session), None)
+    out = _out()
+    created = f"  created {_created(header.created)}" if header is not None else ""
+    out.print(f"session {session}{created}  {count:,} events", style="bold", markup=False)
+    for line in transcript(events, verbose=verbose):
+        out.print(line)
+
+
+def _write_records(st: Store, session: str, out: BinaryIO) -> None:
+    """The stored record lines of a session, without the export header line."""
+    buffer = io.BytesIO()
+    st.export_jsonl(session, buffer)
+    data = buffer.getvalue()
+    out.write(data[data.index(b"\n") + 1 :])
+    out.flush()
+
+
+def _print_events(out: Console, events: list[Event], raw: bool) -> None:
+    for event in events:
+        if raw:
+            import msgspec  # noqa: PLC0415 - only for --raw
+
+            out.file.write(msgspec.json.encode(event).decode() + "\n")
+        else:
+            out.print(summary(event))
+    out.file.flush()
+
+
+@log.command()
+@click.argument("session")
+@store_option
+@click.option(
+    "-n",
+    "--lines",
+    "count",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Events to print from the end.",
+)
+@click.option(
+    "-f",
+    "--follow/--no-follow",
+    default=False,
+    help="Keep printing events as they are appended (Ctrl-C ends).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.01),
+    default=0.2,
+    show_default=True,
+    help="Seconds between polls with --follow.",
+)
+@click.option("--raw", is_flag=True, help="Print events as JSON lines.")
+def tail(
+    *, session: str, store: Path, count: int, follow: bool, interval: float, raw: bool
+) -> None:
+    """Print the last events of a session; with --follow, keep printing new ones."""
+    out = _out()
+    with _reading(store) as st:
+        total = _require(st, session)
+        events = st.read(session, lower=max(0, total - count)) if count else []
+        _print_events(out, events, raw)
+        next_seq = events[-1].seq + 1 if events else total
+        if not follow:
+            return
+        try:
+            while True:
+                time.sleep(interval)
+                events = st.read(session, lower=next_seq)
+                if events:
+                    _print_events(out, events, raw)
+                    next_seq = events[-1].seq + 1
+        except KeyboardInterrupt:
+            return  # Ctrl-C is how following ends: exit 0, no traceback
+
+
+@log.command()
+@click.argument("session")
+@store_option
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+    default="-",
+    help="Write to FILE instead of stdout.",
+)
+def export(session: str, store: Path, output: Path) -> None:
+    """Export a session as JSONL (a header line, then every stored record)."""
+    with _reading(store) as st:
+        _require(st, session)
+        if str(output) == "-":
+            written = st.export_jsonl(session, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+            return
+        with output.open("wb") as fh:
+            written = st.export_jsonl(session, fh)
+    click.echo(f"exported {written:,} events of {session} to {output}", err=True)
+
+
+@log.command(name="import")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True))
+@store_option
+@click.option("--session-id", default=None, help="Import under this id (default: the export's).")
+def import_(file: Path, store: Path, session_id: str | None) -> None:
+    """Import a JSONL export as a new session (every line is validated first)."""
+    with contextlib.ExitStack() as stack:
+        source: BinaryIO = (
+            sys.stdin.buffer if str(file) == "-" else stack.enter_context(file.open("rb"))
+        )
+        st = stack.enter_context(Store.open(store))  # after the file opened: no stray store
+        try:
+            session = st.import_jsonl(source, session_id=session_id)
+        except DuplicateSessionError as err:
+            raise CliError(f"{err}; give another id with --session-id") from err
+        st.flush()
+    click.echo(f"imported {session.last_seq + 1:,} events as session {session.id}")
+
+
+@log.command()
+@store_option
+@click.option(
+    "--allow-open-tail",
+    is_flag=True,
+    help="Accept logs that end inside a turn (e.g. a runtime is still writing).",
+)
+def check(store: Path, allow_open_tail: bool) -> None:
+    """Check every session log against the session invariants."""
+    with _reading(store) as st:
+        result = check_store(st, allow_open_tail=allow_open_tail)
+    out = _out()
+    if result.ok:
+        out.print(f"invariants: {result.sessions:,} sessions OK")
+        return
+    for failed in result.failed:
+        out.print(f"{failed.session_id}:", markup=False)
+        for violation in failed.violations:
+            out.print(f"  {violation}", markup=False)
+    raise InvariantsError(
+        f"invariants: {len(result.failed):,} of {result.sessions:,} sessions break the session "
+        "invariants"
+    )
+
+
+@log.command()
+@store_option
+def stats(store: Path) -> None:
+    """Store statistics: sessions, events, bytes, map size."""
+    with _reading(store) as st:
+        statistics = st.statistics()
+        events = sum(st.stats(h.id).event_count for h in st.sessions())
+    data = store / "data.mdb"
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("store", f"{store} (schema version {SCHEMA_VERSION})")
+    table.add_row("sessions", f"{statistics.sessions:,}")
+    table.add_row("events", f"{events:,}")
+    table.add_row("bytes on disk", f"{store_bytes(store):,}")
+    table.add_row("data file", f"{data.stat().st_size:,}")
+    table.add_row("map size", f"{statistics.map_size:,}")
+    _out().print(table)

@@ -1,0 +1,45 @@
+"""Options shared by several ``corral`` commands."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import click
+
+__all__ = ["DEFAULT_STORE", "durability_option", "store_option", "threads_option"]
+
+DEFAULT_STORE: Final = "./.corral/"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def store_option(fn: F) -> F:
+    return click.option(
+        "--store",
+        "store",
+        type=click.Path(path_type=Path, file_okay=True, dir_okay=True),
+        default=DEFAULT_STORE,
+        show_default=True,
+        envvar="CORRAL_STORE",
+        help="The store directory (also $CORRAL_STORE).",
+    )(fn)
+
+
+def durability_option(fn: F) -> F:
+    return click.option(
+        "--durability",
+        type=click.Choice(["write-ahead", "turn", "none"]),
+        default="write-ahead",
+        show_default=True,
+        help="When appended facts are synced to disk.",
+    )(fn)
+
+
+def threads_option(fn: F) -> F:
+    return click.option(
+        "--threads",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Dispatcher worker threads (default: the runtime's choice).",
+    )(fn)

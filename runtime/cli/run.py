@@ -1,0 +1,83 @@
+"""``corral run SCRIPT [ARGS]...``: run a supervisor script with a ready ``Runtime``.
+
+The script runs with ``__name__ == "__corral__"`` and the open runtime as the global
+``rt``; ``sys.argv`` is ``[SCRIPT, *ARGS]``. If it defines ``main(rt, argv)``, that is
+called after the module body, and an ``int`` it returns is the exit code. The runtime
+is closed on every way out (running turns cancelled, inboxes kept, logs flushed).
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+from typing import cast
+
+import click
+
+from runtime.runtime import Runtime
+from storage.lmdb_store import Durability
+
+from .errors import EXIT_ERROR, EXIT_INTERRUPTED, CliError, ScriptError
+from .options import durability_option, store_option, threads_option
+
+__all__ = ["RUN_NAME", "run"]
+
+RUN_NAME = "__corral__"
+
+
+def _exit_code(code: object) -> int:
+    """Python's rules for ``SystemExit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    click.echo(str(code), err=True)
+    return EXIT_ERROR
+
+
+def _execute(script: Path, args: tuple[str, ...], rt: Runtime) -> int:
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(script), *args]
+    sys.path.insert(0, str(script.resolve().parent))
+    try:
+        namespace = runpy.run_path(str(script), init_globals={"rt": rt}, run_name=RUN_NAME)
+        main = namespace.get("main")
+        if callable(main):
+            result = main(rt, list(args))
+            return result if isinstance(result, int) and not isinstance(result, bool) else 0
+        return 0
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@store_option
+@durability_option
+@threads_option
+@click.argument("script", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(
+    store: Path, durability: str, threads: int | None, script: Path, args: tuple[str, ...]
+) -> None:
+    """Run a supervisor SCRIPT with a ready runtime (the global `rt`, or `main(rt, argv)`)."""
+    if not script.is_file():
+        raise CliError(f"no script at {script}")
+    rt = Runtime.open(store, durability=cast(Durability, durability), threads=threads)
+    try:
+        try:
+            code = _execute(script, args, rt)
+        except SystemExit as stop:
+            code = _exit_code(stop.code)
+        except KeyboardInterrupt:
+            click.echo(
+                "corral: interrupted; closing the runtime (turns cancelled, logs flushed)", err=True
+            )
+            code = EXIT_INTERRUPTED
+        except Exception as err:
+            raise ScriptError(script, err) from err
+    finally:
+        rt.close()
+    if code:
+        raise click.exceptions.Exit(code)

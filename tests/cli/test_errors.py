@@ -1,0 +1,139 @@
+"""The errors a person will meet: one ``corral: error:`` line, a non-zero exit code, and
+a traceback only with ``--debug``."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from storage.lmdb_env import EVENTS_DB, META_DB, SCHEMA_VERSION_KEY, event_key
+from storage.lmdb_store import Store
+from tests.cli.conftest import assert_one_error_line, corral, write_script
+
+RECORDS = [
+    {
+        "type": "turn/start",
+        "seq": 0,
+        "time": 1,
+        "data": {"turn": 1, "trigger": {"kind": "message"}},
+    },
+    {"type": "turn/end", "seq": 1, "time": 2, "data": {"turn": 1, "reason": {"kind": "completed"}}},
+]
+
+
+def _store_with_session(path: Path, session_id: str = "s1") -> int:
+    """A real store holding one small session; returns the session's key."""
+    lines = "".join(json.dumps(r) + "\n" for r in RECORDS).encode()
+    with Store.open(path) as store:
+        store.import_jsonl(io.BytesIO(lines), session_id=session_id)
+        store.flush()
+        return next(h.key for h in store.sessions() if h.id == session_id)
+
+
+def _poke(path: Path, db: bytes, key: bytes, value: bytes) -> None:
+    env = lmdb.open(str(path), subdir=True, max_dbs=8)
+    try:
+        handle = env.open_db(db, create=False)
+        with env.begin(write=True) as txn:
+            txn.put(key, value, db=handle)
+    finally:
+        env.close()
+
+
+READ_COMMANDS = [["log", "ls"], ["log", "stats"], ["log", "check"], ["log", "show", "s1"]]
+
+
+@pytest.mark.parametrize("command", READ_COMMANDS)
+def test_a_missing_store_path(tmp_path: Path, command: list[str]) -> None:
+    result = corral(*command, "--store", tmp_path / "nowhere")
+    assert_one_error_line(result, "no corral store at", "nowhere")
+
+
+def test_a_store_path_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a store")
+    result = corral("log", "ls", "--store", tmp_path / "file")
+    assert_one_error_line(result, "not a directory")
+
+
+def test_a_directory_that_is_not_a_store(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    result = corral("bench", "--store", tmp_path, "--agents", "1", "--turns", "1")
+    assert_one_error_line(result, "not a corral store")
+
+
+def test_a_store_of_an_unknown_schema_version(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _store_with_session(store)
+    _poke(store, META_DB, SCHEMA_VERSION_KEY, b"99")
+    for command in (["log", "ls"], ["bench", "--agents", "1", "--turns", "1"]):
+        result = corral(*command, "--store", store)
+        assert_one_error_line(result, "schema version 99")
+
+
+def test_a_store_whose_data_file_is_garbage(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "data.mdb").write_bytes(b"\x00garbage" * 4096)
+    result = corral("log", "ls", "--store", store)
+    assert_one_error_line(result, "cannot open the store")
+
+
+def test_a_corrupt_record(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    key = _store_with_session(store)
+    _poke(store, EVENTS_DB, event_key(key, 1), b'{"type": "turn/end", "seq": 1, "ti')
+    result = corral("log", "show", "s1", "--store", store)
+    assert_one_error_line(result, "corrupt session log", "s1")
+    checked = corral("log", "check", "--store", store)
+    assert checked.returncode == 3
+    assert "[unreadable]" in checked.stdout
+
+
+@pytest.mark.parametrize("command", [["show"], ["tail"], ["export"], ["tail", "--follow"]])
+def test_a_session_id_that_does_not_exist(tmp_path: Path, command: list[str]) -> None:
+    store = tmp_path / "store"
+    _store_with_session(store)
+    result = corral("log", command[0], "ghost", *command[1:], "--store", store)
+    assert_one_error_line(result, "no session 'ghost'", "corral log ls")
+
+
+def test_an_unknown_model_string(tmp_path: Path) -> None:
+    result = corral("bench", "--store", tmp_path / "store", "--model", "nosuch:model")
+    assert_one_error_line(result, "cannot resolve model 'nosuch:model'")
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_script_that_does_not_exist(tmp_path: Path) -> None:
+    result = corral("run", "--store", tmp_path / "store", tmp_path / "missing.py")
+    assert_one_error_line(result, "no script at", "missing.py")
+
+
+def test_a_script_with_a_syntax_error(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "syntax.py", "x = (\n")
+    result = corral("run", "--store", tmp_path / "store", script)
+    assert_one_error_line(result, "syntax.py:1: SyntaxError")
+
+
+def test_an_import_file_that_is_missing_or_invalid(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    missing = corral("log", "import", tmp_path / "missing.jsonl", "--store", store)
+    assert_one_error_line(missing, "missing.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "turn/start", "seq": 5, "time": 1, "data": {}}\n')
+    invalid = corral("log", "import", bad, "--store", store)
+    assert_one_error_line(invalid, "invalid session log", "line 1")
+
+
+def test_debug_adds_the_traceback_before_the_line(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _store_with_session(store)
+    _poke(store, META_DB, SCHEMA_VERSION_KEY, b"99")
+    result = corral("--debug", "log", "ls", "--store", store)
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "SchemaVersionError" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("corral: error: ")

@@ -1,0 +1,192 @@
+"""``corral log``: every subcommand against a store another process wrote."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import threading
+from pathlib import Path
+from typing import IO
+
+from tests.cli.conftest import (
+    SESSIONS,
+    assert_one_error_line,
+    corral,
+    run_ok,
+    spawn_corral,
+    write_script,
+)
+
+
+def test_ls_lists_every_session_with_its_turns_and_last_turn_state(written_store: Path) -> None:
+    out = run_ok(["log", "ls", "--store", written_store])
+    rows = [
+        line.split() for line in out.splitlines() if line.split()[:1] in ([s] for s in SESSIONS)
+    ]
+    assert [row[0] for row in rows] == list(SESSIONS)
+    for row in rows:
+        # session, date, time, turns (the failed turn and its retry), last turn, events, bytes
+        assert row[3] == "2"
+        assert row[4] == "completed"
+    assert "3 session(s)" in out
+
+
+def test_show_prints_a_readable_transcript(written_store: Path) -> None:
+    out = run_ok(["log", "show", "alpha", "--store", written_store])
+    for needle in (
+        "turn 1 starts (message)",
+        "user: question for alpha",
+        "tool call lookup",
+        "tool result lookup: value-of-k1",
+        "turn 1 ends: error SERVER: overloaded",
+        "retry #1",
+        "turn 2 starts (retry",
+        "assistant: the answer is 42",
+        "turn 2 ends: completed",
+    ):
+        assert needle in out, out
+
+
+def test_show_raw_prints_every_stored_event_as_a_json_line(written_store: Path) -> None:
+    out = run_ok(["log", "show", "beta", "--raw", "--store", written_store])
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert {"turn/start", "tool/call", "tool/result", "llm/retry"} <= {e["type"] for e in events}
+
+
+def test_tail_without_follow_prints_the_last_events_and_exits(written_store: Path) -> None:
+    out = run_ok(["log", "tail", "gamma", "-n", "3", "--store", written_store])
+    lines = out.splitlines()
+    assert len(lines) == 3
+    assert "turn 2 ends: completed" in lines[-1]
+
+
+def test_export_then_import_round_trips_the_records_byte_for_byte(
+    written_store: Path, tmp_path: Path
+) -> None:
+    exported = tmp_path / "alpha.jsonl"
+    result = corral("log", "export", "alpha", "-o", exported, "--store", written_store)
+    assert result.returncode == 0, result.stderr
+    to_stdout = run_ok(["log", "export", "alpha", "--store", written_store])
+    assert to_stdout == exported.read_text()
+
+    other = tmp_path / "other"
+    out = run_ok(["log", "import", exported, "--session-id", "copy", "--store", other])
+    assert "as session copy" in out
+    again = run_ok(["log", "export", "copy", "--store", other])
+    assert again.splitlines()[1:] == to_stdout.splitlines()[1:]  # header names the new id
+
+    duplicate = corral("log", "import", exported, "--session-id", "copy", "--store", other)
+    assert_one_error_line(duplicate, "copy", "--session-id")
+
+
+def test_check_passes_on_sound_logs(written_store: Path) -> None:
+    out = run_ok(["log", "check", "--store", written_store])
+    assert "invariants: 3 sessions OK" in out
+
+
+def test_check_fails_listing_a_step_outside_a_turn(tmp_path: Path) -> None:
+    crafted = tmp_path / "bad.jsonl"
+    records = [
+        {
+            "type": "turn/start",
+            "seq": 0,
+            "time": 1,
+            "data": {"turn": 1, "trigger": {"kind": "message"}},
+        },
+        {
+            "type": "turn/end",
+            "seq": 1,
+            "time": 2,
+            "data": {"turn": 1, "reason": {"kind": "completed"}},
+        },
+        {"type": "step/start", "seq": 2, "time": 3, "data": {"turn": 1, "step": 1}},
+        {"type": "step/end", "seq": 3, "time": 4, "data": {"turn": 1, "step": 1}},
+    ]
+    crafted.write_text("".join(json.dumps(r) + "\n" for r in records))
+    store = tmp_path / "store"
+    run_ok(["log", "import", crafted, "--session-id", "crafted", "--store", store])
+
+    result = corral("log", "check", "--store", store)
+    assert result.returncode == 3
+    assert "crafted" in result.stdout
+    assert "[step-outside-turn]" in result.stdout
+    assert_one_error_line(result, "1 of 1 sessions")
+
+
+def test_stats_reports_sessions_events_and_sizes(written_store: Path) -> None:
+    out = run_ok(["log", "stats", "--store", written_store])
+    fields = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert fields["sessions"].split()[-1] == "3"
+    assert int(fields["events"].split()[-1].replace(",", "")) > 30
+    assert "map" in fields and "bytes" in fields
+
+
+class _Reader:
+    """Collects a stream's lines on a thread so the test can wait for one."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line)
+
+    def wait_for(self, needle: str, timeout: float = 30) -> list[str]:
+        seen: list[str] = []
+        while True:
+            line = self.lines.get(timeout=timeout)
+            seen.append(line)
+            if needle in line:
+                return seen
+
+
+FOLLOWED = """
+import sys
+from runtime import ScriptedModel
+
+def main(rt, argv):
+    agent = rt.spawn(model=ScriptedModel.echo(), session_id="live")
+    agent.followup("first message")
+    agent.wait_idle(10)
+    rt.flush()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        agent.followup(line.strip())
+        agent.wait_idle(10)
+        rt.flush()
+        print("done", flush=True)
+"""
+
+
+def test_tail_follow_prints_events_another_process_appends_and_ctrl_c_ends_it(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    script = write_script(tmp_path, "w.py", FOLLOWED)
+    with spawn_corral("run", "--store", store, script) as writer:
+        assert writer.stdin is not None and writer.stdout is not None
+        written = _Reader(writer.stdout)
+        written.wait_for("ready")
+        with spawn_corral(
+            "log", "tail", "live", "--follow", "--interval", "0.05", "-n", "100", "--store", store
+        ) as follower:
+            assert follower.stdout is not None and follower.stderr is not None
+            followed = _Reader(follower.stdout)
+            followed.wait_for("first message")
+            writer.stdin.write("second message\n")
+            writer.stdin.flush()
+            written.wait_for("done")
+            seen = followed.wait_for("turn 2 ends: completed")
+            assert any("user: second message" in line for line in seen)
+
+            follower.send_signal(signal.SIGINT)  # Ctrl-C
+            assert follower.wait(timeout=10) == 0
+            followed.thread.join(10)
+            assert "Traceback" not in follower.stderr.read()
+        writer.stdin.close()
+        assert writer.wait(timeout=30) == 0
+        written.thread.join(10)
