@@ -1,0 +1,224 @@
+"""The dispatcher: a small pool of worker threads that run many actors.
+
+A worker takes one schedulable (an actor's mailbox) off a FIFO run queue and
+lets it handle a batch of at most ``throughput`` messages; if the actor has more,
+it goes to the back of the run queue, so one busy actor cannot starve the others.
+The mailbox, not the dispatcher, guarantees that an actor is never on the run
+queue twice (see ``actors._mailbox.Mailbox``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from itertools import count
+from typing import ClassVar, Protocol
+
+from actors.errors import DispatcherShutdownError
+
+__all__ = [
+    "DeadLetter",
+    "DeadLetters",
+    "Dispatcher",
+    "DispatcherStatistics",
+    "Schedulable",
+    "in_nonblocking_thread",
+    "mark_thread_nonblocking",
+]
+
+logger = logging.getLogger("corral.actors")
+
+_thread_role = threading.local()
+
+
+def mark_thread_nonblocking() -> None:
+    """Mark the calling thread as one that must never block (a worker, the I/O loop).
+
+    Code that would otherwise wait (a ``"block"`` mailbox overflow) fails fast instead.
+    """
+    _thread_role.nonblocking = True
+
+
+def in_nonblocking_thread() -> bool:
+    """True on a dispatcher worker, the I/O loop thread or the scheduler thread."""
+    return getattr(_thread_role, "nonblocking", False)
+
+
+class Schedulable(Protocol):
+    """What a dispatcher runs: a mailbox that handles a batch of its actor's messages."""
+
+    def run_batch(self, throughput: int) -> tuple[int, bool]:
+        """Handle up to ``throughput`` messages; return (handled, has_more)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that reached an actor which had already stopped."""
+
+    actor: str
+    message: object
+    reason: str
+
+
+class DeadLetters:
+    """A sink that counts undeliverable messages and keeps the most recent ones."""
+
+    def __init__(self, capacity: int = 100) -> None:
+        self._lock = threading.Lock()
+        self._count = 0  # Invariant: only changed under _lock.
+        self._recent: deque[DeadLetter] = deque(maxlen=capacity)
+
+    def record(self, actor: str, message: object, reason: str) -> None:
+        letter = DeadLetter(actor=actor, message=message, reason=reason)
+        with self._lock:
+            self._count += 1
+            self._recent.append(letter)
+        logger.debug("dead letter for %s (%s): %r", actor, reason, message)
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def recent(self) -> tuple[DeadLetter, ...]:
+        with self._lock:
+            return tuple(self._recent)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherStatistics:
+    name: str
+    workers: int
+    throughput: int
+    run_queue_depth: int
+    batches: int
+    messages: int
+    dead_letters: int
+    shut_down: bool
+
+
+_SHUTDOWN = None
+_names = count(1)
+
+
+def default_worker_count() -> int:
+    """Workers for the default dispatcher: one per core, at most four."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class Dispatcher:
+    """A pool of worker threads running actor batches off one FIFO run queue.
+
+    ``workers`` defaults to ``min(4, os.cpu_count())``. ``throughput`` is how many
+    messages one actor may handle before it yields its worker. Workers are daemon
+    threads: call :meth:`shutdown` to stop them; messages still queued then are
+    not handled.
+    """
+
+    _default: ClassVar[Dispatcher | None] = None
+    _default_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        throughput: int = 32,
+        name: str | None = None,
+        dead_letters: DeadLetters | None = None,
+    ) -> None:
+        size = default_worker_count() if workers is None else workers
+        if size < 1:
+            raise ValueError(f"a dispatcher needs at least one worker, got workers={size}")
+        if throughput < 1:
+            raise ValueError(f"throughput must be at least 1, got {throughput}")
+        self.name = name or f"corral-dispatcher-{next(_names)}"
+        self.throughput = throughput
+        self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
+        self._run_queue: queue.SimpleQueue[Schedulable | None] = queue.SimpleQueue()
+        self._closed = False
+        # Invariant: slot i is only written by worker i (exact counts without a lock).
+        self._batches = [0] * size
+        self._messages = [0] * size
+        self._threads = [
+            threading.Thread(target=self._work, args=(i,), name=f"{self.name}-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @classmethod
+    def default(cls) -> Dispatcher:
+        """The shared dispatcher used by actors that name none; created on first use."""
+        current = cls._default
+        if current is not None and not current._closed:
+            return current
+        with cls._default_lock:
+            if cls._default is None or cls._default._closed:
+                cls._default = cls(name="corral-dispatcher-default")
+            return cls._default
+
+    def __repr__(self) -> str:
+        return f"<Dispatcher {self.name} workers={len(self._threads)}>"
+
+    def schedule(self, runnable: Schedulable) -> None:
+        """Put a runnable at the back of the run queue. Never blocks."""
+        if self._closed:
+            raise DispatcherShutdownError(self.name)
+        self._run_queue.put(runnable)
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self._closed
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop the workers after the batches they are running; True if all joined."""
+        self._closed = True
+        for _ in self._threads:
+            self._run_queue.put(_SHUTDOWN)
+        me = threading.current_thread()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            if thread is me:
+                continue
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads if t is not me)
+
+    def statistics(self) -> DispatcherStatistics:
+        return DispatcherStatistics(
+            name=self.name,
+            workers=len(self._threads),
+            throughput=self.throughput,
+            run_queue_depth=self._run_queue.qsize(),
+            batches=sum(self._batches),
+            messages=sum(self._messages),
+            dead_letters=self.dead_letters.count,
+            shut_down=self._closed,
+        )
+
+    def _work(self, index: int) -> None:
+        mark_thread_nonblocking()
+        get = self._run_queue.get
+        put = self._run_queue.put
+        throughput = self.throughput
+        batches = self._batches
+        messages = self._messages
+        while True:
+            runnable = get()
+            if runnable is None:
+                return
+            try:
+                handled, more = runnable.run_batch(throughput)
+            except Exception:
+                # A mailbox contains every actor failure itself; reaching here is a bug,
+                # and the worker must survive it.
+                logger.exception("internal error while running %r", runnable)
+                continue
+            batches[index] += 1
+            messages[index] += handled
+            if more:
+                put(runnable)

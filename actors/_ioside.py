@@ -1,0 +1,382 @@
+"""The I/O side: one asyncio loop thread plus a bounded pool for blocking callables.
+
+Actors never wait on the outside world. They start an *effect* here and get its
+result back as a message (:meth:`IoSide.start_for`) or through a callback
+(:meth:`IoSide.start`). Every effect reports exactly once with an :class:`Outcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import count
+from typing import Any, Generic, TypeVar
+
+from pykka import ActorDeadError, ActorRef
+
+from actors._dispatcher import DeadLetters, mark_thread_nonblocking
+from actors.errors import IoSideClosedError, MailboxFullError
+
+__all__ = [
+    "BlockingWork",
+    "EffectCompleted",
+    "EffectHandle",
+    "IoSide",
+    "IoStatistics",
+    "Outcome",
+    "Work",
+    "blocking",
+]
+
+logger = logging.getLogger("corral.io")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """How an effect ended. ``cancelled`` may come with the value or error of a
+    blocking body that could not be interrupted and ran to its end."""
+
+    effect_id: int
+    value: T | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EffectCompleted:
+    """The message :meth:`IoSide.start_for` delivers to the actor that started an effect."""
+
+    effect_id: int
+    tag: str
+    value: object
+    error: BaseException | None
+    cancelled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BlockingWork(Generic[T]):
+    """Marks a plain callable to run in the blocking pool rather than on the loop."""
+
+    fn: Callable[[], T]
+
+
+def blocking(fn: Callable[[], T]) -> BlockingWork[T]:
+    """Mark ``fn`` as blocking work for :meth:`IoSide.start` / :meth:`IoSide.start_for`."""
+    return BlockingWork(fn)
+
+
+Work = Callable[[], Awaitable[T]] | BlockingWork[T]
+"""A zero-argument callable returning an awaitable (runs on the loop), or blocking work."""
+
+
+class EffectHandle(Generic[T]):
+    """A started effect. ``cancel()`` is thread-safe and idempotent.
+
+    A coroutine effect gets ``asyncio.CancelledError`` at its current ``await`` and
+    reports ``cancelled=True`` (or its value, if it finished first). A blocking
+    effect cancelled before it starts never runs; once started its body cannot be
+    interrupted, so it reports ``cancelled=True`` when the function returns.
+    """
+
+    __slots__ = (
+        "_cancel_requested",
+        "_done_event",
+        "_io",
+        "_lock",
+        "_on_done",
+        "_outcome",
+        "_task",
+        "effect_id",
+        "is_blocking",
+    )
+
+    def __init__(
+        self,
+        effect_id: int,
+        io: IoSide,
+        on_done: Callable[[Outcome[T]], None],
+        *,
+        is_blocking: bool,
+    ) -> None:
+        self.effect_id = effect_id
+        self.is_blocking = is_blocking
+        self._io = io
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._cancel_requested = False
+        self._outcome: Outcome[T] | None = None  # Invariant: set once, under _lock
+        self._done_event: threading.Event | None = None
+        self._task: asyncio.Future[T] | None = None  # Invariant: only touched on the loop
+
+    def __repr__(self) -> str:
+        return f"<EffectHandle {self.effect_id} done={self.done()}>"
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancel_requested
+
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    @property
+    def outcome(self) -> Outcome[T] | None:
+        return self._outcome
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._cancel_requested or self._outcome is not None:
+                return
+            self._cancel_requested = True
+        if not self.is_blocking:
+            self._io._cancel_task(self)
+
+    def wait(self, timeout: float | None = None) -> Outcome[T]:
+        """Block until the effect reported; ``TimeoutError`` after ``timeout`` seconds."""
+        with self._lock:
+            if self._outcome is not None:
+                return self._outcome
+            if self._done_event is None:
+                self._done_event = threading.Event()
+            event = self._done_event
+        if not event.wait(timeout):
+            raise TimeoutError(f"effect {self.effect_id} did not finish within {timeout} s")
+        outcome = self.outcome  # a property read: set by _finish before the event
+        assert outcome is not None
+        return outcome
+
+    def _finish(self, outcome: Outcome[T]) -> None:
+        with self._lock:
+            if self._outcome is not None:
+                return
+            self._outcome = outcome
+            event = self._done_event
+        if event is not None:
+            event.set()
+        self._io._forget(self)
+        try:
+            self._on_done(outcome)
+        except Exception:
+            logger.exception("on_done callback of effect %d failed", self.effect_id)
+
+
+@dataclass(frozen=True, slots=True)
+class IoStatistics:
+    in_flight: int
+    blocking_workers: int
+    started: int
+    closed: bool
+
+
+class IoSide:
+    """One asyncio event loop in a daemon thread plus a bounded blocking pool.
+
+    Use as a context manager or call :meth:`close`. ``dead_letters`` receives
+    completions whose actor has stopped (pass the dispatcher's sink to share it).
+    """
+
+    def __init__(
+        self,
+        *,
+        blocking_workers: int = 32,
+        name: str = "corral-io",
+        dead_letters: DeadLetters | None = None,
+    ) -> None:
+        self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
+        self.blocking_workers = blocking_workers
+        self.blocking_pool = ThreadPoolExecutor(blocking_workers, thread_name_prefix=f"{name}-pool")
+        self.loop = asyncio.new_event_loop()
+        self._ids = count(1)
+        self._lock = threading.Lock()
+        self._closed = False  # Invariant: once True under _lock, no effect is admitted
+        self._in_flight: dict[int, EffectHandle[Any]] = {}
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run_loop, args=(ready,), name=f"{name}-loop", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+
+    def __enter__(self) -> IoSide:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def in_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    # -- effects ---------------------------------------------------------------------
+
+    def start(self, work: Work[T], *, on_done: Callable[[Outcome[T]], None]) -> EffectHandle[T]:
+        """Start ``work`` and call ``on_done(outcome)`` exactly once when it ends.
+
+        ``on_done`` runs on the loop thread (coroutine work) or on a pool thread
+        (blocking work); it must be quick. Raises ``IoSideClosedError`` after close.
+        """
+        handle: EffectHandle[T] = EffectHandle(
+            next(self._ids), self, on_done, is_blocking=isinstance(work, BlockingWork)
+        )
+        with self._lock:
+            if self._closed:
+                raise IoSideClosedError
+            self._in_flight[handle.effect_id] = handle
+        try:
+            if isinstance(work, BlockingWork):
+                self.blocking_pool.submit(self._run_blocking, handle, work.fn)
+            else:
+                self.loop.call_soon_threadsafe(self._spawn, handle, work)
+        except RuntimeError as error:  # the pool or loop closed under us
+            self._forget(handle)
+            raise IoSideClosedError from error
+        return handle
+
+    def start_blocking(
+        self, fn: Callable[[], T], *, on_done: Callable[[Outcome[T]], None]
+    ) -> EffectHandle[T]:
+        """Run a blocking callable in the pool; see :meth:`start`."""
+        return self.start(BlockingWork(fn), on_done=on_done)
+
+    def start_for(self, actor_ref: ActorRef[Any], work: Work[T], *, tag: str) -> EffectHandle[T]:
+        """Start ``work`` and ``tell`` its :class:`EffectCompleted` to ``actor_ref``.
+
+        If the actor stopped meanwhile (or its bounded mailbox refuses), the
+        completion is recorded in ``dead_letters`` instead of raising on the loop.
+        """
+
+        def deliver(outcome: Outcome[T]) -> None:
+            message = EffectCompleted(
+                effect_id=outcome.effect_id,
+                tag=tag,
+                value=outcome.value,
+                error=outcome.error,
+                cancelled=outcome.cancelled,
+            )
+            try:
+                actor_ref.tell(message)
+            except ActorDeadError:
+                self.dead_letters.record(str(actor_ref), message, "effect ended after actor stop")
+            except MailboxFullError:
+                logger.exception("completion of effect %d refused: mailbox full", message.effect_id)
+                self.dead_letters.record(str(actor_ref), message, "mailbox full")
+
+        return self.start(work, on_done=deliver)
+
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the loop thread soon (thread-safe)."""
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError as error:
+            raise IoSideClosedError from error
+
+    def statistics(self) -> IoStatistics:
+        return IoStatistics(
+            in_flight=len(self._in_flight),
+            blocking_workers=self.blocking_workers,
+            started=next(self._ids) - 1,
+            closed=self._closed,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Cancel every effect in flight, wait for them to report, stop loop and pool.
+
+        Running blocking bodies cannot be interrupted: close waits for them.
+        """
+        if self.in_loop_thread():
+            raise RuntimeError("IoSide.close() cannot run on its own loop thread")
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._in_flight.values())
+        for handle in pending:
+            handle.cancel()
+        drain = asyncio.run_coroutine_threadsafe(self._drain_tasks(), self.loop)
+        try:
+            drain.result(timeout)
+        except TimeoutError:
+            logger.warning("I/O side closed with coroutine effects still running")
+        self.blocking_pool.shutdown(wait=True)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _run_loop(self, ready: threading.Event) -> None:
+        mark_thread_nonblocking()
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(ready.set)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    async def _drain_tasks(self) -> None:
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks(self.loop) if t is not current]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _forget(self, handle: EffectHandle[Any]) -> None:
+        with self._lock:
+            self._in_flight.pop(handle.effect_id, None)
+
+    def _spawn(self, handle: EffectHandle[T], work: Callable[[], Awaitable[T]]) -> None:
+        if handle.cancel_requested:
+            handle._finish(Outcome(handle.effect_id, cancelled=True))
+            return
+        try:
+            task: asyncio.Future[T] = asyncio.ensure_future(work(), loop=self.loop)
+        except Exception as error:  # noqa: BLE001 - reported as the effect's outcome
+            handle._finish(Outcome(handle.effect_id, error=error))
+            return
+        handle._task = task
+        task.add_done_callback(lambda t: self._task_done(handle, t))
+
+    @staticmethod
+    def _task_done(handle: EffectHandle[T], task: asyncio.Future[T]) -> None:
+        if task.cancelled():
+            outcome: Outcome[T] = Outcome(handle.effect_id, cancelled=True)
+        elif (error := task.exception()) is not None:
+            outcome = Outcome(handle.effect_id, error=error)
+        else:
+            outcome = Outcome(handle.effect_id, value=task.result())
+        handle._finish(outcome)
+
+    def _cancel_task(self, handle: EffectHandle[Any]) -> None:
+        def cancel_on_loop() -> None:
+            task = handle._task
+            if task is not None and not task.done():
+                task.cancel()
+            # No task yet: _spawn runs after this on the loop and sees the flag.
+
+        if self.in_loop_thread():
+            cancel_on_loop()
+            return
+        try:
+            self.loop.call_soon_threadsafe(cancel_on_loop)
+        except RuntimeError:
+            logger.debug("effect %d cancelled after the loop closed", handle.effect_id)
+
+    @staticmethod
+    def _run_blocking(handle: EffectHandle[T], fn: Callable[[], T]) -> None:
+        if handle.cancel_requested:
+            handle._finish(Outcome(handle.effect_id, cancelled=True))
+            return
+        try:
+            value = fn()
+        except BaseException as error:  # noqa: BLE001 - reported, never lost in the pool
+            outcome: Outcome[T] = Outcome(
+                handle.effect_id, error=error, cancelled=handle.cancel_requested
+            )
+        else:
+            outcome = Outcome(handle.effect_id, value=value, cancelled=handle.cancel_requested)
+        handle._finish(outcome)

@@ -1,0 +1,119 @@
+"""A generic registry actor: unique ids mapped to the actors it created.
+
+The registry is itself a :class:`PooledActor`, so creations and removals are
+serialised by its mailbox. What it announces is pluggable: pass ``on_created`` /
+``on_disposed`` callbacks (the agent layer emits its own event objects), or a
+``bus`` to get the default ``agent/created`` / ``agent/disposed`` events, emitted
+with ``scope=id``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from pykka import ActorRef
+
+from actors._dispatcher import Dispatcher
+from actors._mailbox import Mailbox
+from actors._pooled import PooledActor
+from actors.bus import Bus
+from actors.errors import DuplicateIdError
+
+__all__ = ["ActorCreated", "ActorDisposed", "RegistryActor"]
+
+logger = logging.getLogger("corral.actors")
+
+
+class ActorCreated(msgspec.Struct, frozen=True, tag="agent/created"):
+    """Default payload of ``agent/created``."""
+
+    id: str
+
+
+class ActorDisposed(msgspec.Struct, frozen=True, tag="agent/disposed"):
+    """Default payload of ``agent/disposed``."""
+
+    id: str
+
+
+OnCreated = Callable[[str, "ActorRef[Any]"], None]
+OnDisposed = Callable[[str], None]
+
+
+class RegistryActor(PooledActor):
+    """Owns ``id -> ActorRef``; use through ``ref.proxy()`` or ``ref.ask``.
+
+    ``create(id, factory)`` runs ``factory()`` (which must start an actor and
+    return its ref quickly) on the registry's worker. ``remove(id)`` forgets the id
+    and, with ``stop=True``, asks the actor to stop; ``on_disposed`` fires once that
+    actor has stopped (pooled actors) or right away (other actor types).
+    A failing announcement callback is logged and does not undo the change.
+    """
+
+    def __init__(
+        self,
+        *,
+        bus: Bus | None = None,
+        on_created: OnCreated | None = None,
+        on_disposed: OnDisposed | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
+        super().__init__()
+        self.actor_dispatcher = dispatcher
+        self._bus = bus
+        self._on_created = on_created
+        self._on_disposed = on_disposed
+        self._refs: dict[str, ActorRef[Any]] = {}
+
+    def create(self, id_: str, factory: Callable[[], ActorRef[Any]]) -> ActorRef[Any]:
+        """Start an actor under a new unique id; ``DuplicateIdError`` if it is taken."""
+        if id_ in self._refs:
+            raise DuplicateIdError(id_)
+        ref = factory()
+        self._refs[id_] = ref
+        self._announce_created(id_, ref)
+        return ref
+
+    def get(self, id_: str) -> ActorRef[Any] | None:
+        return self._refs.get(id_)
+
+    def ids(self) -> list[str]:
+        return list(self._refs)
+
+    def remove(self, id_: str, *, stop: bool = True) -> bool:
+        """Forget ``id_``; False if it was unknown."""
+        ref = self._refs.pop(id_, None)
+        if ref is None:
+            return False
+        if not stop:
+            self._announce_disposed(id_)
+            return True
+        inbox = ref.actor_inbox
+        if ref.is_alive():
+            ref.stop(block=False)
+        if isinstance(inbox, Mailbox):
+            inbox.watch(lambda _death: self._announce_disposed(id_))
+        else:
+            self._announce_disposed(id_)
+        return True
+
+    def _announce_created(self, id_: str, ref: ActorRef[Any]) -> None:
+        try:
+            if self._on_created is not None:
+                self._on_created(id_, ref)
+            elif self._bus is not None:
+                self._bus.emit("agent/created", ActorCreated(id=id_), scope=id_)
+        except Exception:
+            logger.exception("announcing the creation of %r failed", id_)
+
+    def _announce_disposed(self, id_: str) -> None:
+        try:
+            if self._on_disposed is not None:
+                self._on_disposed(id_)
+            elif self._bus is not None:
+                self._bus.emit("agent/disposed", ActorDisposed(id=id_), scope=id_)
+        except Exception:
+            logger.exception("announcing the disposal of %r failed", id_)

@@ -1,0 +1,109 @@
+"""Errors raised by the actor engine, each named by the state it reports.
+
+Every message says what happened and what to do about it. Other layers of
+``actors/`` may append their own classes below the engine's.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DispatcherShutdownError",
+    "DuplicateIdError",
+    "EngineError",
+    "IoSideClosedError",
+    "ListenerError",
+    "MailboxFullError",
+    "SchedulerClosedError",
+]
+
+
+class EngineError(Exception):
+    """Base class of the actor engine's own errors."""
+
+
+class MailboxFullError(EngineError):
+    """A bounded mailbox refused a message because it already holds ``limit`` messages."""
+
+    def __init__(self, actor: str, limit: int, *, waited: float | None = None) -> None:
+        self.actor = actor
+        self.limit = limit
+        self.waited = waited
+        how = "" if waited is None else f" after waiting {waited:g} s"
+        super().__init__(
+            f"mailbox of {actor} is full ({limit} messages){how}; "
+            "slow down the sender, raise actor_mailbox_limit, or handle this error"
+        )
+
+
+class DispatcherShutdownError(EngineError):
+    """An actor was scheduled onto a dispatcher that has been shut down."""
+
+    def __init__(self, dispatcher: str) -> None:
+        self.dispatcher = dispatcher
+        super().__init__(
+            f"dispatcher {dispatcher!r} is shut down and runs no more actors; "
+            "stop its actors before calling Dispatcher.shutdown()"
+        )
+
+
+class IoSideClosedError(EngineError):
+    """An effect was started on an I/O side that is closed or closing."""
+
+    def __init__(self) -> None:
+        super().__init__("the I/O side is closed; start effects before IoSide.close()")
+
+
+class SchedulerClosedError(EngineError):
+    """A timer was requested from a scheduler that has been closed."""
+
+    def __init__(self) -> None:
+        super().__init__("the scheduler is closed; schedule timers before Scheduler.close()")
+
+
+class DuplicateIdError(EngineError):
+    """A registry was asked to create an id it already holds."""
+
+    def __init__(self, id_: str) -> None:
+        self.id = id_
+        super().__init__(f"id {id_!r} is already registered; choose another id or remove it first")
+
+
+class ListenerError(EngineError):
+    """A ``serial`` or ``waterfall`` listener raised; the original error is the ``cause``."""
+
+    def __init__(self, name: str, listener: object, cause: BaseException) -> None:
+        self.name = name
+        self.listener = listener
+        self.cause = cause
+        label = getattr(listener, "__qualname__", None) or repr(listener)
+        super().__init__(f"listener {label} for {name!r} failed: {cause!r}")
+
+
+# --------------------------------------------------------------------------- agent layer
+
+
+class AgentStateError(Exception):
+    """Base class of errors about an agent's state (its inbox, its lifetime)."""
+
+
+class DuplicateMessageError(AgentStateError, ValueError):
+    """A message id is already pending in the agent's inbox."""
+
+
+class InboxFullError(AgentStateError):
+    """The agent's bounded inbox is full."""
+
+
+class UnknownMessageError(AgentStateError, KeyError):
+    """No pending message has that id."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown message"
+
+
+class AgentDisposedError(AgentStateError):
+    """The agent is disposed (or being disposed) and accepts no more work."""
+
+
+class InvalidMessageError(AgentStateError, TypeError):
+    """A verb was given something that is not a message."""

@@ -1,0 +1,300 @@
+"""The bus (CONTRACT section 8): emit, serial and waterfall over sync and async listeners."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from actors import Bus, Deferred, IoSide, ListenerError, Ready
+
+WAIT = 5.0
+T = TypeVar("T")
+
+
+@pytest.fixture
+def io() -> Iterator[IoSide]:
+    side = IoSide(blocking_workers=4, name="bus-io")
+    yield side
+    side.close()
+
+
+@pytest.fixture
+def bus(io: IoSide) -> Bus:
+    return Bus(io)
+
+
+def run_deferred(io: IoSide, result: Ready[T] | Deferred[T]) -> T:
+    """What an actor does with a Deferred: run it on the I/O side, wait for the outcome."""
+    assert isinstance(result, Deferred)
+    outcome = io.start(result.run, on_done=lambda _o: None).wait(WAIT)
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.value  # type: ignore[return-value]
+
+
+# -- emit ------------------------------------------------------------------------------
+
+
+def test_emit_calls_every_listener_in_registration_order(bus: Bus) -> None:
+    calls: list[tuple[str, Any]] = []
+    bus.on("agent/status", lambda e: calls.append(("first", e)))
+    bus.on("agent/status", lambda e: calls.append(("second", e)))
+    bus.on("agent/other", lambda e: calls.append(("other", e)))
+    bus.emit("agent/status", "running")
+    assert calls == [("first", "running"), ("second", "running")]
+
+
+def test_a_failing_listener_is_logged_and_cannot_stop_the_others(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[str] = []
+
+    def broken(_event: object) -> None:
+        raise RuntimeError("listener bug")
+
+    bus.on("e", broken)
+    bus.on("e", lambda _e: calls.append("after"))
+    with caplog.at_level(logging.ERROR, logger="corral.bus"):
+        bus.emit("e", 1)
+    assert calls == ["after"]
+    assert any(r.name == "corral.bus" and "broken" in r.getMessage() for r in caplog.records)
+
+
+def test_scoped_listeners_see_only_their_agent_and_global_ones_see_all(bus: Bus) -> None:
+    calls: list[str] = []
+    bus.on("e", lambda e: calls.append(f"global:{e}"))
+    bus.on("e", lambda e: calls.append(f"a:{e}"), scope="a")
+    bus.on("e", lambda e: calls.append(f"b:{e}"), scope="b")
+    bus.on("e", lambda e: calls.append(f"global2:{e}"))
+    bus.emit("e", 1, scope="a")
+    bus.emit("e", 2, scope="b")
+    bus.emit("e", 3)
+    bus.emit("e", 4, scope="nobody")
+    assert calls == [
+        "global:1", "a:1", "global2:1",
+        "global:2", "b:2", "global2:2",
+        "global:3", "global2:3",
+        "global:4", "global2:4",
+    ]  # fmt: skip
+
+
+def test_a_disposer_unregisters_once_and_is_idempotent(bus: Bus) -> None:
+    calls: list[str] = []
+    dispose = bus.on("e", lambda _e: calls.append("x"), scope="a")
+    keep = bus.on("e", lambda _e: calls.append("y"))
+    dispose()
+    dispose()
+    bus.emit("e", None, scope="a")
+    keep()
+    keep()
+    bus.emit("e", None, scope="a")
+    assert calls == ["y"]
+    assert not bus.has_listeners("e")
+    assert bus.listener_count("e", scope="a") == 0
+
+
+def test_an_async_listener_runs_on_the_loop_and_its_failure_is_logged(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: queue.Queue[str] = queue.Queue()
+    failed = threading.Event()
+
+    async def on_loop(event: str) -> None:
+        await asyncio.sleep(0)
+        seen.put(f"{event} on {threading.current_thread().name}")
+
+    async def broken(_event: str) -> None:
+        failed.set()
+        raise RuntimeError("async listener bug")
+
+    bus.on("e", on_loop)
+    bus.on("e", broken)
+    with caplog.at_level(logging.ERROR, logger="corral.bus"):
+        bus.emit("e", "hello")
+        assert seen.get(timeout=WAIT) == "hello on bus-io-loop"
+        assert failed.wait(WAIT)
+        bus._io.close()  # drain: the failure has been reported once close returns
+    assert any("async listener" in r.getMessage() for r in caplog.records)
+
+
+# -- serial ----------------------------------------------------------------------------
+
+
+def test_serial_with_sync_listeners_runs_inline_in_order(bus: Bus) -> None:
+    calls: list[str] = []
+    bus.on("s", lambda _e: calls.append(threading.current_thread().name))
+    bus.on("s", lambda _e: calls.append("second"))
+    assert bus.serial("s", None) == Ready(None)
+    assert calls == [threading.current_thread().name, "second"]
+    assert bus.serial("nobody listens", None) == Ready(None)
+
+
+def test_serial_stops_at_the_first_failure_and_raises_listener_error(bus: Bus) -> None:
+    calls: list[str] = []
+
+    def broken(_event: object) -> None:
+        raise KeyError("k")
+
+    bus.on("s", broken)
+    bus.on("s", lambda _e: calls.append("never"))
+    with pytest.raises(ListenerError) as caught:
+        bus.serial("s", None)
+    assert caught.value.listener is broken
+    assert caught.value.name == "s"
+    assert isinstance(caught.value.__cause__, KeyError)
+    assert calls == []
+
+
+def test_serial_with_an_async_listener_defers_the_rest_in_order(bus: Bus, io: IoSide) -> None:
+    calls: list[str] = []
+
+    async def middle(_event: object) -> None:
+        await asyncio.sleep(0)
+        calls.append("async")
+
+    bus.on("s", lambda _e: calls.append("sync-before"))
+    bus.on("s", middle)
+    bus.on("s", lambda _e: calls.append(f"sync-after in pool={'pool' in _thread()}"))
+    result = bus.serial("s", None)
+    assert calls == ["sync-before"]
+    assert run_deferred(io, result) is None
+    assert calls == ["sync-before", "async", "sync-after in pool=True"]
+
+
+def test_a_deferred_serial_raises_listener_error(bus: Bus, io: IoSide) -> None:
+    async def broken(_event: object) -> None:
+        raise ValueError("late failure")
+
+    bus.on("s", broken)
+    with pytest.raises(ListenerError, match="late failure"):
+        run_deferred(io, bus.serial("s", None))
+
+
+# -- waterfall -------------------------------------------------------------------------
+
+
+def test_a_waterfall_without_listeners_returns_the_default(bus: Bus) -> None:
+    assert bus.waterfall("w", None, lambda: "default") == Ready("default")
+
+
+def test_a_waterfall_runs_middleware_outermost_first(bus: Bus) -> None:
+    calls: list[str] = []
+
+    def outer(event: str, next_: Callable[[], str]) -> str:
+        calls.append("outer in")
+        value = next_()
+        calls.append("outer out")
+        return f"outer({value})"
+
+    def inner(event: str, next_: Callable[[], str]) -> str:
+        calls.append("inner")
+        return f"inner({next_()},{event})"
+
+    bus.on("w", outer)
+    bus.on("w", inner)
+    assert bus.waterfall("w", "ev", lambda: "default") == Ready("outer(inner(default,ev))")
+    assert calls == ["outer in", "inner", "outer out"]
+
+
+def test_a_listener_that_does_not_call_next_short_circuits_the_rest(bus: Bus) -> None:
+    defaults: list[str] = []
+    bus.on("w", lambda _e, _next: "blocked")
+    bus.on("w", lambda _e, _next: pytest.fail("must not run"))
+
+    def default() -> str:
+        defaults.append("d")
+        return "default"
+
+    result = bus.waterfall("w", None, default)
+    assert result == Ready("blocked")
+    assert defaults == []
+
+
+def test_the_waterfall_returns_what_the_outermost_listener_returned_even_none(bus: Bus) -> None:
+    bus.on("w", lambda _e, next_: None if next_() else "unreachable")
+    result = bus.waterfall("w", None, lambda: "default")
+    assert isinstance(result, Ready)
+    assert result.value is None
+
+
+def test_a_failing_waterfall_listener_raises_listener_error_once(bus: Bus) -> None:
+    def broken(_event: object, _next: Callable[[], object]) -> object:
+        raise ValueError("inner bug")
+
+    bus.on("w", lambda _e, next_: next_())
+    bus.on("w", broken)
+    with pytest.raises(ListenerError) as caught:
+        bus.waterfall("w", None, lambda: None)
+    assert caught.value.listener is broken
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_a_mixed_waterfall_keeps_middleware_semantics_off_the_caller_thread(
+    bus: Bus, io: IoSide
+) -> None:
+    trace: list[str] = []
+
+    def sync_outer(event: str, next_: Callable[[], str]) -> str:
+        trace.append(f"sync outer on pool={'pool' in _thread()}")
+        return f"sync({next_()})"
+
+    async def async_middle(event: str, next_: Callable[[], Awaitable[str]]) -> str:
+        trace.append(f"async middle on {_thread()}")
+        return f"async({await next_()})"
+
+    def sync_inner(event: str, next_: Callable[[], str]) -> str:
+        trace.append(f"sync inner on pool={'pool' in _thread()}")
+        return f"inner({next_()},{event})"
+
+    bus.on("w", sync_outer)
+    bus.on("w", async_middle)
+    bus.on("w", sync_inner)
+    result = bus.waterfall("w", "ev", lambda: "default")
+    assert trace == []
+    assert run_deferred(io, result) == "sync(async(inner(default,ev)))"
+    assert trace == [
+        "sync outer on pool=True",
+        "async middle on bus-io-loop",
+        "sync inner on pool=True",
+    ]
+
+
+def test_a_mixed_waterfall_can_short_circuit_and_fail(bus: Bus, io: IoSide) -> None:
+    async def gate(event: str, next_: Callable[[], Awaitable[str]]) -> str:
+        return "denied" if event == "deny" else await next_()
+
+    def broken(_event: str, _next: Callable[[], str]) -> str:
+        raise RuntimeError("deep failure")
+
+    bus.on("w", gate)
+    bus.on("w", broken)
+    assert run_deferred(io, bus.waterfall("w", "deny", lambda: "default")) == "denied"
+    with pytest.raises(ListenerError) as caught:
+        run_deferred(io, bus.waterfall("w", "allow", lambda: "default"))
+    assert caught.value.listener is broken
+
+
+def test_scoped_waterfall_listeners_wrap_only_their_agent(bus: Bus) -> None:
+    bus.on("w", lambda _e, next_: f"g({next_()})")
+    bus.on("w", lambda _e, next_: f"a({next_()})", scope="a")
+    assert bus.waterfall("w", None, lambda: "d", scope="a") == Ready("g(a(d))")
+    assert bus.waterfall("w", None, lambda: "d", scope="b") == Ready("g(d)")
+
+
+def test_an_async_callable_object_counts_as_an_async_listener(bus: Bus, io: IoSide) -> None:
+    class Middleware:
+        async def __call__(self, event: str, next_: Callable[[], Awaitable[str]]) -> str:
+            return f"obj({await next_()})"
+
+    bus.on("w", Middleware())
+    assert run_deferred(io, bus.waterfall("w", None, lambda: "d")) == "obj(d)"
+
+
+def _thread() -> str:
+    return threading.current_thread().name

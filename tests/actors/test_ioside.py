@@ -1,0 +1,223 @@
+"""The I/O side: effects on the loop and in the blocking pool report exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pykka import ActorRegistry
+
+from actors import (
+    EffectCompleted,
+    IoSide,
+    IoSideClosedError,
+    Outcome,
+    PooledActor,
+    blocking,
+)
+
+WAIT = 5.0
+
+
+@pytest.fixture
+def io() -> Iterator[IoSide]:
+    side = IoSide(blocking_workers=2, name="test-io")
+    yield side
+    side.close()
+
+
+class Outcomes:
+    """Collects on_done calls; ``next()`` waits for one."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[Outcome[Any]] = queue.Queue()
+        self.threads: list[str] = []
+
+    def __call__(self, outcome: Outcome[Any]) -> None:
+        self.threads.append(threading.current_thread().name)
+        self.queue.put(outcome)
+
+    def next(self) -> Outcome[Any]:
+        return self.queue.get(timeout=WAIT)
+
+    def nothing_more(self) -> bool:
+        return self.queue.empty()
+
+
+def test_a_coroutine_effect_runs_on_the_loop_and_reports_its_value_once(io: IoSide) -> None:
+    done = Outcomes()
+
+    async def work() -> str:
+        await asyncio.sleep(0)
+        return threading.current_thread().name
+
+    handle = io.start(work, on_done=done)
+    outcome = done.next()
+    assert outcome == Outcome(handle.effect_id, value="test-io-loop")
+    assert handle.wait(WAIT) is outcome
+    assert handle.done()
+    assert done.nothing_more()
+
+
+def test_a_failing_coroutine_effect_reports_its_error(io: IoSide) -> None:
+    done = Outcomes()
+
+    async def work() -> None:
+        raise ValueError("nope")
+
+    io.start(work, on_done=done)
+    outcome = done.next()
+    assert isinstance(outcome.error, ValueError)
+    assert not outcome.cancelled
+
+
+def test_cancelling_a_coroutine_effect_raises_cancelled_error_inside_it(io: IoSide) -> None:
+    done = Outcomes()
+    entered, saw_cancel = threading.Event(), threading.Event()
+
+    async def work() -> None:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            saw_cancel.set()
+            raise
+
+    handle = io.start(work, on_done=done)
+    assert entered.wait(WAIT)
+    handle.cancel()
+    handle.cancel()
+    outcome = done.next()
+    assert outcome.cancelled
+    assert saw_cancel.is_set()
+    assert done.nothing_more()
+
+
+def test_cancelling_a_finished_effect_keeps_its_value(io: IoSide) -> None:
+    done = Outcomes()
+
+    async def work() -> int:
+        return 7
+
+    handle = io.start(work, on_done=done)
+    assert done.next().value == 7
+    handle.cancel()
+    assert handle.outcome is not None
+    assert handle.outcome.value == 7
+    assert not handle.outcome.cancelled
+
+
+def test_a_blocking_effect_runs_in_the_pool(io: IoSide) -> None:
+    done = Outcomes()
+    handle = io.start_blocking(lambda: threading.current_thread().name, on_done=done)
+    outcome = done.next()
+    assert str(outcome.value).startswith("test-io-pool")
+    assert handle.is_blocking
+
+
+def test_a_blocking_effect_cancelled_before_it_starts_never_runs(io: IoSide) -> None:
+    gate = threading.Event()
+    ran: list[str] = []
+    done = Outcomes()
+    occupying = [io.start_blocking(lambda: gate.wait(WAIT), on_done=done) for _ in range(2)]
+    queued = io.start(blocking(lambda: ran.append("ran")), on_done=done)
+    queued.cancel()
+    gate.set()
+    outcomes = {done.next().effect_id: None for _ in range(3)}
+    assert set(outcomes) == {h.effect_id for h in [*occupying, queued]}
+    assert queued.outcome is not None
+    assert queued.outcome.cancelled
+    assert ran == []
+
+
+def test_a_started_blocking_effect_reports_cancelled_when_its_body_returns(io: IoSide) -> None:
+    entered, gate = threading.Event(), threading.Event()
+    done = Outcomes()
+
+    def body() -> str:
+        entered.set()
+        gate.wait(WAIT)
+        return "finished anyway"
+
+    handle = io.start_blocking(body, on_done=done)
+    assert entered.wait(WAIT)
+    handle.cancel()
+    gate.set()
+    outcome = done.next()
+    assert outcome.cancelled
+    assert outcome.value == "finished anyway"
+
+
+class Inbox(PooledActor):
+    def __init__(self, received: queue.Queue[Any]) -> None:
+        super().__init__()
+        self.received = received
+
+    def on_receive(self, message: Any) -> None:
+        self.received.put(message)
+
+
+def test_start_for_delivers_the_completion_to_the_actor_as_a_message(io: IoSide) -> None:
+    received: queue.Queue[Any] = queue.Queue()
+    ref = Inbox.start(received)
+    try:
+
+        async def work() -> str:
+            return "model reply"
+
+        handle = io.start_for(ref, work, tag="model")
+        message = received.get(timeout=WAIT)
+        assert message == EffectCompleted(handle.effect_id, "model", "model reply", None, False)
+        io.start_for(ref, blocking(lambda: 1 / 0), tag="tool")
+        failed = received.get(timeout=WAIT)
+        assert failed.tag == "tool"
+        assert isinstance(failed.error, ZeroDivisionError)
+    finally:
+        ref.stop(timeout=WAIT)
+
+
+def test_a_completion_for_a_stopped_actor_is_a_dead_letter(io: IoSide) -> None:
+    received: queue.Queue[Any] = queue.Queue()
+    ref = Inbox.start(received)
+    ref.stop(timeout=WAIT)
+    handle = io.start_for(ref, blocking(lambda: "late"), tag="late")
+    handle.wait(WAIT)
+    assert io.dead_letters.count == 1
+    letter = io.dead_letters.recent()[0]
+    assert isinstance(letter.message, EffectCompleted)
+    assert letter.message.value == "late"
+    assert ActorRegistry.get_by_urn(ref.actor_urn) is None
+
+
+def test_close_cancels_effects_in_flight_and_refuses_new_ones() -> None:
+    side = IoSide(blocking_workers=1, name="closing-io")
+    done = Outcomes()
+    entered = threading.Event()
+
+    async def forever() -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    side.start(forever, on_done=done)
+    assert entered.wait(WAIT)
+    side.close()
+    assert done.next().cancelled
+    with pytest.raises(IoSideClosedError):
+        side.start(forever, on_done=done)
+    assert side.statistics().closed
+    assert side.statistics().in_flight == 0
+
+
+def test_an_on_done_failure_is_contained(io: IoSide) -> None:
+    def explode(_outcome: Outcome[Any]) -> None:
+        raise RuntimeError("callback bug")
+
+    handle = io.start_blocking(lambda: 1, on_done=explode)
+    assert handle.wait(WAIT).value == 1
+    follow = Outcomes()
+    io.start_blocking(lambda: 2, on_done=follow)
+    assert follow.next().value == 2
