@@ -15,7 +15,7 @@ from itertools import count
 from typing import Any, Literal
 
 import msgspec
-from pykka import ActorRef
+from pykka import ActorDeadError, ActorRef
 
 from storage.events import CancelCause, InboxLane, MessageId, UserMessage
 
@@ -288,12 +288,27 @@ class AgentActor(PooledActor):
         return token, _PENDING
 
     def _resumer(self, token: int) -> Callable[[Any, BaseException | None], None]:
-        ref: ActorRef[Any] = self.actor_ref
+        post = self._post
 
         def resume(value: Any = None, error: BaseException | None = None) -> None:
-            ref.tell(_Resume(token=token, value=value, error=error))
+            post(_Resume(token=token, value=value, error=error))
 
         return resume
+
+    @property
+    def _post(self) -> Callable[[object], None]:
+        """A thread-safe "tell myself" for completions: once this actor has stopped, a
+        late completion is recorded as a dead letter instead of raising in the I/O side."""
+        ref: ActorRef[Any] = self.actor_ref
+        dead_letters = self.io.dead_letters
+
+        def post(message: object) -> None:
+            try:
+                ref.tell(message)
+            except ActorDeadError:
+                dead_letters.record(str(ref), message, "completion after the agent stopped")
+
+        return post
 
     def _start(self, effect: Effect[Any]) -> Any:
         """Start ``effect``; return ``(value, error)`` if it resolved at once, else pending."""
@@ -317,19 +332,19 @@ class AgentActor(PooledActor):
             self.actor_ref.tell(_Resume(token=token))
             return pending
         if isinstance(effect, OpenStream):
-            ref = self.actor_ref
+            post = self._post
             stream = open_stream(
                 self.model,
                 effect.request,
                 self.io,
-                lambda s: ref.tell(_StreamReady(s)),
+                lambda s: post(_StreamReady(s)),
                 immediate=self._immediate,
             )
             return stream, None
         if isinstance(effect, StartTool):
-            ref = self.actor_ref
+            post = self._post
             handle = start_tool(
-                effect.plan, self.io, self.bus, self.session.id, lambda h: ref.tell(_ToolDone(h))
+                effect.plan, self.io, self.bus, self.session.id, lambda h: post(_ToolDone(h))
             )
             return handle, None
         if isinstance(effect, JoinTool):

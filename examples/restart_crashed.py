@@ -2,17 +2,14 @@
 
     corral run examples/restart_crashed.py [AGENTS] [CRASHES]
 
-What is real here and what is simulated:
-
-* corral offers no public way yet to crash an agent *actor* on purpose: a tool or a
-  listener cannot (their faults are contained by the contract), and the runtime exposes
-  no actor-failure hook. So the "chaos monkey" below **simulates** a crash by disposing
-  the agent abruptly in the middle of its turn: the turn ends ``aborted {disposed}`` and
-  the actor is gone, exactly what a supervisor sees after a crash (``agent/disposed``
-  for an agent it did not stop itself).
+* The crash is real: ``agent.kill()`` makes the agent's actor fail through pykka's
+  failure path in the middle of its turn, as an unexpected error would (a tool or a
+  listener cannot crash it: their faults are contained by the contract). The runtime
+  sees the death, ends the agent's registration (``agent/disposed``) and records why
+  in ``agent.crash``; the open turn stays open in the log.
 * The recovery is real: ``rt.resume(session_id, model=...)`` rebuilds the agent from
-  its session log (turn numbers continue; an open tail turn - after a process crash -
-  is closed durably as ``interrupted``), and the supervisor re-sends the unfinished task.
+  its session log (the interrupted tail turn is closed durably as ``interrupted``, turn
+  numbers continue), and the supervisor re-sends the unfinished task.
 
 Listeners run on the runtime's threads and must not block, so the ``agent/disposed``
 listener only queues the id; the supervisor loop (this script's main thread) does the
@@ -26,7 +23,7 @@ import random
 import threading
 import time
 
-from actors.live import AgentDisposed, AgentSettled
+from actors.live import AgentDisposed, AgentSettled, AgentStatusChanged
 from runtime import Runtime, ScriptedModel
 
 MAX_RESTARTS = 3
@@ -53,23 +50,37 @@ def main(rt: Runtime, argv: list[str]) -> int:
                     all_done.set()
 
     def on_disposed(event: AgentDisposed) -> None:
-        if event.agent.id in tasks and event.agent.id not in completed:
+        if event.agent.crash is not None:  # type: ignore[attr-defined]
             crashed.put(event.agent.id)  # hand over; never block a listener
+
+    running: set[str] = set()
+    victims_running = threading.Event()
+
+    def on_status(event: AgentStatusChanged) -> None:
+        if event.status == "running":
+            with lock:
+                running.add(event.agent.id)
+                if victim_ids <= running:
+                    victims_running.set()
 
     rt.on("agent/settled", on_settled)
     rt.on("agent/disposed", on_disposed)
+    rt.on("agent/status", on_status)
 
     agents = [rt.spawn(model=model) for _ in range(count)]
+    victims = random.Random(3).sample(agents, min(crashes, count))
+    victim_ids = {v.id for v in victims}
     for n, agent in enumerate(agents, start=1):
         tasks[agent.id] = f"task {n}: summarise the quarterly numbers"
         agent.followup(tasks[agent.id])
 
-    # Chaos monkey: "crash" some agents while their first turn is running (simulated).
-    victims = random.Random(3).sample(agents, min(crashes, count))
-    time.sleep(0.1)
+    # Chaos monkey: crash some agents while their first turn is running.
+    if not victims_running.wait(30):
+        print("the victims never started running")
+        return 1
     for victim in victims:
         print(f"crash  {victim.id} (status {victim.status})")
-        victim.dispose(timeout=5)
+        victim.kill("chaos monkey")
 
     # Supervisor loop: restart each crashed agent from its log, re-send its task.
     deadline = time.monotonic() + 60
