@@ -97,6 +97,7 @@ class TurnHarness:
             durability=durability,
         )
         self._coro: Coroutine[Any, Any, None] | None = None
+        self._inserted = 0
         self.pending: Effect[Any] | None = None
 
     def _record(self, name: str, event: Any) -> None:
@@ -108,7 +109,8 @@ class TurnHarness:
         self, text: str, *, lane: InboxLane = "next-turn", message_id: str | None = None
     ) -> UserMessage:
         """Put a message in the inbox as the actor would (reserve, splice, announce)."""
-        mid = message_id or f"m{len(self.session.events())}"
+        self._inserted += 1
+        mid = message_id or f"m{self._inserted}"
         message = UserMessage(id=mid, content=[TextBlock(text=text)])
         self.inbox.reserve(mid)
         self.inbox.insert(lane, message)
