@@ -1,0 +1,168 @@
+"""A :class:`~actors.model.Model` for Anthropic's Messages API (streaming).
+
+Built on the official ``anthropic`` SDK's ``AsyncAnthropic`` with SDK retries off (a
+retry is the runtime's policy). Credentials: ``api_key=``, else the variable named by
+``api_key_env=``, else ``$ANTHROPIC_API_KEY``. ``reasoning_effort`` turns on extended
+thinking: ``thinking="adaptive"`` (default) sends ``thinking: {type: adaptive}`` with
+``output_config.effort``; ``thinking="budget"`` sends a ``budget_tokens`` from
+:data:`~.anthropic_wire.EFFORT_BUDGETS`, kept below ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from actors.model import ModelRequest
+from storage.events import StreamChunk
+
+from .anthropic_wire import EventMapper, ThinkingMode, decode_event, message_params
+from .base import HttpProvider
+from .failures import StreamReportedError, cause_for, empty_response, request_id_from
+from .limits import ProviderLimiter
+from .secrets import resolve_api_key
+from .sse import SseDecoder, SseEvent, drain
+
+if TYPE_CHECKING:
+    import anthropic
+
+__all__ = ["AnthropicModel"]
+
+
+def require_anthropic() -> None:
+    try:
+        import anthropic  # noqa: F401, PLC0415 - optional SDK, checked on first use
+    except ImportError as err:
+        raise ImportError(
+            "the Anthropic provider needs the anthropic SDK: pip install 'corral[anthropic]'"
+        ) from err
+
+
+class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
+    """Streams Messages from Anthropic (or a compatible ``base_url``).
+
+    ``max_tokens`` is used when the request's config sets none (the API requires one).
+    Limits and ``timeout`` behave as in :class:`~.openai_compat.OpenAICompatModel`.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        base_url: str | None = None,
+        provider: str = "anthropic",
+        max_tokens: int = 4096,
+        thinking: ThinkingMode = "adaptive",
+        max_concurrency: int | None = None,
+        requests_per_minute: float | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 0,
+        default_headers: dict[str, str] | None = None,
+        limiter: ProviderLimiter | None = None,
+        client: anthropic.AsyncAnthropic | None = None,
+    ) -> None:
+        require_anthropic()
+        secret = resolve_api_key(
+            provider,
+            api_key=api_key,
+            api_key_env=api_key_env,
+            env_names=["ANTHROPIC_API_KEY"],
+            required=client is None,
+        )
+        super().__init__(
+            provider=provider,
+            model=model,
+            secret=secret,
+            base_url=base_url,
+            timeout=timeout,
+            max_concurrency=max_concurrency,
+            requests_per_minute=requests_per_minute,
+            limiter=limiter,
+            client=client,
+        )
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        self._max_tokens = max_tokens
+        self._thinking: ThinkingMode = thinking
+        self._max_retries = max_retries
+        self._default_headers = dict(default_headers or {})
+
+    def _make_client(self) -> anthropic.AsyncAnthropic:
+        import anthropic  # noqa: PLC0415 - optional SDK
+
+        from .transport import http_client  # noqa: PLC0415 - needs the SDK's httpx2
+
+        assert self._secret is not None
+        return anthropic.AsyncAnthropic(
+            api_key=self._secret.reveal(),
+            base_url=self._base_url,
+            timeout=self._timeout,
+            max_retries=self._max_retries,
+            default_headers=self._default_headers or None,
+            http_client=http_client(self._timeout),
+        )
+
+    async def _close_client(self, client: anthropic.AsyncAnthropic) -> None:
+        await client.close()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        """Deltas as they arrive, then usage, then one ``FinishChunk``.
+
+        Raises :class:`~actors.model.ModelError` for every failure, including an
+        ``error`` event mid-stream (``overloaded_error`` → ``SERVER``) and a stream that
+        ends before ``message_stop`` (``TRANSPORT``). Cancelling closes the response.
+        The SDK sends the request and maps HTTP errors; the event stream is decoded by
+        :mod:`.sse` and ``msgspec``.
+        """
+        params = message_params(
+            request, default_max_tokens=self._max_tokens, thinking=self._thinking
+        )
+        mapper = EventMapper()
+        request_id: str | None = None
+        async with self._limiter.slot():
+            client = self._sdk_client()
+            try:
+                opened = client.messages.with_streaming_response.create(**params)
+                async with opened as raw:
+                    response = raw.http_response
+                    request_id = request_id_from(response.headers)
+                    async for out in self._chunks(response.aiter_bytes(), mapper):
+                        yield out
+            except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
+                raise self._error(err, request_id) from cause_for(err, self._secrets)
+        if not mapper.stopped:
+            raise self._error(ConnectionError("the stream ended before message_stop"), request_id)
+        if mapper.final_reason() != "max-tokens" and not (mapper.saw_text or mapper.saw_tool_calls):
+            raise empty_response(self._provider, request_id)
+        for out in mapper.finish():
+            yield out
+
+    @staticmethod
+    async def _chunks(
+        body: AsyncIterator[bytes], mapper: EventMapper
+    ) -> AsyncIterator[StreamChunk]:
+        """Decode events until ``message_stop`` (then drain the body for reuse)."""
+        decoder = SseDecoder()
+        async for data in body:
+            for event in decoder.feed(data):
+                for out in _map_event(event, mapper):
+                    yield out
+                if mapper.stopped:
+                    await drain(body)
+                    return
+        for event in decoder.finish():
+            for out in _map_event(event, mapper):
+                yield out
+
+
+def _map_event(event: SseEvent, mapper: EventMapper) -> list[StreamChunk]:
+    if not event.data or event.event == "ping":
+        return []
+    wire = decode_event(event.data)
+    if event.event == "error" or wire.type == "error":
+        raise StreamReportedError(msgspec.json.decode(event.data))
+    return mapper.feed(wire)

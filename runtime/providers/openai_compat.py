@@ -1,0 +1,197 @@
+"""A :class:`~actors.model.Model` for OpenAI and every OpenAI-compatible endpoint.
+
+OpenAI, DeepSeek, vLLM, Ollama, llama.cpp's server, OpenRouter, ...: anything that
+serves ``POST {base_url}/chat/completions`` with server-sent events. Built on the official
+``openai`` SDK's ``AsyncOpenAI`` with SDK retries off: a retry is the runtime's policy (a
+new turn), not a hidden second HTTP request.
+
+Credentials: ``api_key=``, else the variable named by ``api_key_env=``, else
+``$OPENAI_API_KEY`` for OpenAI's own endpoint (no ``base_url``) or ``$DEEPSEEK_API_KEY``
+for a ``deepseek.com`` one. Any other ``base_url`` never receives ``$OPENAI_API_KEY``
+implicitly (a third-party host must not see an OpenAI key); without a key it is sent the
+placeholder ``EMPTY``, as local servers expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Final
+from urllib.parse import urlsplit
+
+from actors.model import ModelRequest
+from storage.events import StreamChunk
+
+from .base import HttpProvider
+from .failures import StreamReportedError, cause_for, empty_response, request_id_from
+from .limits import ProviderLimiter
+from .openai_wire import ChunkMapper, MaxTokensField, chat_params, decode_chunk
+from .secrets import resolve_api_key
+from .sse import SseDecoder, SseEvent, drain
+
+if TYPE_CHECKING:
+    import openai
+
+__all__ = ["NO_KEY_PLACEHOLDER", "OpenAICompatModel"]
+
+NO_KEY_PLACEHOLDER: Final = "EMPTY"
+
+
+def _host(base_url: str | None) -> str:
+    return (urlsplit(base_url).hostname or "").lower() if base_url else "api.openai.com"
+
+
+def _key_env_names(base_url: str | None) -> tuple[list[str], bool]:
+    """The variables a key may come from for ``base_url``, and whether one is required."""
+    host = _host(base_url)
+    if host == "api.openai.com" or host.endswith(".openai.com"):
+        return ["OPENAI_API_KEY"], True
+    if host == "deepseek.com" or host.endswith(".deepseek.com"):
+        return ["DEEPSEEK_API_KEY"], True
+    return [], False
+
+
+def require_openai() -> None:
+    try:
+        import openai  # noqa: F401, PLC0415 - optional SDK, checked on first use
+    except ImportError as err:
+        raise ImportError(
+            "the OpenAI-compatible provider needs the openai SDK: pip install 'corral[openai]'"
+        ) from err
+
+
+class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
+    """Streams Chat Completions from an OpenAI-compatible endpoint.
+
+    ``max_concurrency`` bounds this instance's requests in flight (the rest wait, FIFO);
+    ``requests_per_minute`` paces them. ``timeout`` bounds connecting and every read, so
+    a stalled stream fails as ``TIMEOUT``. ``send_reasoning`` echoes earlier reasoning
+    back as ``reasoning_content`` (some DeepSeek modes want it, most servers reject it).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        provider: str = "openai",
+        max_concurrency: int | None = None,
+        requests_per_minute: float | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 0,
+        max_tokens_field: MaxTokensField | None = None,
+        send_reasoning: bool = False,
+        include_usage: bool = True,
+        default_headers: dict[str, str] | None = None,
+        limiter: ProviderLimiter | None = None,
+        client: openai.AsyncOpenAI | None = None,
+    ) -> None:
+        require_openai()
+        env_names, required = _key_env_names(base_url)
+        secret = resolve_api_key(
+            provider,
+            api_key=api_key,
+            api_key_env=api_key_env,
+            env_names=env_names,
+            required=required and client is None,
+        )
+        super().__init__(
+            provider=provider,
+            model=model,
+            secret=secret,
+            base_url=base_url,
+            timeout=timeout,
+            max_concurrency=max_concurrency,
+            requests_per_minute=requests_per_minute,
+            limiter=limiter,
+            client=client,
+        )
+        official = env_names == ["OPENAI_API_KEY"]
+        self._max_tokens_field: MaxTokensField = max_tokens_field or (
+            "max_completion_tokens" if official else "max_tokens"
+        )
+        self._max_retries = max_retries
+        self._send_reasoning = send_reasoning
+        self._include_usage = include_usage
+        self._default_headers = dict(default_headers or {})
+
+    def _make_client(self) -> openai.AsyncOpenAI:
+        import openai  # noqa: PLC0415 - optional SDK
+
+        from .transport import http_client  # noqa: PLC0415 - needs the SDK's httpx2
+
+        return openai.AsyncOpenAI(
+            api_key=self._secret.reveal() if self._secret else NO_KEY_PLACEHOLDER,
+            base_url=self._base_url,
+            timeout=self._timeout,
+            max_retries=self._max_retries,
+            default_headers=self._default_headers or None,
+            http_client=http_client(self._timeout),
+        )
+
+    async def _close_client(self, client: openai.AsyncOpenAI) -> None:
+        await client.close()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        """Deltas as they arrive, then usage, then one ``FinishChunk``.
+
+        Raises :class:`~actors.model.ModelError` for every failure. Cancelling the task
+        iterating this closes the HTTP response (and so its connection) before the
+        ``CancelledError`` leaves. The SDK sends the request and maps HTTP errors; the
+        event stream itself is decoded by :mod:`.sse` and ``msgspec`` (see there why).
+        """
+        params = chat_params(
+            request,
+            max_tokens_field=self._max_tokens_field,
+            send_reasoning=self._send_reasoning,
+            include_usage=self._include_usage,
+        )
+        mapper = ChunkMapper()
+        request_id: str | None = None
+        async with self._limiter.slot():
+            client = self._sdk_client()
+            try:
+                opened = client.chat.completions.with_streaming_response.create(**params)
+                async with opened as raw:
+                    response = raw.http_response
+                    request_id = request_id_from(response.headers)
+                    async for out in self._chunks(response.aiter_bytes(), mapper):
+                        yield out
+            except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
+                raise self._error(err, request_id) from cause_for(err, self._secrets)
+        if mapper.finish_reason is None:
+            raise self._error(
+                ConnectionError("the stream ended before a finish reason"), request_id
+            )
+        if mapper.final_reason() != "max-tokens" and not (mapper.saw_text or mapper.saw_tool_calls):
+            raise empty_response(self._provider, request_id)
+        for out in mapper.finish():
+            yield out
+
+    @staticmethod
+    async def _chunks(
+        body: AsyncIterator[bytes], mapper: ChunkMapper
+    ) -> AsyncIterator[StreamChunk]:
+        """Decode events until ``[DONE]`` (then drain the body for connection reuse)."""
+        decoder = SseDecoder()
+        async for data in body:
+            for event in decoder.feed(data):
+                if event.data == b"[DONE]":
+                    await drain(body)
+                    return
+                for out in _map_event(event, mapper):
+                    yield out
+        for event in decoder.finish():
+            if event.data != b"[DONE]":
+                for out in _map_event(event, mapper):
+                    yield out
+
+
+def _map_event(event: SseEvent, mapper: ChunkMapper) -> list[StreamChunk]:
+    if not event.data:
+        return []
+    chunk = decode_chunk(event.data)
+    if chunk.error is not None:
+        raise StreamReportedError(chunk.error)
+    return mapper.feed(chunk)

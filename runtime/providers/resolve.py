@@ -1,0 +1,116 @@
+"""Model strings: ``"scheme:model[@base_url]"`` to a :class:`~actors.model.Model`.
+
+=========================================  ===========================================
+``openai:gpt-4.1-mini``                    OpenAI (``$OPENAI_API_KEY``)
+``openai-compatible:NAME@https://host/v1`` any OpenAI-compatible endpoint
+``deepseek:deepseek-chat``                 DeepSeek (``$DEEPSEEK_API_KEY``)
+``ollama:llama3.2[@http://host:11434/v1]`` a local Ollama server (no key)
+``anthropic:claude-sonnet-4-6``            Anthropic (``$ANTHROPIC_API_KEY``)
+``scripted:echo``                          ``runtime.ScriptedModel.echo()`` (tests, load)
+=========================================  ===========================================
+
+``openai:``, ``deepseek:`` and ``anthropic:`` accept ``@base_url`` too. Keyword options
+go to the provider's constructor (``max_concurrency=``, ``timeout=``, ``api_key_env=``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Final
+
+from actors.model import Model
+
+from .anthropic_messages import AnthropicModel
+from .openai_compat import OpenAICompatModel
+
+__all__ = ["KNOWN_SCHEMES", "UnknownModelError", "resolve_model"]
+
+DEEPSEEK_URL: Final = "https://api.deepseek.com/v1"
+OLLAMA_URL: Final = "http://localhost:11434/v1"
+
+
+class UnknownModelError(ValueError):
+    """A model string names no known scheme, or is malformed."""
+
+    def __init__(self, spec: str, reason: str) -> None:
+        self.spec = spec
+        known = ", ".join(f"{s}:" for s in KNOWN_SCHEMES)
+        super().__init__(
+            f"cannot resolve model {spec!r}: {reason}; known schemes are {known} "
+            "(for example 'openai:gpt-4.1-mini' or 'openai-compatible:NAME@https://host/v1')"
+        )
+
+
+def _split(spec: str, rest: str) -> tuple[str, str | None]:
+    """``name@http(s)://url`` to ``(name, url)``; a name may itself contain ``@``."""
+    for marker in ("@https://", "@http://"):
+        at = rest.find(marker)
+        if at >= 0:
+            return rest[:at], rest[at + 1 :]
+    return rest, None
+
+
+def _openai(provider: str, default_url: str | None, *, needs_url: bool = False) -> _Factory:
+    def make(spec: str, name: str, url: str | None, options: dict[str, Any]) -> Model:
+        base_url = url or default_url
+        if needs_url and base_url is None:
+            raise UnknownModelError(spec, "an openai-compatible model needs '@<base_url>'")
+        options.setdefault("provider", provider)
+        return OpenAICompatModel(name, base_url=base_url, **options)
+
+    return make
+
+
+def _anthropic(spec: str, name: str, url: str | None, options: dict[str, Any]) -> Model:
+    return AnthropicModel(name, base_url=url, **options)
+
+
+def _scripted(spec: str, name: str, url: str | None, options: dict[str, Any]) -> Model:
+    try:
+        module = importlib.import_module("runtime.scripted")
+    except ImportError as err:
+        raise UnknownModelError(spec, "runtime.ScriptedModel is not available") from err
+    scripted = module.ScriptedModel
+    maker = getattr(scripted, name, None)
+    if name.startswith("_") or not callable(maker):
+        raise UnknownModelError(spec, f"ScriptedModel has no factory {name!r}")
+    model = maker(**options)
+    if not isinstance(model, Model):
+        raise UnknownModelError(spec, f"ScriptedModel.{name}() did not return a Model")
+    return model
+
+
+_Factory = Callable[[str, str, "str | None", dict[str, Any]], Model]
+
+_SCHEMES: Final[dict[str, _Factory]] = {
+    "openai": _openai("openai", None),
+    "openai-compatible": _openai("openai-compatible", None, needs_url=True),
+    "deepseek": _openai("deepseek", DEEPSEEK_URL),
+    "ollama": _openai("ollama", OLLAMA_URL),
+    "anthropic": _anthropic,
+    "scripted": _scripted,
+}
+KNOWN_SCHEMES: Final = tuple(_SCHEMES)
+
+
+def resolve_model(spec: str | Model, **options: Any) -> Model:
+    """The model ``spec`` names (a :class:`Model` is returned as it is).
+
+    Raises :class:`UnknownModelError` for an unknown scheme or a malformed string, and
+    ``ImportError`` (saying which ``pip install 'corral[...]'``) for a missing SDK.
+    """
+    if not isinstance(spec, str):
+        if options:
+            raise TypeError("options apply to model strings, not to a Model instance")
+        return spec
+    scheme, sep, rest = spec.partition(":")
+    if not sep:
+        raise UnknownModelError(spec, "expected 'scheme:model'")
+    factory = _SCHEMES.get(scheme.strip().lower())
+    if factory is None:
+        raise UnknownModelError(spec, f"unknown scheme {scheme!r}")
+    name, url = _split(spec, rest.strip())
+    if not name:
+        raise UnknownModelError(spec, "the model name is empty")
+    return factory(spec, name, url, dict(options))

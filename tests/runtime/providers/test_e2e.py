@@ -1,0 +1,170 @@
+"""Real agents on the runtime, streaming from the loopback server through real providers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import RetryPolicy, Runtime
+from runtime.providers import HttpProvider, OpenAICompatModel
+from storage.events import (
+    AssistantMessage,
+    AssistantMessageData,
+    TextBlock,
+    ToolCallBlock,
+    TurnEnd,
+    TurnStart,
+)
+
+from .support import KEY
+from .test_failures import VENDORS, Vendor
+from .wire_formats import openai_frames, openai_text_reply, openai_tool_reply
+from .wire_server import JsonReply, Sse, WireServer
+
+FAST_RETRY = RetryPolicy(base_s=0.01, cap_s=0.05)
+
+
+@contextmanager
+def runtime_with(path: Path, model: HttpProvider[Any], **options: Any) -> Iterator[Runtime]:
+    """A runtime whose provider's pooled connections are closed on its I/O loop at the end."""
+    with Runtime.open(path / "store", **options) as rt:
+        try:
+            yield rt
+        finally:
+            asyncio.run_coroutine_threadsafe(model.aclose(), rt.io.loop).result(10)
+
+
+def facts(agent: Any, type_: str) -> list[Any]:
+    return [e.data for e in agent.session.events() if e.type == type_]
+
+
+def settled_turns(rt: Runtime) -> list[Any]:
+    settled: list[Any] = []
+    rt.on("agent/settled", settled.append)
+    return settled
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_429_then_success_is_two_turns_and_one_settled(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    limited = JsonReply(429, {"error": {"message": "slow down"}}, {"retry-after-ms": "10"})
+    wire.script(limited, Sse(vendor.frames()))
+    model = vendor.model(wire.url)
+    with runtime_with(tmp_path, model, retry_policy=FAST_RETRY) as rt:
+        settled = settled_turns(rt)
+        agent = rt.spawn(model=model)
+        agent.followup("hi")
+        assert agent.wait_idle(timeout=20)
+        starts = facts(agent, "turn/start")
+        ends = facts(agent, "turn/end")
+        retries = facts(agent, "llm/retry")
+        messages = agent.session.derive_messages()
+    assert [s.trigger.kind for s in starts] == ["message", "retry"]
+    assert [e.reason.kind for e in ends] == ["error", "completed"]
+    assert ends[0].reason.error.code == "RATE_LIMIT"
+    assert retries[0].failure.retry_after_s == 0.01
+    assert len(settled) == 1
+    assert settled[0].reason.kind == "completed"
+    assert messages[-1] == AssistantMessage(content=[TextBlock(text="Hello there")])
+    assert len(wire.requests) == 2
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_stream_dropped_mid_reply_is_a_transport_failure_retried_by_the_policy(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    wire.script(Sse(vendor.frames()[:3], then="drop"), Sse(vendor.frames()))
+    model = vendor.model(wire.url)
+    with runtime_with(tmp_path, model, retry_policy=FAST_RETRY) as rt:
+        settled = settled_turns(rt)
+        agent = rt.spawn(model=model)
+        agent.followup("hi")
+        assert agent.wait_idle(timeout=20)
+        ends = facts(agent, "turn/end")
+        retries = facts(agent, "llm/retry")
+    assert [e.reason.kind for e in ends] == ["error", "completed"]
+    assert ends[0].reason.error.code == "TRANSPORT"
+    assert [r.failure.code for r in retries] == ["TRANSPORT"]
+    assert [s.reason.kind for s in settled] == ["completed"]
+
+
+def test_without_retries_a_dropped_stream_ends_the_turn_with_its_error(
+    tmp_path: Path, wire: WireServer
+) -> None:
+    vendor = VENDORS[0].values[0]
+    wire.script(Sse(vendor.frames()[:3], then="drop"))
+    model = vendor.model(wire.url)
+    with runtime_with(tmp_path, model, retry_policy=None) as rt:
+        errors: list[Any] = []
+        rt.on("agent/error", errors.append)
+        agent = rt.spawn(model=model)
+        agent.followup("hi")
+        assert agent.wait_idle(timeout=20)
+        ends = facts(agent, "turn/end")
+    assert [e.reason.kind for e in ends] == ["error"]
+    assert [e.error.code for e in errors] == ["TRANSPORT"]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_cancelling_an_agent_mid_stream_closes_the_connection_at_the_server(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    wire.script(Sse(vendor.frames()[:4], then="stall"))
+    model = vendor.model(wire.url)
+    with runtime_with(tmp_path, model) as rt:
+        agent = rt.spawn(model=model)
+        streaming = threading.Event()
+
+        def on_event(live: Any) -> None:
+            if live.event.type == "assistant/chunk":
+                streaming.set()
+
+        agent.on("session/event", on_event)
+        agent.followup("hi")
+        assert streaming.wait(20), "no chunk arrived"
+        agent.cancel()
+        assert wire.requests[0].disconnected.wait(10), "the server did not see the close"
+        assert agent.wait_idle(timeout=20)
+        ends = facts(agent, "turn/end")
+        messages = facts(agent, "assistant/message")
+    assert [e.reason.kind for e in ends] == ["aborted"]
+    assert all(isinstance(m, AssistantMessageData) for m in messages)
+    assert [m.interrupted for m in messages] == [True]
+
+
+def test_an_agent_runs_a_tool_loop_over_a_real_provider(tmp_path: Path, wire: WireServer) -> None:
+    calls = [("call_1", "add", ['{"a": 2,', ' "b": 3}'])]
+    wire.script(
+        Sse(openai_frames(openai_tool_reply(calls))),
+        Sse(openai_frames(openai_text_reply("The sum is 5."))),
+    )
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    model = OpenAICompatModel("m", base_url=wire.url + "/v1", api_key=KEY)
+    with runtime_with(tmp_path, model) as rt:
+        agent = rt.spawn(model=model, tools=[add])
+        agent.followup("what is 2 + 3?")
+        assert agent.wait_idle(timeout=20)
+        messages = agent.session.derive_messages()
+        starts = [e for e in agent.session.events() if e.type == "turn/start"]
+        ends = facts(agent, "turn/end")
+    assert isinstance(starts[0].data, TurnStart)
+    assert all(isinstance(e, TurnEnd) for e in ends)
+    assert [e.reason.kind for e in ends] == ["completed"]
+    assert messages[1] == AssistantMessage(
+        content=[ToolCallBlock(call_id="call_1", name="add", arguments='{"a": 2, "b": 3}')]
+    )
+    assert messages[-1] == AssistantMessage(content=[TextBlock(text="The sum is 5.")])
+    second = wire.requests[1].body
+    assert second["tools"][0]["function"]["name"] == "add"
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "5"}

@@ -1,0 +1,58 @@
+"""The event-stream decoder: any split of the bytes gives the same events."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime.providers.openai_wire import decode_chunk
+from runtime.providers.sse import SseDecoder, SseEvent
+
+STREAM = (
+    b": keep-alive\r\n\r\n"
+    b'event: message_start\r\ndata: {"a": 1}\r\n\r\n'
+    b"data: line one\ndata: line two\n\n"
+    b"data:no-space\n\n"
+    b"event: ping\ndata: {}\n\n"
+    b"data: [DONE]\n\n"
+)
+EXPECTED = [
+    SseEvent("message_start", b'{"a": 1}'),
+    SseEvent(None, b"line one\nline two"),
+    SseEvent(None, b"no-space"),
+    SseEvent("ping", b"{}"),
+    SseEvent(None, b"[DONE]"),
+]
+
+
+def decode(pieces: list[bytes]) -> list[SseEvent]:
+    decoder = SseDecoder()
+    events = [e for piece in pieces for e in decoder.feed(piece)]
+    return events + decoder.finish()
+
+
+def test_events_comments_multiline_data_and_crlf_decode() -> None:
+    assert decode([STREAM]) == EXPECTED
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def test_any_split_of_the_bytes_gives_the_same_events(cuts: list[int]) -> None:
+    points = [0, *sorted(cuts), len(STREAM)]
+    pieces = [STREAM[a:b] for a, b in itertools.pairwise(points)]
+    assert decode(pieces) == EXPECTED
+
+
+def test_an_event_left_open_at_the_end_of_the_stream_is_still_dispatched() -> None:
+    assert decode([b"data: last"]) == [SseEvent(None, b"last")]
+
+
+def test_chunk_decoding_ignores_unknown_fields_and_tolerates_nulls() -> None:
+    chunk = decode_chunk(
+        b'{"id": "x", "choices": [{"index": null, "delta": {"content": "hi", "audio": {}},'
+        b' "logprobs": null, "finish_reason": null}], "usage": null, "system_fingerprint": "f"}'
+    )
+    assert chunk.choices is not None
+    assert chunk.choices[0].delta is not None
+    assert chunk.choices[0].delta.content == "hi"
