@@ -39,6 +39,7 @@ class Assembler:
         self._step = step
         self._text: list[str] = []
         self._reasoning: list[str] = []
+        self._signature: str | None = None
         self._calls: dict[int, _PartialCall] = {}
         self.usage: Usage | None = None
         self.finish: FinishReason | None = None
@@ -50,6 +51,8 @@ class Assembler:
             self._text.append(chunk.text)
         elif isinstance(chunk, ReasoningDelta):
             self._reasoning.append(chunk.text)
+            if chunk.signature is not None:
+                self._signature = chunk.signature
         elif isinstance(chunk, ToolCallDelta):
             call = self._calls.setdefault(chunk.index, _PartialCall())
             if chunk.call_id:
@@ -66,7 +69,7 @@ class Assembler:
         """Reasoning and text streamed so far (what a cancel keeps)."""
         parts: list[AssistantPart] = []
         if self._reasoning:
-            parts.append(ReasoningBlock(text="".join(self._reasoning)))
+            parts.append(ReasoningBlock(text="".join(self._reasoning), signature=self._signature))
         if self._text:
             parts.append(TextBlock(text="".join(self._text)))
         return parts

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from storage.events import StreamChunk
 
@@ -85,9 +85,8 @@ def open_stream(
     """Start ``model`` on ``request``; an immediate model answers inline."""
     handle = StreamHandle(notify)
     if immediate:
-        assert isinstance(model, ImmediateModel)
         try:
-            answer = model.answer_now(request)
+            answer = cast(ImmediateModel, model).answer_now(request)
         except ModelError as err:
             handle._error = err
             return handle

@@ -6,6 +6,7 @@ their inboxes for a later resume), stops every agent, flushes and closes the sto
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -101,6 +102,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._agents: dict[str, Agent] = {}
         self._refs: dict[str, ActorRef[Any]] = {}
+        self._models: dict[int, Model] = {}
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
@@ -196,6 +198,7 @@ class Runtime:
         system: str | None,
         source: Literal["startup", "resume"],
     ) -> Agent:
+        self._models.setdefault(id(model), model)
         handle = Agent(
             self,
             session,
@@ -335,6 +338,17 @@ class Runtime:
         """Return once everything appended before the call is durable on disk."""
         self.store.flush(timeout)
 
+    def _close_models(self, timeout: float | None) -> None:
+        """Close the models agents used (their HTTP clients live on this I/O loop)."""
+        for model in list(self._models.values()):
+            aclose = getattr(model, "aclose", None)
+            if aclose is None:
+                continue
+            try:
+                asyncio.run_coroutine_threadsafe(aclose(), self.io.loop).result(timeout)
+            except Exception:  # noqa: BLE001 - a model that fails to close must not block close
+                log.exception("closing model %r failed", model)
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this runtime is closed; open a new one with Runtime.open()")
@@ -356,6 +370,7 @@ class Runtime:
                 log.warning("agent %s did not stop within %s s", handle.id, timeout)
         self._registry.stop(timeout=timeout)
         self.scheduler.close()
+        self._close_models(timeout)
         self.io.close()
         self.dispatcher.shutdown(timeout)
         if self._owns_store:

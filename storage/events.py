@@ -91,7 +91,9 @@ MessageSource: TypeAlias = str
 InboxLane: TypeAlias = Literal["next-turn", "next-step"]
 
 
-class _Fact(msgspec.Struct, rename="camel", omit_defaults=True, frozen=True, kw_only=True):
+class _Fact(
+    msgspec.Struct, rename="camel", omit_defaults=True, frozen=True, kw_only=True, gc=False
+):
     """Base of every durable struct: camelCase JSON, defaults omitted, immutable."""
 
 
@@ -244,7 +246,10 @@ class TextDelta(_Kinded, tag="text", tag_field="kind"):
 
 
 class ReasoningDelta(_Kinded, tag="reasoning", tag_field="kind"):
+    """A piece of reasoning; ``signature`` (Anthropic thinking) arrives on its last piece."""
+
     text: str
+    signature: str | None = None
 
 
 class ToolCallDelta(_Kinded, tag="tool-call", tag_field="kind"):
@@ -529,7 +534,7 @@ SURFACE_TYPES: Final = frozenset({"user/message", "assistant/message", "tool/res
 """The only types that carry ``surfaceOp``/``sourceEventSeqs`` and build the history."""
 
 
-class Event(msgspec.Struct, frozen=True):
+class Event(msgspec.Struct, frozen=True, gc=False):
     """One committed record of a session log.
 
     Invariant: ``seq`` is contiguous from 0 within a session; ``time`` is epoch ms.

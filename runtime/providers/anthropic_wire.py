@@ -42,7 +42,6 @@ from storage.events import (
 
 __all__ = [
     "EFFORT_BUDGETS",
-    "REASONING_SIGNATURES",
     "EventMapper",
     "ThinkingMode",
     "WireEvent",
@@ -68,7 +67,6 @@ _NO_THINKING: Final = frozenset({"none", "off", "disabled"})
 _ADAPTIVE_EFFORT: Final[Mapping[str, str]] = {"minimal": "low"}
 _MIN_BUDGET: Final = 1024
 
-REASONING_SIGNATURES: Final = "signature" in ReasoningDelta.__struct_fields__
 """Whether the chunk vocabulary carries thinking signatures (``ReasoningDelta.signature``)."""
 
 _FINISH: Final[Mapping[str, FinishReason]] = {
@@ -356,8 +354,8 @@ class EventMapper:
             return [TextDelta(text=delta.text)]
         if kind == "thinking_delta" and delta.thinking:
             return [ReasoningDelta(text=delta.thinking)]
-        if kind == "signature_delta" and REASONING_SIGNATURES and delta.signature:
-            return [ReasoningDelta(text="", signature=delta.signature)]  # type: ignore[call-arg]
+        if kind == "signature_delta" and delta.signature:
+            return [ReasoningDelta(text="", signature=delta.signature)]
         if kind == "input_json_delta" and index in self._tool_of_block and delta.partial_json:
             self._tool_has_input[index] = True
             tool = self._tool_of_block[index]

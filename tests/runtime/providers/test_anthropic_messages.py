@@ -8,7 +8,7 @@ import pytest
 
 from actors.model import Model, ModelError
 from runtime.providers import AnthropicModel
-from runtime.providers.anthropic_wire import REASONING_SIGNATURES, message_params
+from runtime.providers.anthropic_wire import message_params
 from storage.events import (
     AssistantMessage,
     FinishChunk,
@@ -87,11 +87,11 @@ def test_thinking_text_and_usage_stream_then_one_finish(wire: WireServer) -> Non
     assert chunks[-1] == FinishChunk(reason="stop")
 
 
-@pytest.mark.skipif(not REASONING_SIGNATURES, reason="ReasoningDelta has no signature field")
 def test_a_thinking_signature_arrives_as_a_reasoning_delta(wire: WireServer) -> None:
-    chunks = stream_from(wire, anthropic_reply([{"thinking": ["x"], "signature": "sig-1"}]))
-    signed = [c for c in chunks if isinstance(c, ReasoningDelta) and c.signature]  # type: ignore[attr-defined]
-    assert [c.signature for c in signed] == ["sig-1"]  # type: ignore[attr-defined]
+    reply = anthropic_reply([{"thinking": ["x"], "signature": "sig-1"}, {"text": ["ok"]}])
+    chunks = stream_from(wire, reply)
+    signed = [c for c in chunks if isinstance(c, ReasoningDelta) and c.signature]
+    assert [c.signature for c in signed] == ["sig-1"]
 
 
 def test_parallel_tool_use_blocks_become_numbered_tool_call_deltas(wire: WireServer) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
@@ -84,18 +83,8 @@ def test_a_missing_sdk_says_which_extra_to_install(monkeypatch: pytest.MonkeyPat
         resolve_model("anthropic:claude-sonnet-4-6", api_key=ANTHROPIC_KEY)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("runtime.scripted") is None, reason="runtime.scripted not written yet"
-)
 def test_scripted_echo_resolves_to_the_scripted_model() -> None:
     model = resolve_model("scripted:echo")
     assert isinstance(model, Model)
     assert type(model).__name__ == "ScriptedModel"
 
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("runtime.scripted") is not None, reason="runtime.scripted exists"
-)
-def test_scripted_without_the_scripted_module_is_an_unknown_model_error() -> None:
-    with pytest.raises(UnknownModelError, match="not available"):
-        resolve_model("scripted:echo")
