@@ -1,0 +1,226 @@
+"""Durable log appends: group commit under concurrent producers, and bulk throughput.
+
+Cases (each repeated, median reported):
+
+- ``baseline``: plain ``lmdb`` calls with the store's settings (``sync=True``): one
+  write transaction + synchronous commit per event, pre-encoded realistic records.
+- ``P producers``: P threads, each appending realistic events to its own session and
+  waiting for durability (``session.flush()``) after *every* append. The log writer
+  group-commits whatever all producers queued into one transaction.
+- ``bulk``: one session, N appends then one ``flush()`` (per durability mode).
+- ``session.append only``: the same N appends into a session over the in-memory sink,
+  i.e. the cost of validation, encoding and projections alone, to show how much of
+  the bulk figure is the store's.
+
+Run: ``python benchmarks/bench_log_append.py [--repeats 3] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lmdb
+from _common import median, parser, print_table, write_json
+
+from storage import Codec, Event, EventTypes, MemorySink, Session, SessionHeader, Store
+from storage.events import (
+    AgentInboxSpliced,
+    AssistantChunk,
+    AssistantMessage,
+    AssistantMessageData,
+    Completed,
+    MessageTrigger,
+    StepEnd,
+    StepStart,
+    TextBlock,
+    TextDelta,
+    TurnEnd,
+    TurnStart,
+    Usage,
+    UserMessage,
+    UserMessageData,
+)
+
+Fact = tuple[str, object]
+
+
+def realistic_facts(count: int) -> list[Fact]:
+    """``count`` facts of typical one-step turns, valid for a session starting at seq 0:
+    inbox insert and claim, turn/step boundaries, the user message, 8 streamed chunks
+    and the assembled reply citing them (13 events per turn)."""
+    facts: list[Fact] = []
+    turn = 0
+    while len(facts) < count:
+        turn += 1
+        message = UserMessage(
+            id=f"m-{turn}",
+            content=[TextBlock(text=f"Turn {turn}: summarise the attached report in 3 bullets.")],
+        )
+        facts.append(("agent/inbox/spliced", AgentInboxSpliced("next-turn", 0, inserted=[message])))
+        facts.append(("turn/start", TurnStart(turn=turn, trigger=MessageTrigger())))
+        facts.append(("agent/inbox/spliced", AgentInboxSpliced("next-turn", 0, removed_count=1)))
+        facts.append(("step/start", StepStart(turn=turn, step=1)))
+        facts.append(("user/message", UserMessageData(message=message, turn=turn, step=1)))
+        first_chunk = len(facts)
+        for index in range(8):
+            text = TextDelta(text=f"streamed piece {index} of the answer, ")
+            facts.append(("assistant/chunk", AssistantChunk(turn=turn, step=1, chunk=text)))
+        reply = AssistantMessage(content=[TextBlock(text="the whole answer " * 8)])
+        data = AssistantMessageData(
+            turn=turn,
+            step=1,
+            message=reply,
+            usage=Usage(input_tokens=812, output_tokens=96),
+            finish_reason="stop",
+            source_event_seqs=list(range(first_chunk, first_chunk + 8)),
+        )
+        facts.append(("assistant/message", data))
+        facts.append(("step/end", StepEnd(turn=turn, step=1)))
+        facts.append(("turn/end", TurnEnd(turn=turn, reason=Completed())))
+    return facts[:count]
+
+
+def encoded(facts: list[Fact]) -> list[bytes]:
+    codec = Codec(EventTypes.default())
+    return [
+        codec.encode(Event(kind, seq, 1_718_000_000_000, data))
+        for seq, (kind, data) in enumerate(facts)
+    ]
+
+
+class Scratch:
+    """A fresh temporary directory per measured run."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="corral-bench-", dir="/tmp"))
+        self.count = 0
+
+    def next(self) -> Path:
+        self.count += 1
+        return self.root / f"run-{self.count}"
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def baseline(path: Path, payloads: list[bytes]) -> float:
+    """Seconds for one write transaction + synchronous commit per event."""
+    env = lmdb.open(str(path), subdir=True, max_dbs=8, map_size=64 << 20, sync=True, metasync=True)
+    events = env.open_db(b"events")
+    start = time.perf_counter()
+    for seq, payload in enumerate(payloads):
+        with env.begin(write=True) as txn:
+            txn.put((1).to_bytes(8, "big") + seq.to_bytes(8, "big"), payload, db=events)
+    elapsed = time.perf_counter() - start
+    env.close()
+    return elapsed
+
+
+def producers(path: Path, count: int, per_producer: int) -> float:
+    """Seconds for ``count`` threads to each append ``per_producer`` events, each
+    followed by a flush that waits for durability."""
+    facts = realistic_facts(per_producer)
+    with Store.open(path) as store:
+        sessions = [store.create_session(f"producer-{i}") for i in range(count)]
+        store.flush()
+        ready = threading.Barrier(count + 1)
+
+        def produce(session: Session) -> None:
+            ready.wait()
+            for kind, data in facts:
+                session.append(kind, data)
+                session.flush()
+
+        threads = [threading.Thread(target=produce, args=(s,)) for s in sessions]
+        for thread in threads:
+            thread.start()
+        ready.wait()
+        start = time.perf_counter()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - start
+
+
+def bulk(path: Path, facts: list[Fact], durability: str) -> float:
+    with Store.open(path, durability=durability, map_size=256 << 20) as store:  # type: ignore[arg-type]
+        session = store.create_session("bulk")
+        store.flush()
+        start = time.perf_counter()
+        for kind, data in facts:
+            session.append(kind, data)
+        store.flush()
+        return time.perf_counter() - start
+
+
+def append_only(facts: list[Fact]) -> float:
+    header = SessionHeader(id="memory", key=1, created=0)
+    session = Session(header, sink=MemorySink(), codec=Codec(EventTypes.default()))
+    start = time.perf_counter()
+    for kind, data in facts:
+        session.append(kind, data)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    args_parser = parser(__doc__.splitlines()[0], repeats=3)
+    args_parser.add_argument("--baseline-events", type=int, default=1000)
+    args_parser.add_argument("--bulk-events", type=int, default=100_000)
+    args = args_parser.parse_args()
+    scratch = Scratch()
+    cases: list[tuple[str, int, Callable[[], float]]] = []
+    payloads = encoded(realistic_facts(args.baseline_events))
+    cases.append(
+        (
+            "baseline: txn + sync commit per event",
+            len(payloads),
+            lambda: baseline(scratch.next(), payloads),
+        )
+    )
+    for count, per in ((1, 1000), (8, 400), (64, 100)):
+        cases.append(
+            (
+                f"{count} producers, flush after each append",
+                count * per,
+                lambda c=count, p=per: producers(scratch.next(), c, p),
+            )
+        )
+    facts = realistic_facts(args.bulk_events)
+    for mode in ("write-ahead", "none"):
+        cases.append(
+            (
+                f"bulk appends then one flush ({mode})",
+                len(facts),
+                lambda m=mode: bulk(scratch.next(), facts, m),
+            )
+        )
+    cases.append(("session.append only (in-memory sink)", len(facts), lambda: append_only(facts)))
+
+    results: dict[str, Any] = {}
+    rows = []
+    base_rate = 0.0
+    try:
+        for name, events, run in cases:
+            seconds = [run() for _ in range(args.repeats)]
+            rate = events / median(seconds)
+            base_rate = base_rate or rate
+            results[name] = {
+                "events": events,
+                "seconds": seconds,
+                "events_per_s": rate,
+                "vs_baseline": rate / base_rate,
+            }
+            rows.append([name, events, median(seconds), rate, f"{rate / base_rate:.1f}x"])
+    finally:
+        scratch.remove()
+    print_table(["case", "events", "median s", "events/s", "vs baseline"], rows)
+    write_json(args.json, "log_append", results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,350 @@
+"""The LMDB side of a store: on-disk layout, opening, and short read transactions.
+
+One environment directory (``subdir=True``) holds four named databases:
+
+- ``events``: key = 8-byte big-endian session key + 8-byte big-endian seq, so a
+  session's records sort by seq; value = the codec-encoded record bytes.
+- ``sessions``: key = session id (UTF-8); value = 8-byte signed big-endian last seq
+  (``-1``: no events) + the :class:`~storage.session.SessionHeader` as JSON.
+- ``session-order``: key = 8-byte big-endian session key; value = session id: the
+  creation order.
+- ``meta``: ``schema_version`` (ASCII decimal) and ``next_session_key`` (8 bytes).
+
+The writer (:mod:`storage.writer`) and the store's readers share this module so that
+they agree on the layout in one place. Read transactions take a :class:`ResizeLock`
+shared, because growing the map invalidates every transaction of the process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import islice
+from pathlib import Path
+from typing import Final, NamedTuple
+
+import lmdb
+import msgspec
+
+from storage.errors import LogCorruptError, SchemaVersionError, StorageError, StoreClosedError
+from storage.session import SessionHeader
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Databases",
+    "LmdbEnv",
+    "ResizeLock",
+    "SessionRow",
+    "decode_row",
+    "encode_row",
+    "encode_u64",
+    "event_key",
+]
+
+SCHEMA_VERSION: Final = 1
+
+EVENTS_DB: Final = b"events"
+SESSIONS_DB: Final = b"sessions"
+ORDER_DB: Final = b"session-order"
+META_DB: Final = b"meta"
+SCHEMA_VERSION_KEY: Final = b"schema_version"
+NEXT_KEY_KEY: Final = b"next_session_key"
+
+MIN_MAP_SIZE: Final = 64 << 10  # room for the databases themselves; the map grows anyway
+_READ_CHUNK: Final = 4096  # records copied per read transaction, so readers stay short
+_EVENT_KEY: Final = struct.Struct(">QQ")
+_U64: Final = struct.Struct(">Q")
+_ROW_PREFIX: Final = struct.Struct(">q")
+_header_decoder: Final = msgspec.json.Decoder(SessionHeader)
+
+
+def event_key(session_key: int, seq: int) -> bytes:
+    """The ``events`` key of one record."""
+    return _EVENT_KEY.pack(session_key, seq)
+
+
+def encode_u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def decode_u64(raw: bytes) -> int:
+    (value,) = _U64.unpack(raw)
+    return int(value)
+
+
+class SessionRow(NamedTuple):
+    """A ``sessions`` row: the header and the highest durable seq (``-1``: none)."""
+
+    header: SessionHeader
+    last_seq: int
+
+
+def encode_row(header_json: bytes, last_seq: int) -> bytes:
+    return _ROW_PREFIX.pack(last_seq) + header_json
+
+
+def decode_row(raw: bytes) -> SessionRow:
+    (last_seq,) = _ROW_PREFIX.unpack_from(raw)
+    return SessionRow(_header_decoder.decode(raw[_ROW_PREFIX.size :]), last_seq)
+
+
+class Databases(NamedTuple):
+    """The four named databases of a store environment."""
+
+    events: lmdb._Database
+    sessions: lmdb._Database
+    order: lmdb._Database
+    meta: lmdb._Database
+
+
+class ResizeLock:
+    """Shared for read transactions, exclusive for ``env.set_mapsize``/``env.close``.
+
+    ``set_mapsize`` invalidates every transaction of the environment in this process,
+    so the map is grown only while no reader of this process is inside one. Readers
+    never wait for commits, only (briefly) for a resize. Not reentrant.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._resizing = False
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def resizing(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._resizing = True
+            while self._readers:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+class LmdbEnv:
+    """An open store environment: its databases, resize lock and read helpers.
+
+    A writable one also holds the directory's writer lock (``writer.lock``, an
+    advisory ``flock``), so a second writing process is refused while readers in
+    other processes are welcome. The kernel releases the lock if the process dies.
+    """
+
+    def __init__(self, path: Path, *, readonly: bool, map_size: int, sync: bool) -> None:
+        self.path = path
+        self.readonly = readonly
+        self.resize_lock = ResizeLock()
+        self._closed = False
+        self._lock_fd: int | None = None
+        existed = _check_directory(path, readonly=readonly)
+        if not readonly:
+            self._lock_fd = _lock_writer(path)
+        try:
+            self.env = lmdb.open(
+                str(path),
+                subdir=True,
+                max_dbs=8,
+                max_readers=512,  # read transactions from many dispatcher threads at once
+                map_size=max(map_size, MIN_MAP_SIZE),
+                readonly=readonly,
+                sync=sync,
+                metasync=sync,
+                mode=0o600,
+                create=not readonly,
+            )
+        except lmdb.Error as err:
+            self._unlock()
+            raise StorageError(f"cannot open the store at {path}: {err}") from err
+        try:
+            self.env.reader_check()  # free reader slots left by processes that died
+            self.dbs = self._open_dbs(existed=existed)
+        except BaseException:
+            self.env.close()
+            self._unlock()
+            raise
+
+    def _open_dbs(self, *, existed: bool) -> Databases:
+        env, path = self.env, self.path
+        not_store = f"{path} holds an LMDB environment that is not a corral store"
+        try:
+            meta = env.open_db(META_DB, create=not existed)
+        except lmdb.NotFoundError as err:
+            raise StorageError(not_store) from err
+        with env.begin(db=meta) as txn:
+            stored = txn.get(SCHEMA_VERSION_KEY)
+        if stored is None and existed:
+            raise StorageError(f"{not_store} (it has no schema version)")
+        if stored is not None and stored != str(SCHEMA_VERSION).encode("ascii"):
+            found = stored.decode("ascii", "replace")
+            raise SchemaVersionError(
+                f"the store at {path} has schema version {found}; this corral supports "
+                f"version {SCHEMA_VERSION}: open it with a matching corral release"
+            )
+        create = not self.readonly
+        dbs = Databases(
+            env.open_db(EVENTS_DB, create=create),
+            env.open_db(SESSIONS_DB, create=create),
+            env.open_db(ORDER_DB, create=create),
+            meta,
+        )
+        if stored is None:
+            with env.begin(write=True) as txn:
+                txn.put(SCHEMA_VERSION_KEY, str(SCHEMA_VERSION).encode("ascii"), db=meta)
+                txn.put(NEXT_KEY_KEY, encode_u64(1), db=meta)
+        return dbs
+
+    def close(self) -> None:
+        """Close the environment once no reader is inside a transaction. Idempotent."""
+        with self.resize_lock.resizing():
+            if self._closed:
+                return
+            self._closed = True
+            self.env.close()
+        self._unlock()
+
+    def grow(self) -> int:
+        """Double the map (no write transaction may be active); return the new size."""
+        with self.resize_lock.resizing():
+            size = 2 * int(self.env.info()["map_size"])
+            self.env.set_mapsize(size)
+        return size
+
+    def map_size(self) -> int:
+        with self.reading():
+            return int(self.env.info()["map_size"])
+
+    @contextmanager
+    def reading(self) -> Iterator[lmdb.Transaction[bytes]]:
+        """A short read transaction; adopts a map another process has grown."""
+        for _attempt in range(8):
+            with self.resize_lock.reading():
+                if self._closed:
+                    raise StoreClosedError(f"the store at {self.path} is closed; open it again")
+                try:
+                    txn = self.env.begin()
+                except lmdb.MapResizedError:
+                    txn = None
+                if txn is not None:
+                    try:
+                        yield txn
+                    finally:
+                        txn.abort()
+                    return
+            with self.resize_lock.resizing():
+                self.env.set_mapsize(0)  # adopt the size the writing process chose
+        raise StorageError(f"the map of {self.path} keeps growing under this reader; retry")
+
+    def next_session_key(self) -> int:
+        with self.reading() as txn:
+            raw = txn.get(NEXT_KEY_KEY, db=self.dbs.meta)
+        return decode_u64(raw) if raw is not None else 1
+
+    def row(self, session_id: str) -> SessionRow | None:
+        key = session_id.encode("utf-8", "replace")
+        if not key or len(key) > self.env.max_key_size():
+            return None
+        with self.reading() as txn:
+            raw = txn.get(key, db=self.dbs.sessions)
+        return decode_row(raw) if raw is not None else None
+
+    def rows(self) -> list[SessionRow]:
+        """Every session row, in creation order."""
+        with self.reading() as txn:
+            ids = [value for _, value in txn.cursor(db=self.dbs.order)]
+            raws = [txn.get(sid, db=self.dbs.sessions) for sid in ids]
+        return [decode_row(raw) for raw in raws if raw is not None]
+
+    def chunks(
+        self, session: SessionRow, lower: int = 0, upper: int | None = None
+    ) -> Iterator[tuple[int, list[bytes]]]:
+        """The record bytes of ``session`` with ``lower <= seq <= upper`` (and at most its
+        row's last seq), as ``(first seq, records)`` chunks in seq order.
+
+        Each chunk is copied out in one short read transaction (records never change
+        once written). Raises :class:`LogCorruptError` if a seq is missing.
+        """
+        first = max(lower, 0)
+        last = session.last_seq if upper is None else min(upper, session.last_seq)
+        key = session.header.key
+        while first <= last:
+            count = min(_READ_CHUNK, last - first + 1)
+            with self.reading() as txn:
+                cursor = txn.cursor(db=self.dbs.events)
+                found = cursor.set_key(event_key(key, first))
+                values = list(islice(cursor.iternext(keys=False), count)) if found else []
+                intact = (
+                    found
+                    and len(values) == count
+                    and cursor.key() == event_key(key, first + count - 1)
+                )
+            if not intact:
+                raise LogCorruptError(
+                    f"session {session.header.id!r}: records of seqs {first}..{first + count - 1}"
+                    " are not all stored; the log has a gap (restore from a backup or export)"
+                )
+            yield first, values
+            first += count
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+
+def _check_directory(path: Path, *, readonly: bool) -> bool:
+    """Create the store directory if needed; return whether a store already exists."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise StorageError(f"{path} is not a directory: a corral store is a directory")
+        existed = (path / "data.mdb").exists()
+        if readonly and not existed:
+            raise StorageError(f"no corral store at {path} (no data.mdb); open it writable once")
+        if not existed and path.exists() and any(path.iterdir()):
+            raise StorageError(
+                f"{path} is not a corral store: it holds other files and no data.mdb; "
+                "choose an empty or new directory"
+            )
+        if not path.exists():
+            path.mkdir(mode=0o700, parents=True)
+            path.chmod(0o700)
+    except OSError as err:
+        raise StorageError(f"cannot use {path} as a store: {err}") from err
+    return existed
+
+
+def _lock_writer(path: Path) -> int:
+    try:
+        fd = os.open(path / "writer.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as err:
+        raise StorageError(f"cannot use {path} as a store: {err}") from err
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StorageError(
+            f"the store at {path} is already open for writing (by this or another "
+            "process); close it first, or open it with readonly=True"
+        ) from None
+    return fd

@@ -1,0 +1,467 @@
+"""The LMDB session store: one environment directory holding every session log.
+
+Layout (see :mod:`storage.lmdb_env`): ``events`` (session key + seq → record bytes),
+``sessions`` (id → last seq + header), ``session-order`` (session key → id) and
+``meta`` (schema version, next session key). One :class:`~storage.writer.LogWriter`
+thread owns all writes; readers use short read transactions and never block it.
+Another process may open the same directory ``readonly=True`` while this one writes;
+a second *writing* process is refused (an advisory lock on ``writer.lock``).
+
+Reads have journal semantics: they see what is durable (committed); an unknown session
+reads as empty with highest seq 0 (:meth:`Store.stats` tells the two apart).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+import unicodedata
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO, Final, Literal, Self
+
+import msgspec
+
+from storage import export
+from storage.codec import Codec, EventTypes
+from storage.errors import (
+    DuplicateSessionError,
+    InvalidEventError,
+    LogCorruptError,
+    StorageError,
+    StoreClosedError,
+    UnknownSessionError,
+)
+from storage.events import Event, SessionEndSeed
+from storage.lmdb_env import SCHEMA_VERSION, LmdbEnv, SessionRow
+from storage.projections import fork_prefix
+from storage.session import PendingRecord, Session, SessionHeader
+from storage.writer import FlushCallback, LogWriter
+
+__all__ = ["SCHEMA_VERSION", "InvalidSessionIdError", "SessionStats", "Store", "StoreStatistics"]
+
+DEFAULT_PATH: Final = "./.corral/"
+MAX_SESSION_ID_CHARS: Final = 200
+
+Durability = Literal["write-ahead", "turn", "none"]
+_DURABILITIES: Final = ("write-ahead", "turn", "none")
+
+
+class InvalidSessionIdError(InvalidEventError, ValueError):
+    """A session id is empty, too long, or contains control characters."""
+
+
+class StoreStatistics(msgspec.Struct, frozen=True):
+    """A snapshot of a store's counters; write counters cover this process only."""
+
+    sessions: int
+    events_written: int
+    commits: int
+    bytes_written: int
+    map_size: int
+    resizes: int
+
+
+class SessionStats(msgspec.Struct, frozen=True):
+    """One session's durable size; ``last_seq`` is ``None`` while it has no events."""
+
+    session_id: str
+    event_count: int
+    last_seq: int | None
+
+
+def _epoch_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_session_id(clock: Callable[[], int] = _epoch_ms) -> str:
+    """A fresh id that sorts by creation time: 11 hex digits of epoch ms + 12 random."""
+    return f"{clock():011x}{secrets.token_hex(6)}"
+
+
+def check_session_id(session_id: object, *, max_key_bytes: int = 511) -> str:
+    """Return ``session_id`` if usable as a session id, else raise InvalidSessionIdError."""
+    if not isinstance(session_id, str):
+        raise InvalidSessionIdError(f"a session id must be a str, got {type(session_id).__name__}")
+    if not session_id:
+        raise InvalidSessionIdError("a session id must not be empty; pass None to generate one")
+    if len(session_id) > MAX_SESSION_ID_CHARS:
+        raise InvalidSessionIdError(
+            f"session id {session_id[:40]!r}... has {len(session_id)} characters; "
+            f"the limit is {MAX_SESSION_ID_CHARS}"
+        )
+    for index, char in enumerate(session_id):
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise InvalidSessionIdError(
+                f"session id {session_id!r} contains the control character {char!r} at "
+                f"index {index}; use printable characters"
+            )
+    if len(session_id.encode("utf-8")) > max_key_bytes:
+        raise InvalidSessionIdError(
+            f"session id {session_id[:40]!r}... is over {max_key_bytes} bytes in UTF-8"
+        )
+    return session_id
+
+
+class _ReadOnlySink:
+    """The sink of sessions opened from a read-only store: appending is refused."""
+
+    def submit(self, record: PendingRecord) -> None:
+        raise StorageError("this store was opened read-only: open it writable to append")
+
+    def flush_async(self, callback: FlushCallback) -> None:
+        callback(None)
+
+    def flush(self, timeout: float | None = None) -> None:
+        return None
+
+
+class Store:
+    """A directory of durable session logs. Open with :meth:`open`; close it (or use it
+    as a context manager) to flush and stop its writer thread. Thread-safe."""
+
+    def __init__(
+        self,
+        lmdb_env: LmdbEnv,
+        *,
+        durability: Durability,
+        codec: Codec,
+        clock: Callable[[], int],
+    ) -> None:
+        self.path: Path = lmdb_env.path
+        self.durability: Durability = durability
+        self.codec = codec
+        self.event_types: EventTypes = codec.types
+        self.readonly = lmdb_env.readonly
+        self._db = lmdb_env
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._closed = False
+        self._headers: dict[str, SessionHeader] = {}  # writable stores: every session
+        self._writer: LogWriter | None = None
+        self._sink: LogWriter | _ReadOnlySink = _ReadOnlySink()
+        self._next_key = 0
+        if self.readonly:
+            return
+        rows = lmdb_env.rows()
+        self._next_key = lmdb_env.next_session_key()
+        self._writer = self._sink = LogWriter(lmdb_env, sync_on_flush=durability == "none")
+        for row in rows:
+            self._headers[row.header.id] = row.header
+            self._writer.track(row.header, next_seq=row.last_seq + 1, new=False)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        durability: Durability = "write-ahead",
+        max_event_bytes: int = 4 << 20,
+        map_size: int = 64 << 20,
+        event_types: EventTypes | None = None,
+        readonly: bool = False,
+        clock: Callable[[], int] | None = None,
+    ) -> Self:
+        """Open the store directory at ``path`` (default ``./.corral/``), creating it with
+        owner-only permissions (``0o700``/``0o600``) unless ``readonly``.
+
+        ``"write-ahead"`` and ``"turn"`` commit with a sync; ``"none"`` does not, and
+        only an explicit flush (which syncs) is durable. The map grows by itself.
+        Raises :class:`StorageError` for a path that is not a store (or unusable) and
+        :class:`SchemaVersionError` for a store of another schema version.
+        """
+        if durability not in _DURABILITIES:
+            raise ValueError(f"durability must be one of {_DURABILITIES}, not {durability!r}")
+        types = event_types if event_types is not None else EventTypes.default()
+        codec = Codec(types, max_event_bytes=max_event_bytes)
+        where = Path(path if path is not None else DEFAULT_PATH)
+        lmdb_env = LmdbEnv(where, readonly=readonly, map_size=map_size, sync=durability != "none")
+        try:
+            return cls(lmdb_env, durability=durability, codec=codec, clock=clock or _epoch_ms)
+        except BaseException:
+            lmdb_env.close()
+            raise
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Flush, stop the writer thread and close the environment. Idempotent; any
+        later call of another method raises :class:`StoreClosedError`. Raises the
+        writer's failure, if it failed, after closing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        failure: StorageError | None = None
+        if self._writer is not None:
+            try:
+                self._writer.flush()
+            except StorageError as err:
+                failure = err
+            self._writer.close()
+        self._db.close()  # waits for readers in progress
+        if failure is not None:
+            raise failure
+
+    # ------------------------------------------------------------------ registry
+
+    def register_event_type(
+        self, name: str, data_type: type[msgspec.Struct] | None = None, *, ignorable: bool = False
+    ) -> None:
+        self.event_types.register(name, data_type, ignorable=ignorable)
+
+    def create_session(self, session_id: str | None = None) -> Session:
+        """A new empty session; its header is durable at the next flush."""
+        header = self._new_header(session_id)
+        return Session(header, sink=self._sink, codec=self.codec, clock=self._clock)
+
+    def open_session(self, session_id: str) -> Session:
+        """The session with every durable event (and everything appended before)."""
+        self._check_open()
+        if self._writer is not None:
+            self._writer.flush()
+        header = self._header(session_id)
+        events, last = self._load(header)
+        if self._writer is not None:
+            self._writer.track(header, next_seq=last + 1, new=False)
+        return Session(
+            header,
+            sink=self._sink,
+            codec=self.codec,
+            clock=self._clock,
+            events=events,
+            last_seq=last,
+        )
+
+    def has_session(self, session_id: str) -> bool:
+        self._check_open()
+        return session_id in self._headers or self._db.row(session_id) is not None
+
+    def sessions(self) -> list[SessionHeader]:
+        """Every session's header in creation order (for a writable store, including
+        sessions created here and not yet flushed)."""
+        self._check_open()
+        if not self.readonly:
+            with self._lock:
+                return sorted(self._headers.values(), key=lambda header: header.key)
+        return [row.header for row in self._db.rows()]
+
+    # ------------------------------------------------------------------ reading
+
+    def read(
+        self,
+        session_id: str,
+        *,
+        lower: int = 0,
+        upper: int | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Durable events with ``lower <= seq <= upper`` (inclusive), at most ``limit``;
+        an unknown session reads as ``[]``. Unknown ignorable types are skipped."""
+        self._check_open()
+        row = self._db.row(session_id)
+        if row is None:
+            return []
+        if limit is None:
+            return self._decode(row, lower, upper)
+        events: list[Event] = []
+        stop = row.last_seq if upper is None else min(upper, row.last_seq)
+        while len(events) < limit and lower <= stop:
+            end = min(stop, lower + limit - len(events) - 1)
+            events += self._decode(row, lower, end)
+            lower = end + 1
+        return events
+
+    def last_seq(self, session_id: str) -> int:
+        """The highest durable seq, ``0`` for an unknown or empty session (journal
+        semantics: ``0`` is also a one-event session; :meth:`stats` disambiguates)."""
+        self._check_open()
+        row = self._db.row(session_id)
+        return max(row.last_seq, 0) if row is not None else 0
+
+    def stats(self, session_id: str) -> SessionStats:
+        """The durable event count of a session; raises UnknownSessionError if absent."""
+        self._check_open()
+        row = self._db.row(session_id)
+        if row is None:
+            raise UnknownSessionError(f"no durable session {session_id!r} in {self.path}")
+        last = row.last_seq if row.last_seq >= 0 else None
+        return SessionStats(session_id, row.last_seq + 1, last)
+
+    def statistics(self) -> StoreStatistics:
+        self._check_open()
+        writer = self._writer.statistics() if self._writer is not None else None
+        sessions = len(self._headers) if not self.readonly else len(self._db.rows())
+        return StoreStatistics(
+            sessions=sessions,
+            events_written=writer.events_written if writer else 0,
+            commits=writer.commits if writer else 0,
+            bytes_written=writer.bytes_written if writer else 0,
+            map_size=self._db.map_size(),
+            resizes=writer.resizes if writer else 0,
+        )
+
+    # ------------------------------------------------------------------ fork, export
+
+    def fork(self, source_id: str, boundary: int, new_id: str | None = None) -> Session:
+        """A new session seeded with ``source_id``'s events up to ``boundary`` (inclusive,
+        re-sequenced from 0) and a ``session/end-seed`` event citing the source."""
+        self._check_writable()
+        assert self._writer is not None
+        self._writer.flush()
+        source = self._header(source_id)
+        seed = fork_prefix(self._load(source)[0], boundary)
+        seed = [e if e.seq == i else msgspec.structs.replace(e, seq=i) for i, e in enumerate(seed)]
+        header = self._new_header(
+            new_id,
+            parent=source_id,
+            fork_seq=boundary,
+            seed_length=len(seed) + 1,
+            payloads=[self.codec.encode(event) for event in seed],
+        )
+        session = Session(header, sink=self._sink, codec=self.codec, clock=self._clock, events=seed)
+        session.append(
+            "session/end-seed", SessionEndSeed(source_session=source_id, source_seq=boundary)
+        )
+        return session
+
+    def export_jsonl(self, session_id: str, out: BinaryIO) -> int:
+        """Write the session as JSONL (a header line, then each record's stored bytes);
+        returns the number of events written."""
+        self._check_open()
+        if self._writer is not None:
+            self._writer.flush()
+        header = self._header(session_id)
+        row = self._db.row(session_id)
+        chunks = self._db.chunks(row) if row is not None else iter(())
+        return export.write_jsonl(out, header, (value for _, part in chunks for value in part))
+
+    def import_jsonl(self, inp: BinaryIO, *, session_id: str | None = None) -> Session:
+        """Create a session from an export under ``session_id`` (default: the exported
+        id, or a new one). Every record is validated before anything is written; the
+        stored records are byte-identical to the file's lines, and the header keeps the
+        export's ``created`` and lineage. Durable at the next flush."""
+        self._check_writable()
+        log = export.read_jsonl(inp, self.codec)
+        source = log.header
+        header = self._new_header(
+            session_id if session_id is not None else (source.id if source else None),
+            parent=source.parent if source else None,
+            fork_seq=source.fork_seq if source else None,
+            seed_length=source.seed_length if source else 0,
+            created=source.created if source else None,
+            payloads=log.payloads,
+        )
+        return Session(
+            header,
+            sink=self._sink,
+            codec=self.codec,
+            clock=self._clock,
+            events=log.events,
+            last_seq=len(log.payloads) - 1,
+        )
+
+    # ------------------------------------------------------------------ durability
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Return once everything appended (to any session) before the call is durable."""
+        self._check_open()
+        self._sink.flush(timeout)
+
+    def flush_async(self, callback: FlushCallback) -> None:
+        self._check_open()
+        self._sink.flush_async(callback)
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"the store at {self.path} is closed; open it again")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._writer is None:
+            raise StorageError(f"the store at {self.path} was opened read-only")
+
+    def _new_header(
+        self,
+        session_id: str | None,
+        *,
+        parent: str | None = None,
+        fork_seq: int | None = None,
+        seed_length: int = 0,
+        created: int | None = None,
+        payloads: Sequence[bytes] = (),
+    ) -> SessionHeader:
+        self._check_writable()
+        assert self._writer is not None
+        sid = new_session_id(self._clock) if session_id is None else session_id
+        check_session_id(sid, max_key_bytes=self._db.env.max_key_size())
+        with self._lock:
+            if sid in self._headers:
+                raise DuplicateSessionError(f"a session {sid!r} already exists in {self.path}")
+            header = SessionHeader(
+                id=sid,
+                key=self._next_key,
+                created=self._clock() if created is None else created,
+                parent=parent,
+                fork_seq=fork_seq,
+                seed_length=seed_length,
+            )
+            self._writer.track(header, next_seq=0, new=True)
+            for seq, payload in enumerate(payloads):
+                self._writer.submit(PendingRecord(header.key, seq, payload))
+            self._next_key += 1
+            self._headers[sid] = header
+        return header
+
+    def _header(self, session_id: str) -> SessionHeader:
+        header = self._headers.get(session_id)
+        if header is None:
+            row = self._db.row(session_id)
+            if row is None:
+                raise UnknownSessionError(
+                    f"no session {session_id!r} in {self.path}; create it with create_session()"
+                )
+            header = row.header
+        return header
+
+    def _load(self, header: SessionHeader) -> tuple[list[Event], int]:
+        """Every durable event of a session (checked contiguous from 0); its last seq."""
+        row = self._db.row(header.id)
+        if row is None:
+            return [], -1
+        return self._decode(row), row.last_seq
+
+    def _decode(self, row: SessionRow, lower: int = 0, upper: int | None = None) -> list[Event]:
+        decode = self.codec.decode
+        session_id = row.header.id
+        events: list[Event] = []
+        append = events.append
+        for first, values in self._db.chunks(row, lower, upper):
+            seq = first
+            for value in values:
+                try:
+                    event = decode(value, session_id=session_id)
+                except LogCorruptError as err:
+                    if f"seq {seq}" in str(err):
+                        raise
+                    raise LogCorruptError(f"{err} (the record at seq {seq})") from err
+                if event is not None:
+                    if event.seq != seq:
+                        raise LogCorruptError(
+                            f"session {session_id!r}: the record stored at seq {seq} "
+                            f"says seq {event.seq}"
+                        )
+                    append(event)
+                seq += 1
+        return events

@@ -1,0 +1,310 @@
+"""The log writer: the one thread that owns every LMDB write transaction of a store.
+
+Sessions hand it encoded records through :meth:`LogWriter.submit` (cheap: an append
+under a lock). The writer thread drains *everything* pending — records of every
+session, new session headers and flush requests — into one write transaction
+(group commit), commits it, and only then resolves the flush requests it drained.
+A flush is therefore acknowledged only once every record submitted before it is on
+disk.
+
+Failure semantics:
+
+- A full map aborts the transaction, doubles the map and retries the same batch:
+  nothing is lost or written twice.
+- Any other failure is sticky: the flush requests of the failed batch and every later
+  one fail with a :class:`~storage.errors.StorageError` whose ``__cause__`` is the
+  original error, and :meth:`LogWriter.submit` refuses new records. Nothing is
+  dropped silently.
+- Records of one session are accepted only in seq order without gaps: a record out of
+  order is refused in :meth:`LogWriter.submit`, before anything is queued.
+
+The layout it writes is described in :mod:`storage.lmdb_env`.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import lmdb
+import msgspec
+
+from storage.errors import StorageError, StoreClosedError
+from storage.lmdb_env import NEXT_KEY_KEY, LmdbEnv, decode_u64, encode_row, encode_u64
+from storage.session import PendingRecord, SessionHeader
+
+__all__ = ["FlushCallback", "LogWriter", "WriterStatistics"]
+
+_log = logging.getLogger(__name__)
+
+FlushCallback = Callable[[BaseException | None], None]
+
+_EVENT_KEY: Final = struct.Struct(">QQ")  # see storage.lmdb_env.event_key
+_header_encoder: Final = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStatistics:
+    """Counters of one writer (this process only)."""
+
+    events_written: int
+    commits: int
+    bytes_written: int
+    resizes: int
+
+
+class _Tracked:
+    """What the writer knows of one session: its id and header, for its row."""
+
+    __slots__ = ("header_json", "id_bytes")
+
+    def __init__(self, header: SessionHeader) -> None:
+        self.id_bytes = header.id.encode("utf-8")
+        self.header_json = _header_encoder.encode(header)
+
+
+_OPEN, _FAILED, _CLOSED = 0, 1, 2  # _OPEN is falsy; _CLOSED also while the last batch drains
+
+
+class LogWriter:
+    """The single writer thread of one store; implements ``storage.session.LogSink``."""
+
+    def __init__(
+        self, store: LmdbEnv, *, sync_on_flush: bool, name: str = "corral-log-writer"
+    ) -> None:
+        self._store = store
+        self._env = store.env
+        self._dbs = store.dbs
+        self._sync_on_flush = sync_on_flush
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        # Invariant: every queued record of a session has seq == the previous one + 1,
+        # starting at the durable last seq + 1 given to ``track``.
+        self._next_seq: dict[int, int] = {}
+        self._records: list[PendingRecord] = []
+        self._headers: list[SessionHeader] = []
+        self._callbacks: list[FlushCallback] = []
+        self._tracked: dict[int, _Tracked] = {}
+        self._state = _OPEN
+        self._failure: StorageError | None = None
+        self._stopping = False
+        self._unsynced = False
+        self._events_written = 0
+        self._commits = 0
+        self._bytes_written = 0
+        self._resizes = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ producers
+
+    def track(self, header: SessionHeader, *, next_seq: int, new: bool) -> None:
+        """Accept records of ``header``'s session from ``next_seq`` on.
+
+        ``new`` queues the header itself: it is written in the next transaction.
+        """
+        tracked = _Tracked(header)
+        with self._lock:
+            self._check_open()
+            self._tracked[header.key] = tracked
+            self._next_seq[header.key] = next_seq
+            if new:
+                self._headers.append(header)
+                if len(self._headers) == 1:
+                    self._wake.notify()
+
+    def submit(self, record: PendingRecord) -> None:
+        """Queue one encoded record; raises if it is out of order or the writer is down.
+
+        The hot path of every append: one lock, one dict lookup, one list append.
+        """
+        key, seq, _ = record
+        with self._lock:
+            if self._state or self._next_seq.get(key) != seq:
+                raise self._rejection(record)
+            self._next_seq[key] = seq + 1
+            records = self._records
+            if not records:
+                self._wake.notify()
+            records.append(record)
+
+    def flush_async(self, callback: FlushCallback) -> None:
+        """Call ``callback(None)`` once everything submitted so far is durable, or
+        ``callback(error)`` if it cannot be. Called on the writer thread (or at once)."""
+        with self._lock:
+            refusal = self._refusal() if self._state != _OPEN else None
+            if refusal is None:
+                self._callbacks.append(callback)
+                if len(self._callbacks) == 1:
+                    self._wake.notify()
+        if refusal is not None:
+            _call(callback, refusal)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything submitted before the call is durable."""
+        self._refuse_on_writer_thread("flush()")
+        done = threading.Lock()  # held until the writer resolves: the cheapest wait
+        done.acquire()
+        outcome: list[BaseException | None] = []
+
+        def resolve(error: BaseException | None) -> None:
+            outcome.append(error)
+            done.release()
+
+        self.flush_async(resolve)
+        if not done.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"log flush did not complete within {timeout} s")
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new work, commit what is queued (resolving its flushes), stop the thread.
+
+        Idempotent. Later ``submit``/``flush`` calls raise ``StoreClosedError``.
+        """
+        self._refuse_on_writer_thread("close()")
+        with self._lock:
+            if self._state == _CLOSED:
+                return
+            self._state = _CLOSED
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    def statistics(self) -> WriterStatistics:
+        return WriterStatistics(
+            self._events_written, self._commits, self._bytes_written, self._resizes
+        )
+
+    @property
+    def failure(self) -> StorageError | None:
+        """The sticky failure, once the writer has failed."""
+        return self._failure
+
+    # ------------------------------------------------------------------ helpers
+
+    def _refuse_on_writer_thread(self, what: str) -> None:
+        if threading.get_ident() == self._thread.ident:
+            raise StorageError(
+                f"{what} was called from a flush callback, on the log writer thread, and "
+                "would wait for itself forever; use flush_async() or hand the work to "
+                "another thread"
+            )
+
+    def _check_open(self) -> None:
+        if self._state != _OPEN:
+            raise self._refusal()
+
+    def _refusal(self) -> StorageError:
+        if self._state == _CLOSED:
+            return StoreClosedError("the store is closed: open it again to append or flush")
+        error = StorageError(f"the log writer failed earlier: {self._failure}")
+        error.__cause__ = self._failure
+        return error
+
+    def _rejection(self, record: PendingRecord) -> StorageError:
+        if self._state != _OPEN:
+            return self._refusal()
+        expected = self._next_seq.get(record.session_key)
+        if expected is None:
+            return StorageError(
+                f"record for unknown session key {record.session_key}: "
+                "create or open the session through its store"
+            )
+        return StorageError(
+            f"record seq {record.seq} of session key {record.session_key} is out of "
+            f"order: the log expects seq {expected} next (gaps and reorders are refused)"
+        )
+
+    # ------------------------------------------------------------------ thread
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._records or self._headers or self._callbacks or self._stopping):
+                    self._wake.wait()
+                records, self._records = self._records, []
+                headers, self._headers = self._headers, []
+                callbacks, self._callbacks = self._callbacks, []
+                stop = self._stopping
+            error: StorageError | None = None
+            try:
+                if records or headers:
+                    self._commit(headers, records)
+                if callbacks and self._unsynced:
+                    self._env.sync(True)
+                    self._unsynced = False
+            except Exception as err:  # noqa: BLE001 -- any failure fails the flushes, loudly
+                error, late = self._fail(err)
+                callbacks.extend(late)
+            for callback in callbacks:
+                _call(callback, error)
+            if error is not None or stop:
+                return  # after ``close`` nothing more can be queued
+
+    def _fail(self, err: Exception) -> tuple[StorageError, list[FlushCallback]]:
+        failure = StorageError(f"the log writer could not commit: {type(err).__name__}: {err}")
+        failure.__cause__ = err
+        _log.error("log writer failed; later appends and flushes will fail", exc_info=err)
+        with self._lock:
+            self._failure = failure
+            if self._state == _OPEN:
+                self._state = _FAILED
+            late = self._callbacks
+            self._callbacks = []
+            self._records = []
+            self._headers = []
+        return failure, late
+
+    def _commit(self, headers: list[SessionHeader], records: list[PendingRecord]) -> None:
+        while True:
+            try:
+                self._write(headers, records)
+                break
+            except lmdb.MapFullError:
+                self._grow()
+        self._commits += 1
+        self._events_written += len(records)
+        self._bytes_written += sum([len(payload) for _, _, payload in records])
+        self._unsynced = self._sync_on_flush
+
+    def _write(self, headers: list[SessionHeader], records: list[PendingRecord]) -> None:
+        dbs = self._dbs
+        tracked = self._tracked
+        with self._env.begin(write=True) as txn:
+            if headers:
+                next_key = 0
+                for header in headers:
+                    row = encode_row(tracked[header.key].header_json, -1)
+                    txn.put(header.id.encode("utf-8"), row, db=dbs.sessions)
+                    txn.put(encode_u64(header.key), header.id.encode("utf-8"), db=dbs.order)
+                    next_key = max(next_key, header.key + 1)
+                stored = txn.get(NEXT_KEY_KEY, db=dbs.meta)
+                if stored is None or decode_u64(stored) < next_key:
+                    txn.put(NEXT_KEY_KEY, encode_u64(next_key), db=dbs.meta)
+            if records:
+                pack = _EVENT_KEY.pack
+                txn.cursor(db=dbs.events).putmulti([(pack(k, s), p) for k, s, p in records])
+                last = {key: seq for key, seq, _ in records}  # the last record of each wins
+                rows = [
+                    (tracked[key].id_bytes, encode_row(tracked[key].header_json, seq))
+                    for key, seq in last.items()
+                ]
+                rows.sort()  # one call, in key order: no GIL round trip per session
+                txn.cursor(db=dbs.sessions).putmulti(rows)
+
+    def _grow(self) -> None:
+        size = self._store.grow()
+        self._resizes += 1
+        _log.info("the log map was full; grown to %d bytes", size)
+
+
+def _call(callback: FlushCallback, error: BaseException | None) -> None:
+    try:
+        callback(error)
+    except Exception:  # noqa: BLE001 -- a caller's callback must not kill the writer
+        _log.exception("a flush callback failed; the failure is contained")

@@ -1,0 +1,118 @@
+"""Crash safety: a writer process killed with SIGKILL at random moments never loses an
+acknowledged event and never leaves a gap, a duplicate, a reordering or a torn record.
+
+The child (``crash_child.py``) prints ``ack <session> <seq>`` after each flush returns.
+The parent kills it after a random number of acknowledgements plus a random tiny
+delay, reopens the store read-only, checks every session, and starts the next child,
+which must continue the sessions from where the durable log ends.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from storage import Store, check_invariants
+
+CHILD = Path(__file__).with_name("crash_child.py")
+SESSIONS = 3
+DURABILITIES = ("write-ahead", "turn", "none")
+
+
+@dataclass
+class Run:
+    loaded: dict[str, int] = field(default_factory=dict)
+    acked: dict[str, int] = field(default_factory=dict)
+
+
+def run_child_until_killed(path: Path, rng: random.Random, durability: str) -> Run:
+    """Start a child, kill it after a random number of acks, return what it reported."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, str(CHILD), str(path), str(SESSIONS), durability],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert child.stdout is not None
+    run = Run()
+    kill_after = rng.randint(SESSIONS, SESSIONS * 12)
+    acks = 0
+    timer: threading.Timer | None = None
+    try:
+        for raw in child.stdout:
+            if not raw.endswith(b"\n"):
+                break  # a line torn by the kill acknowledges nothing
+            word, name, seq = raw.decode().split()
+            if word == "loaded":
+                run.loaded[name] = int(seq)
+                continue
+            assert int(seq) >= run.acked.get(name, -1), raw
+            run.acked[name] = int(seq)
+            acks += 1
+            if acks == kill_after:
+                timer = threading.Timer(rng.uniform(0, 0.004), child.kill)
+                timer.start()
+    finally:
+        if timer is not None:
+            timer.join()
+        child.kill()
+        _, err = child.communicate()
+    assert child.returncode == -9, f"the child did not die by SIGKILL: {err.decode()}"
+    assert acks >= kill_after, "the child stopped acknowledging before it was killed"
+    return run
+
+
+def check_store(path: Path, run: Run) -> dict[str, int]:
+    """Every acknowledged event is there, contiguous and decodable; return last seqs."""
+    last: dict[str, int] = {}
+    with Store.open(path, readonly=True) as store:
+        for index in range(SESSIONS):
+            name = f"s{index}"
+            events = store.read(name)  # decodes every record: a torn one would raise
+            seqs = [event.seq for event in events]
+            assert seqs == list(range(len(events))), f"{name}: gap, duplicate or reorder"
+            assert store.stats(name).event_count == len(events)
+            for event in events:
+                if event.type == "assistant/chunk":
+                    assert event.data.chunk.text == f"{name}@{event.seq}", "a moved record"
+            assert check_invariants(events, allow_open_tail=True) == []
+            assert len(events) - 1 >= run.acked.get(name, -1), f"{name}: lost an acked event"
+            last[name] = len(events) - 1
+    return last
+
+
+def crash_campaign(path: Path, kills: int, seed: int) -> None:
+    print(f"crash campaign: {kills} kills, seed {seed}")  # shown if the test fails
+    rng = random.Random(seed)
+    durable: dict[str, int] = {}
+    for round_number in range(kills):
+        run = run_child_until_killed(path, rng, DURABILITIES[round_number % 3])
+        context = f"seed {seed}, round {round_number}"
+        expected = {f"s{i}": durable.get(f"s{i}", -1) for i in range(SESSIONS)}
+        assert run.loaded == expected, f"the child did not load the durable log ({context})"
+        after = check_store(path, run)
+        for name, seq in after.items():
+            assert seq > durable.get(name, -1), f"{name} did not continue ({context})"
+        durable = after
+
+
+def test_a_killed_writer_loses_no_acknowledged_event_and_the_next_run_continues(
+    tmp_path: Path,
+) -> None:
+    crash_campaign(tmp_path / "store", kills=8, seed=random.randrange(1 << 30))
+
+
+@pytest.mark.soak
+def test_soak_many_kills_lose_no_acknowledged_event(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    kills = int(request.config.getoption("--soak-kills"))
+    crash_campaign(tmp_path / "store", kills=kills, seed=random.randrange(1 << 30))

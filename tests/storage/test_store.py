@@ -1,0 +1,576 @@
+"""The LMDB store on a real environment: sessions, reads, reopen, fork, schema and
+directory checks, map growth, concurrent producers and a reader in another process."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import lmdb
+import msgspec
+import pytest
+
+from storage import (
+    DuplicateSessionError,
+    EventTypes,
+    ForkBoundaryError,
+    InvalidEventError,
+    InvalidSessionIdError,
+    LogCorruptError,
+    SchemaVersionError,
+    StorageError,
+    Store,
+    StoreClosedError,
+    UnknownEventTypeError,
+    UnknownSessionError,
+    assert_invariants,
+)
+from storage.events import Completed, MessageTrigger, SessionEndSeed, TurnEnd, TurnStart
+from tests.storage.builders import LogBuilder, completed_turn, ticking_clock, tool_turn
+
+WAIT = 30.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store.open(tmp_path / "store", clock=ticking_clock()) as opened:
+        yield opened
+
+
+def two_turns(store: Store, session_id: str = "agent-1") -> LogBuilder:
+    log = LogBuilder(store.create_session(session_id))
+    completed_turn(log)
+    tool_turn(log)
+    return log
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_a_reopened_store_keeps_every_flushed_session_and_event(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s") as store:
+        log = two_turns(store)
+        empty = store.create_session("empty")
+        store.flush()
+    with Store.open(tmp_path / "s") as store:
+        session = store.open_session("agent-1")
+        assert session.events() == log.events
+        assert store.read("agent-1") == log.events
+        assert [h.id for h in store.sessions()] == ["agent-1", "empty"]
+        assert store.open_session("empty").header == empty.header
+        assert_invariants(session.events())
+
+
+def test_a_reopened_session_continues_its_seqs_and_turn_numbers(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s") as store:
+        two_turns(store)
+    with Store.open(tmp_path / "s") as store:
+        log = LogBuilder(store.open_session("agent-1"))
+        completed_turn(log)
+        store.flush()
+        events = store.read("agent-1")
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert [e.data.turn for e in events if e.type == "turn/start"] == [1, 2, 3]
+    assert_invariants(events)
+
+
+def test_a_new_store_directory_and_its_files_are_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "store"
+    Store.open(path).close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    for name in ("data.mdb", "lock.mdb", "writer.lock"):
+        assert stat.S_IMODE((path / name).stat().st_mode) & 0o077 == 0, name
+
+
+def test_the_default_path_is_dot_corral_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with Store.open() as store:
+        store.create_session("x")
+    assert (tmp_path / ".corral" / "data.mdb").exists()
+
+
+def test_a_new_session_header_is_durable_at_the_next_flush(store: Store) -> None:
+    session = store.create_session("fresh")
+    assert store.has_session("fresh")
+    store.flush()
+    assert store.stats("fresh").event_count == 0
+    assert session.header.created > 0
+    assert session.last_seq == -1
+
+
+@pytest.mark.parametrize(
+    ("session_id", "complaint"),
+    [
+        ("", "must not be empty"),
+        ("x" * 201, "the limit is 200"),
+        ("tab\there", "control character"),
+        ("nul\x00", "control character"),
+        ("\u0085next-line", "control character"),
+    ],
+)
+def test_an_invalid_session_id_is_refused_with_a_clear_error(
+    store: Store, session_id: str, complaint: str
+) -> None:
+    with pytest.raises(InvalidSessionIdError, match=complaint) as refused:
+        store.create_session(session_id)
+    assert isinstance(refused.value, ValueError)
+    assert isinstance(refused.value, InvalidEventError)
+    assert store.sessions() == []
+
+
+def test_a_duplicate_session_id_is_refused_even_after_reopen(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s") as store:
+        store.create_session("twin")
+        with pytest.raises(DuplicateSessionError, match="twin"):
+            store.create_session("twin")
+    with Store.open(tmp_path / "s") as store, pytest.raises(DuplicateSessionError):
+        store.create_session("twin")
+
+
+def test_generated_session_ids_are_unique_and_sort_in_creation_order(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s", clock=ticking_clock(step=1)) as store:
+        ids = [store.create_session().id for _ in range(20)]
+    assert len(set(ids)) == 20
+    assert sorted(ids) == ids
+
+
+def test_sessions_are_listed_in_creation_order(store: Store) -> None:
+    for name in ("zeta", "alpha", "mid"):
+        store.create_session(name)
+    store.flush()
+    assert [h.id for h in store.sessions()] == ["zeta", "alpha", "mid"]
+    assert [h.key for h in store.sessions()] == sorted(h.key for h in store.sessions())
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_read_bounds_are_inclusive_and_limit_caps_the_count(store: Store) -> None:
+    log = two_turns(store)
+    store.flush()
+    assert store.read("agent-1", lower=3, upper=5) == log.events[3:6]
+    assert store.read("agent-1", lower=4, limit=2) == log.events[4:6]
+    assert store.read("agent-1", upper=0) == log.events[:1]
+    assert store.read("agent-1", lower=5, upper=4) == []
+    assert store.read("agent-1", lower=10_000) == []
+
+
+def test_an_unknown_session_reads_as_empty_with_highest_seq_zero(store: Store) -> None:
+    assert store.read("nobody") == []
+    assert store.last_seq("nobody") == 0
+    assert not store.has_session("nobody")
+    with pytest.raises(UnknownSessionError, match="nobody"):
+        store.open_session("nobody")
+    with pytest.raises(UnknownSessionError, match="nobody"):
+        store.stats("nobody")
+
+
+def test_stats_tell_a_one_event_session_from_an_empty_one(store: Store) -> None:
+    store.create_session("empty")
+    store.create_session("one").append("turn/start", TurnStart(turn=1, trigger=MessageTrigger()))
+    store.flush()
+    assert store.last_seq("empty") == store.last_seq("one") == 0
+    assert (store.stats("empty").event_count, store.stats("empty").last_seq) == (0, None)
+    assert (store.stats("one").event_count, store.stats("one").last_seq) == (1, 0)
+
+
+def test_reads_are_durable_only_and_open_session_sees_everything_appended_before(
+    store: Store,
+) -> None:
+    log = two_turns(store)
+    reopened = store.open_session("agent-1")  # flushes first
+    assert reopened.events() == log.events
+    assert store.last_seq("agent-1") == log.events[-1].seq
+
+
+def test_an_unknown_ignorable_type_is_skipped_and_appends_continue_after_it(
+    tmp_path: Path,
+) -> None:
+    types = EventTypes.default()
+    types.register("plugin/note", ignorable=True)
+    with Store.open(tmp_path / "s", event_types=types) as store:
+        log = LogBuilder(store.create_session("a"))
+        completed_turn(log)
+        log.plugin("plugin/note", {"text": "only the plugin knows me"})
+    with Store.open(tmp_path / "s") as store:
+        session = store.open_session("a")
+        assert session.events() == log.events[:-1]
+        assert session.last_seq == log.events[-1].seq
+        added = session.append("turn/start", TurnStart(turn=2, trigger=MessageTrigger()))
+        assert added.seq == log.events[-1].seq + 1
+        store.flush()
+        assert store.stats("a").event_count == len(log.events) + 1
+
+
+def test_an_unknown_non_ignorable_type_fails_naming_the_session_and_seq(tmp_path: Path) -> None:
+    types = EventTypes.default()
+    types.register("plugin/secret")
+    with Store.open(tmp_path / "s", event_types=types) as store:
+        session = store.create_session("a")
+        session.append("plugin/secret", {"x": 1})
+    with Store.open(tmp_path / "s") as store:
+        with pytest.raises(UnknownEventTypeError, match=r"'a' seq 0.*plugin/secret"):
+            store.open_session("a")
+        store.register_event_type("plugin/secret")
+        assert store.open_session("a").events()[0].data == {"x": 1}
+
+
+def damage(path: Path, seq: int, value: bytes | None) -> None:
+    """Overwrite (or, with ``None``, delete) the record of session key 1 at ``seq``."""
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:
+        events = env.open_db(b"events", txn=txn)
+        key = (1).to_bytes(8, "big") + seq.to_bytes(8, "big")
+        if value is None:
+            assert txn.delete(key, db=events)
+        else:
+            txn.put(key, value, db=events)
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        (None, r"'agent-1': records of seqs 0\.\.\d+ are not all stored"),
+        (b"{torn", r"'agent-1'.*seq 7"),
+        (
+            b'{"type":"turn/start","seq":6,"time":1,"data":{"turn":1,"trigger":{"kind":"message"}}}',
+            r"stored at seq 7 says seq 6",
+        ),
+    ],
+    ids=["missing", "torn", "moved"],
+)
+def test_a_damaged_log_is_reported_naming_the_session_and_seq(
+    tmp_path: Path, value: bytes | None, complaint: str
+) -> None:
+    with Store.open(tmp_path / "s") as store:
+        two_turns(store)
+    damage(tmp_path / "s", 7, value)
+    with Store.open(tmp_path / "s") as store:
+        with pytest.raises(LogCorruptError, match=complaint):
+            store.open_session("agent-1")
+        with pytest.raises(LogCorruptError):
+            store.read("agent-1")
+        assert store.read("agent-1", upper=6) == store.read("agent-1", limit=7)
+
+
+def test_flush_async_reports_durability_to_its_callback(store: Store) -> None:
+    log = two_turns(store)
+    done = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def callback(error: BaseException | None) -> None:
+        outcome.append(error)
+        done.set()
+
+    store.flush_async(callback)
+    assert done.wait(WAIT)
+    assert outcome == [None]
+    assert store.last_seq("agent-1") == log.events[-1].seq
+
+
+def test_a_stale_session_object_cannot_interleave_records_with_a_reopened_one(
+    store: Store,
+) -> None:
+    stale = store.create_session("a")
+    stale.append("turn/start", TurnStart(turn=1, trigger=MessageTrigger()))
+    fresh = store.open_session("a")
+    fresh.append("turn/end", TurnEnd(turn=1, reason=Completed()))
+    with pytest.raises(StorageError, match="out of order"):
+        stale.append("turn/end", TurnEnd(turn=1, reason=Completed()))
+    store.flush()
+    assert store.read("a") == fresh.events()
+
+
+# --------------------------------------------------------------------------- fork
+
+
+def test_a_fork_is_seeded_with_the_prefix_and_an_end_seed_citing_its_source(
+    store: Store,
+) -> None:
+    log = two_turns(store)
+    boundary = next(e.seq for e in log.events if e.type == "turn/end")
+    child = store.fork("agent-1", boundary, "child")
+    events = child.events()
+    assert events[:-1] == log.events[: boundary + 1]
+    assert events[-1].type == "session/end-seed"
+    assert events[-1].seq == boundary + 1
+    assert events[-1].data == SessionEndSeed(source_session="agent-1", source_seq=boundary)
+    header = child.header
+    assert (header.parent, header.fork_seq, header.seed_length) == (
+        "agent-1",
+        boundary,
+        boundary + 2,
+    )
+    more = LogBuilder(child)
+    completed_turn(more)
+    store.flush()
+    durable = store.read("child")
+    assert durable == child.events()
+    assert [e.data.turn for e in durable if e.type == "turn/start"] == [1, 2]
+    assert store.read("agent-1") == log.events  # the source is untouched
+
+
+def test_a_fork_inside_an_open_turn_is_refused_and_creates_nothing(store: Store) -> None:
+    log = two_turns(store)
+    inside = next(e.seq for e in log.events if e.type == "step/start")
+    with pytest.raises(ForkBoundaryError):
+        store.fork("agent-1", inside, "child")
+    assert not store.has_session("child")
+    with pytest.raises(UnknownSessionError):
+        store.fork("missing", 0)
+
+
+# --------------------------------------------------------------------------- opening
+
+
+def test_a_store_of_another_schema_version_is_refused(tmp_path: Path) -> None:
+    Store.open(tmp_path / "s").close()
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put(b"schema_version", b"2", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with pytest.raises(SchemaVersionError, match=r"schema version 2.*supports version 1"):
+        Store.open(tmp_path / "s")
+    with pytest.raises(SchemaVersionError):
+        Store.open(tmp_path / "s", readonly=True)
+
+
+@pytest.mark.parametrize(
+    "kind", ["file", "other-files", "foreign-lmdb", "garbage-data-file", "missing-readonly"]
+)
+def test_a_path_that_is_not_a_store_is_refused_with_a_clear_error(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "p"
+    readonly = False
+    if kind == "file":
+        path.write_text("hello")
+    elif kind == "other-files":
+        path.mkdir()
+        (path / "notes.txt").write_text("mine")
+    elif kind == "foreign-lmdb":
+        env = lmdb.open(str(path))
+        with env.begin(write=True) as txn:
+            txn.put(b"k", b"v")
+        env.close()
+    elif kind == "garbage-data-file":
+        path.mkdir()
+        (path / "data.mdb").write_bytes(b"not an lmdb file" * 1000)
+    else:
+        readonly = True
+    with pytest.raises(StorageError, match=r"not a|no corral store|cannot open"):
+        Store.open(path, readonly=readonly)
+    if kind == "other-files":
+        assert sorted(p.name for p in path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def test_an_unreadable_directory_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "locked"
+    Store.open(path).close()
+    path.chmod(0)
+    try:
+        with pytest.raises(StorageError, match="locked"):
+            Store.open(path)
+    finally:
+        path.chmod(0o700)
+
+
+def test_a_second_writer_on_the_same_directory_is_refused(store: Store) -> None:
+    with pytest.raises(StorageError, match="already open for writing"):
+        Store.open(store.path)
+
+
+def test_a_closed_store_refuses_every_call_and_its_sessions_refuse_appends(
+    tmp_path: Path,
+) -> None:
+    store = Store.open(tmp_path / "s")
+    session = store.create_session("a")
+    store.close()
+    store.close()  # idempotent
+    for call in (
+        lambda: store.read("a"),
+        lambda: store.create_session("b"),
+        lambda: store.open_session("a"),
+        store.flush,
+        store.statistics,
+    ):
+        with pytest.raises(StoreClosedError):
+            call()
+    with pytest.raises(StoreClosedError):
+        session.append("turn/start", TurnStart(turn=1, trigger=MessageTrigger()))
+    assert session.last_seq == -1
+
+
+def test_a_read_only_store_reads_but_refuses_to_write(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s") as store:
+        log = two_turns(store)
+    with Store.open(tmp_path / "s", readonly=True) as reader:
+        session = reader.open_session("agent-1")
+        assert session.events() == log.events
+        assert [h.id for h in reader.sessions()] == ["agent-1"]
+        with pytest.raises(StorageError, match="read-only"):
+            session.append("turn/start", TurnStart(turn=3, trigger=MessageTrigger()))
+        with pytest.raises(StorageError, match="read-only"):
+            reader.create_session("b")
+        reader.flush()  # nothing to do
+
+
+def test_durability_none_still_makes_an_explicit_flush_durable(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s", durability="none") as store:
+        log = two_turns(store)
+        store.flush()
+        assert store.read("agent-1") == log.events
+    with Store.open(tmp_path / "s", readonly=True) as reader:
+        assert reader.read("agent-1") == log.events
+
+
+def test_an_unknown_durability_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="durability"):
+        Store.open(tmp_path / "s", durability="sometimes")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- load
+
+
+class Padded(msgspec.Struct, frozen=True):
+    n: int
+    pad: str
+
+
+def test_a_tiny_map_grows_without_losing_or_duplicating_a_record(tmp_path: Path) -> None:
+    types = EventTypes.default()
+    types.register("test/padded", Padded)
+    with Store.open(tmp_path / "s", map_size=64 << 10, event_types=types) as store:
+        sessions = [store.create_session(f"s{i}") for i in range(3)]
+        for n in range(600):
+            for session in sessions:
+                session.append("test/padded", Padded(n=n, pad="p" * 300))
+            if n % 150 == 0:
+                store.flush()
+        store.flush()
+        stats = store.statistics()
+    assert stats.resizes >= 1
+    assert stats.map_size > 64 << 10
+    with Store.open(tmp_path / "s", event_types=types, readonly=True) as reader:
+        for i in range(3):
+            events = reader.read(f"s{i}")
+            assert [e.seq for e in events] == list(range(600))
+            assert [e.data.n for e in events] == list(range(600))
+
+
+def test_concurrent_producers_each_waiting_for_durability_lose_nothing(tmp_path: Path) -> None:
+    producers, turns = 16, 4
+    failures: list[BaseException] = []
+    logs: dict[int, LogBuilder] = {}
+    with Store.open(tmp_path / "s") as store:
+        sessions = [store.create_session(f"p{i}") for i in range(producers)]
+        start = threading.Barrier(producers)
+
+        def produce(index: int) -> None:
+            try:
+                log = logs[index] = LogBuilder(sessions[index])
+                start.wait(WAIT)
+                for _ in range(turns):
+                    completed_turn(log)
+                    sessions[index].flush(WAIT)  # durable before the next turn
+                    assert store.last_seq(sessions[index].id) == log.events[-1].seq
+            except BaseException as err:
+                failures.append(err)
+
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(producers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        assert failures == []
+        stats = store.statistics()
+    assert stats.events_written == sum(len(log.events) for log in logs.values())
+    with Store.open(tmp_path / "s", readonly=True) as reader:
+        for i in range(producers):
+            assert reader.read(f"p{i}") == logs[i].events
+            assert_invariants(logs[i].events)
+
+
+def test_per_append_durability_from_many_threads(tmp_path: Path) -> None:
+    producers, appends = 8, 25
+    with Store.open(tmp_path / "s") as store:
+        sessions = [store.create_session(f"p{i}") for i in range(producers)]
+
+        def produce(index: int) -> None:
+            session = sessions[index]
+            for turn in range(1, appends + 1):
+                session.append("turn/start", TurnStart(turn=turn, trigger=MessageTrigger()))
+                session.flush(WAIT)
+
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(producers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        assert [store.stats(s.id).event_count for s in sessions] == [appends] * producers
+
+
+READER = textwrap.dedent(
+    """
+    import sys
+    from storage import EventTypes, Store
+
+    path, target = sys.argv[1], int(sys.argv[2])
+    types = EventTypes.default()
+    types.register("test/padded")  # read as a plain JSON object
+    with Store.open(path, readonly=True, event_types=types) as store:
+        seen = -1
+        while seen < target:
+            events = store.read("shared")
+            seqs = [e.seq for e in events]
+            assert seqs == list(range(len(seqs))), "gap or reorder"
+            assert len(seqs) - 1 >= seen, "went backwards"
+            if len(seqs) - 1 > seen:
+                seen = len(seqs) - 1
+                print(seen, flush=True)
+    """
+)
+
+
+def test_another_process_reads_while_this_one_writes_and_grows_the_map(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    types = EventTypes.default()
+    types.register("test/padded", Padded)
+    target = 1999
+    with Store.open(path, map_size=64 << 10, event_types=types) as store:
+        session = store.create_session("shared")
+        session.append("test/padded", Padded(n=0, pad=""))
+        store.flush()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        reader = subprocess.Popen(
+            [sys.executable, "-c", READER, str(path), str(target)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert reader.stdout is not None
+            assert reader.stdout.readline().strip() == "0"  # the reader is reading
+            for n in range(1, target + 1):
+                session.append("test/padded", Padded(n=n, pad="r" * 200))
+                if n % 100 == 0:
+                    store.flush()
+            store.flush()
+            out, err = reader.communicate(timeout=WAIT)
+        finally:
+            reader.kill()
+            reader.wait()
+        assert reader.returncode == 0, err
+        assert store.statistics().resizes >= 1
+    assert out.split()[-1] == str(target)
