@@ -17,7 +17,7 @@ from pykka import ActorDeadError, ActorRef
 from actors.agent import AwaitIdle, Cancel, Edit, Insert, Kill
 from actors.errors import AgentDisposedError, InvalidMessageError
 from actors.inbox import Inbox, InboxView
-from actors.live import AGENT_EVENTS, TurnSignal
+from actors.live import TurnSignal
 from storage.events import (
     CancelCause,
     ContentBlock,
@@ -257,8 +257,4 @@ class Agent:
 
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
         """Listen to ``name`` for this agent only; returns a disposer."""
-        if name not in AGENT_EVENTS:
-            raise ValueError(
-                f"unknown live event {name!r}; known: {', '.join(sorted(AGENT_EVENTS))}"
-            )
-        return self._runtime.bus.on(name, listener, scope=self.id)
+        return self._runtime._listen(name, listener, self.id)

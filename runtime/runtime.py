@@ -37,6 +37,7 @@ from storage.events import DisposedCause, RequestConfig
 from storage.lmdb_store import Store
 from storage.session import Session
 
+from . import gctune
 from .agent import Agent
 from .policy import RetryPolicy
 from .tool import FunctionTool
@@ -85,6 +86,7 @@ class Runtime:
         max_steps: int | None = None,
         inbox_limit: int | None = None,
         owns_store: bool = True,
+        tune_gc: bool = True,
     ) -> None:
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
@@ -93,6 +95,9 @@ class Runtime:
         self.max_steps = max_steps
         self.inbox_limit = inbox_limit
         self._owns_store = owns_store
+        self._tuned_gc = tune_gc
+        if tune_gc:
+            gctune.tune_gc()
         self.dispatcher = Dispatcher(threads, name="corral")
         self.io = IoSide(
             blocking_workers=blocking_workers, dead_letters=self.dispatcher.dead_letters
@@ -103,6 +108,7 @@ class Runtime:
         self._agents: dict[str, Agent] = {}
         self._refs: dict[str, ActorRef[Any]] = {}
         self._models: dict[int, Model] = {}
+        self._session_listeners = 0  # session/event listeners: appends skip the bridge at 0
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
@@ -146,11 +152,31 @@ class Runtime:
 
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
         """Listen to a live event of every agent; returns a disposer."""
+        return self._listen(name, listener, None)
+
+    def _listen(
+        self, name: str, listener: Callable[..., Any], scope: str | None
+    ) -> Callable[[], None]:
         if name not in AGENT_EVENTS:
-            raise ValueError(
-                f"unknown live event {name!r}; known: {', '.join(sorted(AGENT_EVENTS))}"
-            )
-        return self.bus.on(name, listener)
+            known = ", ".join(sorted(AGENT_EVENTS))
+            raise ValueError(f"unknown live event {name!r}; known: {known}")
+        dispose = self.bus.on(name, listener, scope=scope)
+        if name != "session/event":
+            return dispose
+        with self._lock:
+            self._session_listeners += 1
+        done = False
+
+        def dispose_session_listener() -> None:
+            nonlocal done
+            with self._lock:
+                if done:
+                    return
+                done = True
+                self._session_listeners -= 1
+            dispose()
+
+        return dispose_session_listener
 
     # ------------------------------------------------------------------ agents
 
@@ -289,7 +315,7 @@ class Runtime:
         bus, scope = self.bus, handle.id
 
         def observe(event: Any) -> None:
-            if bus.has_listeners("session/event", scope=scope):
+            if self._session_listeners and bus.has_listeners("session/event", scope=scope):
                 bus.emit("session/event", SessionEventLive(agent=handle, event=event), scope=scope)
 
         return observe
@@ -346,7 +372,7 @@ class Runtime:
                 continue
             try:
                 asyncio.run_coroutine_threadsafe(aclose(), self.io.loop).result(timeout)
-            except Exception:  # noqa: BLE001 - a model that fails to close must not block close
+            except Exception:  # a model that fails to close must not block close
                 log.exception("closing model %r failed", model)
 
     def _check_open(self) -> None:
@@ -375,3 +401,5 @@ class Runtime:
         self.dispatcher.shutdown(timeout)
         if self._owns_store:
             self.store.close()
+        if self._tuned_gc:
+            gctune.release_gc_tuning()
