@@ -4,6 +4,7 @@ directory checks, map growth, concurrent producers and a reader in another proce
 from __future__ import annotations
 
 import os
+import warnings
 import stat
 import subprocess
 import sys
@@ -373,14 +374,46 @@ def test_a_path_that_is_not_a_store_is_refused_with_a_clear_error(
         assert sorted(p.name for p in path.iterdir()) == ["notes.txt"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def _open_as_unprivileged_user(path: Path) -> str:
+    """Open the store in a forked child that dropped root (root reads any directory);
+    returns the child's error message, or "opened"."""
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        os.close(read_end)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            Store.open(path).close()
+            message = "opened"
+        except StorageError as err:
+            message = f"StorageError: {err}"
+        except BaseException as err:  # noqa: BLE001
+            message = f"{type(err).__name__}: {err}"
+        os.write(write_end, message.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        message = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return message
+
+
 def test_an_unreadable_directory_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "locked"
     Store.open(path).close()
+    tmp_path.chmod(0o755)
     path.chmod(0)
     try:
-        with pytest.raises(StorageError, match="locked"):
-            Store.open(path)
+        if os.geteuid() == 0:
+            message = _open_as_unprivileged_user(path)
+            assert message.startswith("StorageError:"), message
+            assert "locked" in message
+        else:
+            with pytest.raises(StorageError, match="locked"):
+                Store.open(path)
     finally:
         path.chmod(0o700)
 
