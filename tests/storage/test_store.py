@@ -4,12 +4,12 @@ directory checks, map growth, concurrent producers and a reader in another proce
 from __future__ import annotations
 
 import os
-import warnings
 import stat
 import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -390,7 +390,7 @@ def _open_as_unprivileged_user(path: Path) -> str:
             message = "opened"
         except StorageError as err:
             message = f"StorageError: {err}"
-        except BaseException as err:  # noqa: BLE001
+        except BaseException as err:
             message = f"{type(err).__name__}: {err}"
         os.write(write_end, message.encode())
         os._exit(0)
