@@ -21,29 +21,35 @@ __all__ = ["GC_THRESHOLDS", "release_gc_tuning", "tune_gc"]
 
 GC_THRESHOLDS: Final = (50_000, 50, 1_000)
 
-_lock = threading.Lock()
-_users = 0
-_saved: tuple[int, int, int] | None = None
+class _Tuner:
+    """The process-wide state: the collector is process-wide too."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.saved: tuple[int, int, int] | None = None
+
+
+_tuner = _Tuner()
 
 
 def tune_gc() -> None:
     """Raise the collector thresholds (never lowers a threshold that is already higher)."""
-    global _users, _saved
-    with _lock:
-        _users += 1
-        if _users == 1:
+    with _tuner.lock:
+        _tuner.users += 1
+        if _tuner.users == 1:
             current = gc.get_threshold()
-            _saved = (current[0], current[1], current[2])
-            gc.set_threshold(*(max(a, b) for a, b in zip(current, GC_THRESHOLDS, strict=True)))
+            _tuner.saved = (current[0], current[1], current[2])
+            raised = (max(a, b) for a, b in zip(current, GC_THRESHOLDS, strict=True))
+            gc.set_threshold(*raised)
 
 
 def release_gc_tuning() -> None:
     """Undo one :func:`tune_gc`; the last release restores the saved thresholds."""
-    global _users, _saved
-    with _lock:
-        if _users == 0:
+    with _tuner.lock:
+        if _tuner.users == 0:
             return
-        _users -= 1
-        if _users == 0 and _saved is not None:
-            gc.set_threshold(*_saved)
-            _saved = None
+        _tuner.users -= 1
+        if _tuner.users == 0 and _tuner.saved is not None:
+            gc.set_threshold(*_tuner.saved)
+            _tuner.saved = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -98,5 +99,5 @@ def test_status_changes_are_announced_only_on_real_changes(rt: Runtime) -> None:
         agent.followup(text)
         assert agent.wait_idle(WAIT)
     statuses = [e.status for e in timeline.of("agent/status")]
-    assert all(x != y for x, y in zip(statuses, statuses[1:], strict=False))
+    assert all(x != y for x, y in itertools.pairwise(statuses))
     assert statuses[0] == "running" and statuses[-1] == "idle"
