@@ -359,13 +359,17 @@ class AgentActor(PooledActor):
             def on_done(outcome: Outcome[Any]) -> None:
                 resume(outcome.value, outcome.error)
 
-            handle = self.io.start(effect.work, on_done=on_done)
-            self._cancel_waiting = handle.cancel
+            work = self.io.start(effect.work, on_done=on_done)
+            self._cancel_waiting = work.cancel
             return pending
         if isinstance(effect, Sleep):
             token, pending = self._wait(effect)
             timer = self.scheduler.tell_later(effect.seconds, self.actor_ref, _Resume(token=token))
-            self._cancel_waiting = timer.cancel
+
+            def cancel_timer() -> None:
+                timer.cancel()
+
+            self._cancel_waiting = cancel_timer
             return pending
         raise TypeError(f"the turn awaited an unknown effect {effect!r}")
 

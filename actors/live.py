@@ -63,48 +63,48 @@ class _Live(msgspec.Struct, frozen=True, kw_only=True):
     agent: AgentLike
 
 
-class AgentCreated(_Live):
+class AgentCreated(_Live, frozen=True):
     pass
 
 
-class AgentSessionStart(_Live):
+class AgentSessionStart(_Live, frozen=True):
     source: Literal["startup", "resume"]
 
 
-class AgentDisposed(_Live):
+class AgentDisposed(_Live, frozen=True):
     pass
 
 
-class AgentStatusChanged(_Live):
+class AgentStatusChanged(_Live, frozen=True):
     status: AgentStatus
 
 
-class InboxInserted(_Live):
+class InboxInserted(_Live, frozen=True):
     message: UserMessage
     target: Literal["next-turn", "next-step"]
 
 
-class InboxClaimed(_Live):
+class InboxClaimed(_Live, frozen=True):
     message: UserMessage
     turn: int
 
 
-class InboxDiscarded(_Live):
+class InboxDiscarded(_Live, frozen=True):
     message: UserMessage
 
 
-class AgentSettled(_Live):
+class AgentSettled(_Live, frozen=True):
     turn: int
     reason: TurnEndReason
 
 
-class SessionEventLive(_Live):
+class SessionEventLive(_Live, frozen=True):
     """``session/event``: one committed fact of this agent's session."""
 
     event: Any
 
 
-class AgentError(_Live):
+class AgentError(_Live, frozen=True):
     turn: int
     step: int | None
     error: LlmFailure
@@ -153,7 +153,7 @@ class TurnSignal:
         callback(cause)
 
 
-class PreStep(_Live):
+class PreStep(_Live, frozen=True):
     messages: Sequence[UserMessage]
     turn: int
     step: int
@@ -175,13 +175,13 @@ class Reject(msgspec.Struct, frozen=True, tag="reject", tag_field="kind"):
 PreStepDecision: TypeAlias = Enter | Reject
 
 
-class RequestEvent(_Live):
+class RequestEvent(_Live, frozen=True):
     turn: int
     step: int
     signal: TurnSignal
 
 
-class RequestError(_Live):
+class RequestError(_Live, frozen=True):
     turn: int
     step: int
     error: BaseException
@@ -196,13 +196,13 @@ class Retry(msgspec.Struct, frozen=True, tag="retry", tag_field="kind"):
     delay_s: float | None = None
 
 
-class TurnStopping(_Live):
+class TurnStopping(_Live, frozen=True):
     turn: int
     step: int
     signal: TurnSignal
 
 
-class PreExecute(_Live):
+class PreExecute(_Live, frozen=True):
     turn: int
     step: int
     call_id: str
@@ -219,7 +219,7 @@ class Deny(msgspec.Struct, frozen=True, tag="deny", tag_field="kind"):
     reason: str
 
 
-class ToolExecute(_Live):
+class ToolExecute(_Live, frozen=True):
     turn: int
     step: int
     call_id: str
@@ -227,7 +227,7 @@ class ToolExecute(_Live):
     arguments: Any
 
 
-class PostExecute(_Live):
+class PostExecute(_Live, frozen=True):
     """``tools/post-execute``: return a replacement ``output`` (or this event's)."""
 
     turn: int
@@ -239,7 +239,7 @@ class PostExecute(_Live):
     error: str | None
 
 
-class ToolResultEvent(_Live):
+class ToolResultEvent(_Live, frozen=True):
     turn: int
     step: int
     call_id: str

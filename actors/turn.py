@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Literal
 
 import msgspec
@@ -258,7 +259,7 @@ class TurnMachine:
             )
             try:
                 decision = await self._waterfall(
-                    "agent/pre-step", event, lambda p=proposal: Enter(messages=p)
+                    "agent/pre-step", event, partial(Enter, messages=proposal)
                 )
             except TurnAborted:
                 return self._aborted(signal), None

@@ -197,7 +197,8 @@ class Agent:
 
     def remove(self, message_id: MessageId, *, timeout: float | None = 10.0) -> UserMessage:
         """Discard one pending message (``outcome: canceled``); raises if it is not pending."""
-        return self._ask(Edit(op="remove", message_id=message_id), timeout)
+        removed: UserMessage = self._ask(Edit(op="remove", message_id=message_id), timeout)
+        return removed
 
     def replace(
         self, message_id: MessageId, message: MessageLike, *, timeout: float | None = 10.0
@@ -211,7 +212,8 @@ class Agent:
 
     def clear(self, *, timeout: float | None = 10.0) -> list[UserMessage]:
         """Discard every pending message; returns them."""
-        return self._ask(Edit(op="clear"), timeout)
+        cleared: list[UserMessage] = self._ask(Edit(op="clear"), timeout)
+        return cleared
 
     # ------------------------------------------------------------------ control
 

@@ -48,9 +48,9 @@ class RetryPolicy:
     def delay(self, attempt: int, retry_after_s: float | None) -> float:
         """The wait before retry number ``attempt`` (1-based)."""
         if retry_after_s is not None and retry_after_s >= 0:
-            return retry_after_s
+            return float(retry_after_s)
         backoff = min(self.cap_s, self.base_s * 2 ** (attempt - 1))
-        return backoff * (1 + self.jitter * (2 * self._rng.random() - 1))
+        return float(backoff * (1 + self.jitter * (2 * self._rng.random() - 1)))
 
     def __call__(self, event: RequestError, next_: Callable[[], Any]) -> Any:
         failure = event.failure

@@ -279,9 +279,8 @@ class Runtime:
         with self._lock:
             self._agents[agent_id] = handle
         try:
-            ref = self._registry.ask(
-                ProxyCall(attr_path=("create",), args=(agent_id, factory), kwargs={})
-            )
+            create = ProxyCall(attr_path=("create",), args=(agent_id, factory), kwargs={})
+            ref: ActorRef[Any] = self._registry.ask(create, block=True)
         except BaseException:
             with self._lock:
                 self._agents.pop(agent_id, None)

@@ -97,7 +97,7 @@ class _Fact(
     """Base of every durable struct: camelCase JSON, defaults omitted, immutable."""
 
 
-class _Kinded(_Fact):
+class _Kinded(_Fact, frozen=True):
     """A tagged variant whose JSON tag is ``kind``; readable as ``.kind`` too."""
 
     @property
@@ -105,7 +105,7 @@ class _Kinded(_Fact):
         return str(self.__struct_config__.tag)
 
 
-class _Typed(_Fact):
+class _Typed(_Fact, frozen=True):
     """A content block whose JSON tag is ``type``; readable as ``.type`` too."""
 
     @property
@@ -113,7 +113,7 @@ class _Typed(_Fact):
         return str(self.__struct_config__.tag)
 
 
-class _Role(_Fact):
+class _Role(_Fact, frozen=True):
     """A message whose JSON tag is ``role``; readable as ``.role`` too."""
 
     @property
@@ -124,16 +124,16 @@ class _Role(_Fact):
 # --------------------------------------------------------------------------- content
 
 
-class TextBlock(_Typed, tag="text", tag_field="type"):
+class TextBlock(_Typed, tag="text", tag_field="type", frozen=True):
     text: str
 
 
-class ReasoningBlock(_Typed, tag="reasoning", tag_field="type"):
+class ReasoningBlock(_Typed, tag="reasoning", tag_field="type", frozen=True):
     text: str
     signature: str | None = None
 
 
-class ImageBlock(_Typed, tag="image", tag_field="type"):
+class ImageBlock(_Typed, tag="image", tag_field="type", frozen=True):
     """An image given inline (base64 ``data`` with ``media_type``) or by ``url``."""
 
     data: str | None = None
@@ -141,7 +141,7 @@ class ImageBlock(_Typed, tag="image", tag_field="type"):
     media_type: str | None = None
 
 
-class ToolCallBlock(_Typed, tag="tool-call", tag_field="type"):
+class ToolCallBlock(_Typed, tag="tool-call", tag_field="type", frozen=True):
     """A model's call of a tool. ``arguments`` is the raw JSON text the model produced."""
 
     call_id: str
@@ -149,7 +149,7 @@ class ToolCallBlock(_Typed, tag="tool-call", tag_field="type"):
     arguments: str
 
 
-class ToolResultBlock(_Typed, tag="tool-result", tag_field="type"):
+class ToolResultBlock(_Typed, tag="tool-result", tag_field="type", frozen=True):
     call_id: str
     name: str
     content: list[TextBlock | ImageBlock]
@@ -163,7 +163,7 @@ AssistantPart: TypeAlias = TextBlock | ReasoningBlock | ToolCallBlock
 # --------------------------------------------------------------------------- messages
 
 
-class UserMessage(_Role, tag="user", tag_field="role"):
+class UserMessage(_Role, tag="user", tag_field="role", frozen=True):
     """An inbox item and, once claimed, a model-visible user message. Immutable."""
 
     id: MessageId
@@ -171,11 +171,11 @@ class UserMessage(_Role, tag="user", tag_field="role"):
     source: MessageSource = "user"
 
 
-class AssistantMessage(_Role, tag="assistant", tag_field="role"):
+class AssistantMessage(_Role, tag="assistant", tag_field="role", frozen=True):
     content: list[AssistantPart]
 
 
-class ToolMessage(_Role, tag="tool", tag_field="role"):
+class ToolMessage(_Role, tag="tool", tag_field="role", frozen=True):
     """The result of one tool call, as the model sees it."""
 
     call_id: str
@@ -190,7 +190,7 @@ Message: TypeAlias = UserMessage | AssistantMessage | ToolMessage
 # --------------------------------------------------------------------------- model I/O
 
 
-class Usage(_Fact):
+class Usage(_Fact, frozen=True):
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
@@ -212,7 +212,7 @@ FailureCode: TypeAlias = Literal[
 ]
 
 
-class LlmFailure(_Fact):
+class LlmFailure(_Fact, frozen=True):
     """A model-request failure, normalized from the adapter's error."""
 
     message: str
@@ -222,7 +222,7 @@ class LlmFailure(_Fact):
     request_id: str | None = None
 
 
-class ToolSpec(_Fact):
+class ToolSpec(_Fact, frozen=True):
     """A tool as the model is told about it: ``parameters`` is a JSON Schema object."""
 
     name: str
@@ -230,7 +230,7 @@ class ToolSpec(_Fact):
     parameters: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-class RequestConfig(_Fact):
+class RequestConfig(_Fact, frozen=True):
     """The frozen call configuration ``agent/request`` produces."""
 
     provider: str
@@ -241,18 +241,18 @@ class RequestConfig(_Fact):
     stop: list[str] | None = None
 
 
-class TextDelta(_Kinded, tag="text", tag_field="kind"):
+class TextDelta(_Kinded, tag="text", tag_field="kind", frozen=True):
     text: str
 
 
-class ReasoningDelta(_Kinded, tag="reasoning", tag_field="kind"):
+class ReasoningDelta(_Kinded, tag="reasoning", tag_field="kind", frozen=True):
     """A piece of reasoning; ``signature`` (Anthropic thinking) arrives on its last piece."""
 
     text: str
     signature: str | None = None
 
 
-class ToolCallDelta(_Kinded, tag="tool-call", tag_field="kind"):
+class ToolCallDelta(_Kinded, tag="tool-call", tag_field="kind", frozen=True):
     """A piece of the ``index``-th tool call; ``call_id``/``name`` arrive on its first piece."""
 
     index: int
@@ -261,14 +261,14 @@ class ToolCallDelta(_Kinded, tag="tool-call", tag_field="kind"):
     arguments_delta: str = ""
 
 
-class UsageChunk(_Kinded, tag="usage", tag_field="kind"):
+class UsageChunk(_Kinded, tag="usage", tag_field="kind", frozen=True):
     usage: Usage
 
 
 FinishReason: TypeAlias = Literal["stop", "tool-calls", "max-tokens", "error"]
 
 
-class FinishChunk(_Kinded, tag="finish", tag_field="kind"):
+class FinishChunk(_Kinded, tag="finish", tag_field="kind", frozen=True):
     reason: FinishReason
 
 
@@ -278,61 +278,61 @@ StreamChunk: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | UsageChunk
 # --------------------------------------------------------------------------- turn vocab
 
 
-class MessageTrigger(_Kinded, tag="message", tag_field="kind"):
+class MessageTrigger(_Kinded, tag="message", tag_field="kind", frozen=True):
     pass
 
 
-class RetryTrigger(_Kinded, tag="retry", tag_field="kind"):
+class RetryTrigger(_Kinded, tag="retry", tag_field="kind", frozen=True):
     previous_turn: int | None = None
 
 
 Trigger: TypeAlias = MessageTrigger | RetryTrigger
 
 
-class UserCause(_Kinded, tag="user", tag_field="kind"):
+class UserCause(_Kinded, tag="user", tag_field="kind", frozen=True):
     pass
 
 
-class ParentCause(_Kinded, tag="parent", tag_field="kind"):
+class ParentCause(_Kinded, tag="parent", tag_field="kind", frozen=True):
     pass
 
 
-class HookCause(_Kinded, tag="hook", tag_field="kind"):
+class HookCause(_Kinded, tag="hook", tag_field="kind", frozen=True):
     reason: str
 
 
-class DisposedCause(_Kinded, tag="disposed", tag_field="kind"):
+class DisposedCause(_Kinded, tag="disposed", tag_field="kind", frozen=True):
     pass
 
 
 CancelCause: TypeAlias = UserCause | ParentCause | HookCause | DisposedCause
 
 
-class Completed(_Kinded, tag="completed", tag_field="kind"):
+class Completed(_Kinded, tag="completed", tag_field="kind", frozen=True):
     pass
 
 
-class Aborted(_Kinded, tag="aborted", tag_field="kind"):
+class Aborted(_Kinded, tag="aborted", tag_field="kind", frozen=True):
     reason: CancelCause
 
 
-class Blocked(_Kinded, tag="blocked", tag_field="kind"):
+class Blocked(_Kinded, tag="blocked", tag_field="kind", frozen=True):
     pass
 
 
-class Errored(_Kinded, tag="error", tag_field="kind"):
+class Errored(_Kinded, tag="error", tag_field="kind", frozen=True):
     error: LlmFailure
 
 
-class MaxTokens(_Kinded, tag="max-tokens", tag_field="kind"):
+class MaxTokens(_Kinded, tag="max-tokens", tag_field="kind", frozen=True):
     pass
 
 
-class Interrupted(_Kinded, tag="interrupted", tag_field="kind"):
+class Interrupted(_Kinded, tag="interrupted", tag_field="kind", frozen=True):
     """Written only by crash repair when a session resumes with an open tail turn."""
 
 
-class LimitExceeded(_Kinded, tag="limit", tag_field="kind"):
+class LimitExceeded(_Kinded, tag="limit", tag_field="kind", frozen=True):
     """A runtime limit (steps per turn, requests, tokens) ended the turn."""
 
     limit: str
@@ -344,11 +344,11 @@ TurnEndReason: TypeAlias = (
 )
 
 
-class SurfaceAppend(_Kinded, tag="append", tag_field="kind"):
+class SurfaceAppend(_Kinded, tag="append", tag_field="kind", frozen=True):
     pass
 
 
-class SurfaceReplace(_Kinded, tag="replace", tag_field="kind"):
+class SurfaceReplace(_Kinded, tag="replace", tag_field="kind", frozen=True):
     """Replaces the model-visible message written by the surface event at ``seq``."""
 
     seq: int
@@ -359,34 +359,34 @@ SurfaceOp: TypeAlias = SurfaceAppend | SurfaceReplace
 _APPEND: Final = SurfaceAppend()
 
 
-class _SurfaceFact(_Fact, omit_defaults=False):
+class _SurfaceFact(_Fact, omit_defaults=False, frozen=True):
     """Base of the three surface facts: ``surfaceOp`` and ``sourceEventSeqs`` always encode."""
 
 
 # --------------------------------------------------------------------------- event data
 
 
-class TurnStart(_Fact):
+class TurnStart(_Fact, frozen=True):
     turn: int
     trigger: Trigger
 
 
-class TurnEnd(_Fact):
+class TurnEnd(_Fact, frozen=True):
     turn: int
     reason: TurnEndReason
 
 
-class StepStart(_Fact):
+class StepStart(_Fact, frozen=True):
     turn: int
     step: int
 
 
-class StepEnd(_Fact):
+class StepEnd(_Fact, frozen=True):
     turn: int
     step: int
 
 
-class UserMessageData(_SurfaceFact):
+class UserMessageData(_SurfaceFact, frozen=True):
     """``user/message``: a model-visible user message (claimed, steered or seeded)."""
 
     message: UserMessage
@@ -396,13 +396,13 @@ class UserMessageData(_SurfaceFact):
     source_event_seqs: list[int] = msgspec.field(default_factory=list)
 
 
-class AssistantChunk(_Fact):
+class AssistantChunk(_Fact, frozen=True):
     turn: int
     step: int
     chunk: StreamChunk
 
 
-class AssistantMessageData(_SurfaceFact):
+class AssistantMessageData(_SurfaceFact, frozen=True):
     """``assistant/message``: the assembled reply; ``source_event_seqs`` cites its chunks."""
 
     turn: int
@@ -415,7 +415,7 @@ class AssistantMessageData(_SurfaceFact):
     source_event_seqs: list[int] = msgspec.field(default_factory=list)
 
 
-class ToolCallData(_Fact):
+class ToolCallData(_Fact, frozen=True):
     """``tool/call``: appended before anything about the call runs."""
 
     turn: int
@@ -425,7 +425,7 @@ class ToolCallData(_Fact):
     arguments: str
 
 
-class ToolError(_Fact):
+class ToolError(_Fact, frozen=True):
     """Why a tool result is an error: ``code`` such as ``TOOL_FAILED``, ``TOOL_DENIED``,
     ``INVALID_ARGUMENTS``, ``ABORTED_BEFORE_DISPATCH``, ``TOOL_NOT_STARTED``,
     ``TOOL_OUTCOME_UNKNOWN``, ``TOOL_TIMEOUT``, ``UNKNOWN_TOOL``."""
@@ -434,7 +434,7 @@ class ToolError(_Fact):
     message: str
 
 
-class ToolResultData(_SurfaceFact):
+class ToolResultData(_SurfaceFact, frozen=True):
     """``tool/result``: appended in model order; ``source_event_seqs`` cites its call."""
 
     turn: int
@@ -446,7 +446,7 @@ class ToolResultData(_SurfaceFact):
     source_event_seqs: list[int] = msgspec.field(default_factory=list)
 
 
-class RequestHeader(_Fact):
+class RequestHeader(_Fact, frozen=True):
     """``request/header``: written for the first request and whenever it changed."""
 
     turn: int
@@ -456,7 +456,7 @@ class RequestHeader(_Fact):
     tools: list[ToolSpec] = msgspec.field(default_factory=list)
 
 
-class RequestContext(_Fact):
+class RequestContext(_Fact, frozen=True):
     """``request/context``: which logged history a request was built from."""
 
     turn: int
@@ -465,7 +465,7 @@ class RequestContext(_Fact):
     through_seq: int
 
 
-class LlmRetry(_Fact):
+class LlmRetry(_Fact, frozen=True):
     """``llm/retry``: the retry policy accepted a failure and will open a retry turn."""
 
     turn: int
@@ -474,7 +474,7 @@ class LlmRetry(_Fact):
     failure: LlmFailure
 
 
-class AgentInboxSpliced(_Fact):
+class AgentInboxSpliced(_Fact, frozen=True):
     """``agent/inbox/spliced``: one change of one inbox lane, coordinates like list slicing.
 
     A claim is a pure deletion (no ``outcome``); an ordinary removal has
@@ -488,7 +488,7 @@ class AgentInboxSpliced(_Fact):
     outcome: Literal["canceled"] | None = None
 
 
-class SessionEndSeed(_Fact):
+class SessionEndSeed(_Fact, frozen=True):
     """``session/end-seed``: the seeded prefix (fork or import) ends here."""
 
     source_session: str | None = None
