@@ -110,6 +110,7 @@ class _Resume(msgspec.Struct, frozen=True):
 
 class _StreamReady(msgspec.Struct, frozen=True):
     stream: StreamHandle
+    upto: int
 
 
 class _ToolDone(msgspec.Struct, frozen=True):
@@ -180,8 +181,9 @@ class AgentActor(PooledActor):
             if message.token == self._waiting_token and self._waiting is not None:
                 self._advance(message.value, message.error)
         elif isinstance(message, _StreamReady):
-            self._on_stream_ready(message.stream)
+            self._on_stream_ready(message.stream, message.upto)
         elif isinstance(message, _ToolDone):
+            message.handle.delivered = True  # visible to the turn only now, in mailbox order
             waiting = self._waiting
             if isinstance(waiting, JoinTool) and waiting.handle is message.handle:
                 self._advance(message.handle.run)
@@ -317,9 +319,7 @@ class AgentActor(PooledActor):
             items, error = stream.take()
             if items or error is not None:
                 return items, error
-            token, pending = self._wait(effect, stream.cancel)
-            stream.waiting = True
-            return pending
+            return self._wait(effect, stream.cancel)[1]
         if isinstance(effect, Flush):
             token, pending = self._wait(effect)
             resume = self._resumer(token)
@@ -337,7 +337,7 @@ class AgentActor(PooledActor):
                 self.model,
                 effect.request,
                 self.io,
-                lambda s: post(_StreamReady(s)),
+                lambda s, upto: post(_StreamReady(s, upto)),
                 immediate=self._immediate,
             )
             return stream, None
@@ -349,7 +349,7 @@ class AgentActor(PooledActor):
             return handle, None
         if isinstance(effect, JoinTool):
             tool: ToolHandle = effect.handle
-            if tool.done:
+            if tool.delivered:
                 return tool.run, None
             return self._wait(effect)[1]
         if isinstance(effect, RunAsync):
@@ -373,7 +373,8 @@ class AgentActor(PooledActor):
             return pending
         raise TypeError(f"the turn awaited an unknown effect {effect!r}")
 
-    def _on_stream_ready(self, stream: StreamHandle) -> None:
+    def _on_stream_ready(self, stream: StreamHandle, upto: int) -> None:
+        stream.announce(upto)
         waiting = self._waiting
         if isinstance(waiting, NextBatch) and waiting.stream is stream:
             items, error = stream.take()

@@ -23,46 +23,84 @@ from .tools import run_execute_chain
 __all__ = ["StreamHandle", "ToolHandle", "is_immediate", "open_stream", "start_tool"]
 
 
+class _Failure:
+    """The stream's failure, queued behind the chunks that came before it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 class StreamHandle:
-    """Chunks of one model call, produced on the loop, taken by the actor."""
+    """Chunks of one model call, produced on the loop, taken by the actor.
 
-    __slots__ = ("_effect", "_error", "_items", "_lock", "_notified", "_notify", "waiting")
+    Chunks become visible to the actor in mailbox order: the loop appends them and sends
+    one notification ``(handle, upto)`` at a time; only when the actor handles it are the
+    chunks up to ``upto`` announced (and a new notification sent for any that arrived
+    since). So a steer or cancel sent before a chunk arrived is always handled before the
+    turn sees that chunk.
 
-    def __init__(self, notify: Callable[[StreamHandle], None]) -> None:
+    Invariant: ``_taken <= _announced <= len(_items)``; at most one notification in flight.
+    """
+
+    __slots__ = ("_announced", "_effect", "_items", "_lock", "_notified", "_notify", "_taken")
+
+    def __init__(self, notify: Callable[[StreamHandle, int], None]) -> None:
         self._lock = threading.Lock()
-        self._items: list[StreamChunk | StreamEnd] = []
-        self._error: BaseException | None = None
+        self._items: list[StreamChunk | StreamEnd | _Failure] = []
+        self._taken = 0
+        self._announced = 0
         self._notify = notify
         self._notified = False
         self._effect: EffectHandle[Any] | None = None
-        self.waiting = False
 
-    def _signal(self) -> None:
+    def _append(self, item: StreamChunk | StreamEnd | _Failure) -> None:
         with self._lock:
+            self._items.append(item)
             if self._notified:
                 return
             self._notified = True
-        self._notify(self)
+            upto = len(self._items)
+        self._notify(self, upto)
 
     def push(self, item: StreamChunk | StreamEnd) -> None:
-        with self._lock:
-            self._items.append(item)
-        self._signal()
+        self._append(item)
 
     def fail(self, error: BaseException) -> None:
-        with self._lock:
-            self._error = error
-        self._signal()
+        self._append(_Failure(error))
 
-    def take(self) -> tuple[list[StreamChunk | StreamEnd], BaseException | None]:
-        """Everything that arrived; the error only once the chunks before it were taken."""
+    def prefill(self, items: list[StreamChunk | StreamEnd | _Failure]) -> None:
+        """Answer inline (before the handle is shared): everything is announced at once."""
+        self._items = items
+        self._announced = len(items)
+
+    def announce(self, upto: int) -> None:
+        """The owning actor handled the notification ``upto`` (in its mailbox order)."""
         with self._lock:
             self._notified = False
-            items, self._items = self._items, []
-            if items:
-                return items, None
-            error, self._error = self._error, None
-            return [], error
+            self._announced = max(self._announced, upto)
+            if len(self._items) <= self._announced:
+                return
+            self._notified = True
+            upto = len(self._items)
+        self._notify(self, upto)
+
+    def take(self) -> tuple[list[StreamChunk | StreamEnd], BaseException | None]:
+        """The announced chunks not taken yet; a failure only once the chunks before it
+        were taken."""
+        with self._lock:
+            start, stop = self._taken, self._announced
+            batch = self._items[start:stop]
+            for index, item in enumerate(batch):
+                if isinstance(item, _Failure):
+                    if index == 0:
+                        self._taken = start + 1
+                        return [], item.error
+                    self._taken = start + index
+                    return batch[:index], None  # type: ignore[return-value]
+            self._taken = stop
+        return batch, None  # type: ignore[return-value]
 
     def cancel(self) -> None:
         if self._effect is not None:
@@ -78,7 +116,7 @@ def open_stream(
     model: Model,
     request: ModelRequest,
     io: IoSide,
-    notify: Callable[[StreamHandle], None],
+    notify: Callable[[StreamHandle, int], None],
     *,
     immediate: bool,
 ) -> StreamHandle:
@@ -88,10 +126,10 @@ def open_stream(
         try:
             answer = cast(ImmediateModel, model).answer_now(request)
         except ModelError as err:
-            handle._error = err
+            handle.prefill([_Failure(err)])
             return handle
         if answer is not None:
-            handle._items = [*answer, StreamEnd()]
+            handle.prefill([*answer, StreamEnd()])
             return handle
 
     async def pump() -> None:
@@ -119,13 +157,15 @@ def _ignore(_outcome: Outcome[Any]) -> None:
 
 
 class ToolHandle:
-    """One tool execution; ``run`` is set (then ``done``) from an I/O thread."""
+    """One tool execution; ``run`` is set (then ``done``) from an I/O thread, and
+    ``delivered`` by the owning actor when it handles the completion message."""
 
-    __slots__ = ("done", "run")
+    __slots__ = ("delivered", "done", "run")
 
     def __init__(self) -> None:
         self.run: ToolRun | None = None
         self.done = False
+        self.delivered = False
 
 
 class _Timeout(Exception):
