@@ -69,11 +69,17 @@ class Insert(msgspec.Struct, frozen=True):
 
 
 class Edit(msgspec.Struct, frozen=True):
-    """A supervisor's inbox edit; answered through ``ask``."""
+    """A supervisor's inbox edit; answered through ``ask``. ``splice`` is the general
+    form: in ``lane``, remove ``removed_count`` messages from ``start`` and insert
+    ``messages`` (reserved) there."""
 
-    op: Literal["remove", "replace", "clear"]
+    op: Literal["remove", "replace", "clear", "splice"]
     message_id: MessageId | None = None
     message: UserMessage | None = None
+    lane: InboxLane = "next-turn"
+    start: int = 0
+    removed_count: int = 0
+    messages: tuple[UserMessage, ...] = ()
 
 
 class Cancel(msgspec.Struct, frozen=True):
@@ -236,6 +242,13 @@ class AgentActor(PooledActor):
                 self.inbox.release(edit.message.id)
                 raise
             return None
+        if edit.op == "splice":
+            try:
+                return self.inbox.splice(edit.lane, edit.start, edit.removed_count, edit.messages)
+            except Exception:
+                for message in edit.messages:
+                    self.inbox.release(message.id)
+                raise
         return self.inbox.clear()
 
     def _cancel(self, cause: CancelCause, *, keep_inbox: bool, target: TurnSignal | None) -> None:

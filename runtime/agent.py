@@ -42,6 +42,12 @@ __all__ = ["Agent", "MessageLike"]
 MessageLike = str | UserMessage | Sequence[ContentBlock]
 _BLOCKS = (TextBlock, ReasoningBlock, ImageBlock, ToolCallBlock, ToolResultBlock)
 _CAUSES = ("user", "parent", "hook", "disposed")
+_message_decoder = msgspec.json.Decoder(UserMessage)
+
+
+def _check_id(message_id: object) -> None:
+    if not isinstance(message_id, str) or not message_id:
+        raise InvalidMessageError(f"a message id is a non-empty str, got {message_id!r}")
 
 
 class Agent:
@@ -132,9 +138,14 @@ class Agent:
                 f"a message is a str, a UserMessage or a non-empty list of content blocks; "
                 f"got {type(value).__name__}"
             )
-        if not message.id:
+        if not message.id or not isinstance(message.id, str):
             raise InvalidMessageError(f"a message id is a non-empty str, got {message.id!r}")
-        size = len(msgspec.json.encode(message))
+        try:
+            encoded = msgspec.json.encode(message)
+            _message_decoder.decode(encoded)  # field types: msgspec does not check them at
+        except (TypeError, ValueError, msgspec.MsgspecError) as err:  # construction
+            raise InvalidMessageError(f"the message is not a valid UserMessage: {err}") from err
+        size = len(encoded)
         if size > self._max_bytes:
             raise InvalidMessageError(
                 f"the message encodes to {size} bytes, over the {self._max_bytes}-byte event limit"
@@ -197,6 +208,7 @@ class Agent:
 
     def remove(self, message_id: MessageId, *, timeout: float | None = 10.0) -> UserMessage:
         """Discard one pending message (``outcome: canceled``); raises if it is not pending."""
+        _check_id(message_id)
         removed: UserMessage = self._ask(Edit(op="remove", message_id=message_id), timeout)
         return removed
 
@@ -204,11 +216,45 @@ class Agent:
         self, message_id: MessageId, message: MessageLike, *, timeout: float | None = 10.0
     ) -> MessageId:
         """Swap a pending message for a new one in the same place; returns the new id."""
+        _check_id(message_id)
         new = self._message(message, None, "user")
         assert self._inbox is not None
         self._inbox.reserve(new.id)
         self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
         return new.id
+
+    def splice(
+        self,
+        lane: InboxLane,
+        start: int,
+        removed_count: int = 0,
+        messages: Sequence[MessageLike] = (),
+        *,
+        timeout: float | None = 10.0,
+    ) -> list[UserMessage]:
+        """The general inbox edit: in ``lane``, discard ``removed_count`` pending messages
+        from ``start`` (coordinates like list slicing) and insert ``messages`` there.
+        Returns the discarded messages; nothing wakes the agent."""
+        if lane not in ("next-turn", "next-step"):
+            raise InvalidMessageError(f"lane must be 'next-turn' or 'next-step', got {lane!r}")
+        if not isinstance(start, int) or not isinstance(removed_count, int) or removed_count < 0:
+            raise InvalidMessageError("start is an int and removed_count an int >= 0")
+        new = tuple(self._message(m, None, "user") for m in messages)
+        assert self._inbox is not None
+        reserved: list[MessageId] = []
+        try:
+            for message in new:
+                self._inbox.reserve(message.id)
+                reserved.append(message.id)
+            edit = Edit(
+                op="splice", lane=lane, start=start, removed_count=removed_count, messages=new
+            )
+            removed: list[UserMessage] = self._ask(edit, timeout)
+        except BaseException:
+            for message_id in reserved:
+                self._inbox.release(message_id)
+            raise
+        return removed
 
     def clear(self, *, timeout: float | None = 10.0) -> list[UserMessage]:
         """Discard every pending message; returns them."""

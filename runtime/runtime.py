@@ -34,7 +34,7 @@ from actors.toolphase import ToolPhase
 from actors.tools import Tool
 from actors.turn import Durability, TurnMachine
 from storage.events import DisposedCause, RequestConfig
-from storage.lmdb_store import Store
+from storage.lmdb_store import Store, check_session_id
 from storage.session import Session
 
 from . import gctune
@@ -61,9 +61,18 @@ def _resolve_model(model: Model | str) -> Model:
     return model
 
 
+def _check_system(system: object) -> None:
+    if system is not None and not isinstance(system, str):
+        raise TypeError(f"system must be a str or None, got {type(system).__name__}")
+
+
 def _resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
     out: dict[str, Tool] = {}
+    if isinstance(tools, str | bytes):
+        raise TypeError("tools must be a sequence of tools, not a string")
     for item in tools:
+        if not isinstance(item, Tool) and not callable(item):
+            raise TypeError(f"a tool is a Tool or a typed function, got {item!r}")
         resolved: Tool = item if isinstance(item, Tool) else FunctionTool(item)
         name = resolved.spec.name
         if name in out:
@@ -157,6 +166,8 @@ class Runtime:
     def _listen(
         self, name: str, listener: Callable[..., Any], scope: str | None
     ) -> Callable[[], None]:
+        if not callable(listener):
+            raise TypeError(f"a listener must be callable, got {listener!r}")
         if name not in AGENT_EVENTS:
             known = ", ".join(sorted(AGENT_EVENTS))
             raise ValueError(f"unknown live event {name!r}; known: {known}")
@@ -193,6 +204,7 @@ class Runtime:
     ) -> Agent:
         """Create an agent with a new session. It stays idle until a waking send."""
         self._check_open()
+        _check_system(system)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         session = self.store.create_session(session_id)
         return self._start(session, resolved, tool_map, system, "startup")
@@ -208,6 +220,8 @@ class Runtime:
         """Rebuild an agent from its durable log: repair an open tail turn, restore the
         inbox from its splices, continue turn numbers. It stays idle until a waking send."""
         self._check_open()
+        check_session_id(session_id)
+        _check_system(system)
         with self._lock:
             if session_id in self._agents:
                 raise ValueError(f"agent {session_id!r} is already live in this runtime")
@@ -215,6 +229,24 @@ class Runtime:
         session = self.store.open_session(session_id)
         session.repair()
         return self._start(session, resolved, tool_map, system, "resume")
+
+    def fork(
+        self,
+        source_id: str,
+        boundary: int,
+        *,
+        model: Model | str,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        session_id: str | None = None,
+        system: str | None = None,
+    ) -> Agent:
+        """A new agent whose session is seeded with ``source_id``'s log up to ``boundary``
+        (an inclusive seq that must not end inside an open turn). Turn numbers continue;
+        the parent's pending inbox is not inherited."""
+        self._check_open()
+        resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
+        session = self.store.fork(source_id, boundary, session_id)
+        return self._start(session, resolved, tool_map, system, "startup")
 
     def _start(
         self,

@@ -189,3 +189,17 @@ def test_a_wake_while_an_aborted_turn_unwinds_is_latched_and_runs_next(rt: Runti
     assert [c.turn for c in claimed] == [1, 2]
     assert "latched" in user_texts(agent)
     assert mid not in agent.inbox.ids()
+
+
+def test_the_general_splice_edits_a_lane_like_list_slicing(rt: Runtime, timeline: Timeline) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    ids = [agent.inject(text) for text in ("a", "b", "c")]
+    removed = agent.splice("next-step", -2, 1, ["x", "y"])
+    assert [m.id for m in removed] == [ids[1]]
+    texts = [m.content[0].text for m in agent.inbox.next_step]
+    assert texts == ["a", "x", "y", "c"]
+    last = [e.data for e in agent.session.events() if e.type == "agent/inbox/spliced"][-1]
+    assert (last.target, last.start, last.removed_count, last.outcome) == ("next-step", 1, 1, "canceled")
+    assert [d.message.id for d in timeline.of("agent/inbox/discarded")] == [ids[1]]
+    assert agent.splice("next-turn", 5, 3) == []  # a no-op writes nothing
+    assert [e.type for e in agent.session.events()].count("agent/inbox/spliced") == 4

@@ -69,9 +69,7 @@ def test_a_fork_child_continues_turn_numbers_without_the_parents_inbox(store_pat
         parent.inject("parent only")
         assert parent.wait_idle(WAIT)
         boundary = next(e.seq for e in parent.session.events() if e.type == "turn/end")
-        rt.flush()
-        rt.store.fork("parent", boundary, "child")
-        child = rt.resume("child", model=ScriptedModel.echo())
+        child = rt.fork("parent", boundary, model=ScriptedModel.echo(), session_id="child")
         assert child.inbox.ids() == []
         child.followup("two")
         assert child.wait_idle(WAIT)
