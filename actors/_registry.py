@@ -77,6 +77,13 @@ class RegistryActor(PooledActor):
         self._announce_created(id_, ref)
         return ref
 
+    def rebind(self, id_: str, ref: ActorRef[Any]) -> None:
+        """Point a registered id at a new actor (the same registration, a new actor:
+        e.g. an agent rehydrated after passivation). Nothing is announced."""
+        if id_ not in self._refs:
+            raise KeyError(f"id {id_!r} is not registered; create it first")
+        self._refs[id_] = ref
+
     def get(self, id_: str) -> ActorRef[Any] | None:
         return self._refs.get(id_)
 

@@ -24,6 +24,7 @@ from ._mailbox import Mailbox
 from ._pooled import PooledActor
 from ._scheduler import Scheduler
 from .effects import (
+    Admit,
     Checkpoint,
     Effect,
     Flush,
@@ -48,6 +49,7 @@ __all__ = [
     "Edit",
     "Insert",
     "Kill",
+    "Quiescent",
 ]
 
 log = logging.getLogger("corral.agent")
@@ -89,6 +91,10 @@ class Cancel(msgspec.Struct, frozen=True):
     cause: CancelCause
     keep_inbox: bool = False
     target: TurnSignal | None = None
+
+
+class Quiescent(msgspec.Struct, frozen=True):
+    """Ask: True when the agent is idle with nothing queued (it may be passivated)."""
 
 
 class AwaitIdle(msgspec.Struct, frozen=True):
@@ -178,7 +184,6 @@ class AgentActor(PooledActor):
         self._waiting_token = 0
         self._cancel_waiting: Callable[[], None] | None = None
         self._idle_waiters: list[Callable[[], None]] = []
-        self._running = False
 
     # ------------------------------------------------------------------ envelopes
 
@@ -204,14 +209,13 @@ class AgentActor(PooledActor):
                 self._idle_waiters.append(message.callback)
         elif isinstance(message, Edit):
             return self._edit(message)
+        elif isinstance(message, Quiescent):
+            return self._coro is None and self.actor_mailbox.empty()
         elif isinstance(message, Kill):
             raise AgentKilledError(f"agent {self.session.id} killed: {message.reason}")
         else:
             return super().on_receive(message)
         return None
-
-    def inbox_view(self) -> InboxView:
-        return self.inbox.view()
 
     def _insert(self, message: Insert) -> None:
         lane, wake = message.lane, message.wake
@@ -254,6 +258,11 @@ class AgentActor(PooledActor):
     def _cancel(self, cause: CancelCause, *, keep_inbox: bool, target: TurnSignal | None) -> None:
         if not keep_inbox:
             self.inbox.clear()
+        waiting = self._waiting
+        if isinstance(waiting, Admit):  # queued for a place: leave the queue, end the drain
+            if waiting.admission.withdraw(waiting.on_admitted):
+                self._advance(None, TurnAborted())
+            return
         signal = self.machine.signal
         if self._coro is None or signal is None:
             return
@@ -338,6 +347,15 @@ class AgentActor(PooledActor):
             resume = self._resumer(token)
             self.session.flush_async(lambda err: resume(None, err))
             return pending
+        if isinstance(effect, Admit):
+            token, pending = self._wait(effect)
+            post = self._post
+
+            def admitted() -> None:
+                post(_Resume(token=token))
+
+            effect.on_admitted = admitted
+            return (None, None) if effect.admission.enter(admitted) else pending
         if isinstance(effect, Checkpoint):
             if self.actor_mailbox.empty():
                 return None, None  # nothing queued could change the outcome: go on
@@ -406,15 +424,13 @@ class AgentActor(PooledActor):
         waiters, self._idle_waiters = self._idle_waiters, []
         for callback in waiters:
             callback()
+        self._release()
 
-    @property
-    def busy(self) -> bool:
-        return self._coro is not None
-
-    def status(self) -> Literal["idle", "running"]:
-        return self.machine.status
-
-
-def inbox_snapshot(actor: AgentActor) -> InboxView:
-    """A read-only view of both lanes (thread-safe)."""
-    return actor.inbox.view()
+    def _release(self) -> None:
+        """Let go of the session and its projections once stopped: refs to a stopped
+        actor (registries, dead letters) must not keep an evicted session in memory."""
+        mailbox = self.actor_inbox
+        if isinstance(mailbox, AgentMailbox):
+            mailbox.lanes = None
+        for name in ("machine", "inbox", "session", "model", "bus"):
+            self.__dict__.pop(name, None)

@@ -20,6 +20,7 @@ from storage.events import StreamChunk
 from .model import ModelRequest
 
 __all__ = [
+    "Admit",
     "Checkpoint",
     "Effect",
     "Flush",
@@ -49,6 +50,17 @@ class Effect(Generic[T]):
     def __await__(self) -> Generator[Effect[T], Any, T]:
         result: T = yield self
         return result
+
+
+class Admit(Effect[None]):
+    """Wait for a place among the runtime's running turn chains (``max_running_turns``)."""
+
+    __slots__ = ("admission", "on_admitted")
+    abortable = True
+
+    def __init__(self, admission: Any) -> None:
+        self.admission = admission
+        self.on_admitted: Any = None
 
 
 class Checkpoint(Effect[None]):

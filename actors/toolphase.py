@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from storage.errors import InvalidEventError
 from storage.events import (
     TextBlock,
     ToolCallBlock,
@@ -65,6 +66,10 @@ def _error(code: str, message: str) -> ToolOutcome:
     )
 
 
+def _not_started() -> ToolOutcome:
+    return _error("ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started")
+
+
 class ToolPhase:
     """Runs the calls of one step. Owned by one agent's turn machine."""
 
@@ -107,6 +112,8 @@ class ToolPhase:
             arguments = json.loads(call.arguments or "{}", parse_constant=_no_constant)
         except ValueError as err:
             return _error("INVALID_ARGUMENTS", f"the arguments are not valid JSON: {err}")
+        except RecursionError:
+            return _error("INVALID_ARGUMENTS", "the arguments are nested too deeply to decode")
         try:
             prepared = tool.prepare(arguments)
         except ToolArgumentError as err:
@@ -123,9 +130,7 @@ class ToolPhase:
         try:
             decision = await self._decide("tools/pre-execute", event, Allow)
         except TurnAborted:
-            return _error(
-                "ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started"
-            )
+            return _not_started()
         except Exception as err:  # noqa: BLE001 - a failing gate denies the call
             return _error("TOOL_DENIED", f"tools/pre-execute failed: {err!r}")
         if isinstance(decision, Deny):
@@ -195,9 +200,7 @@ class ToolPhase:
 
         for index, call in enumerate(calls):
             if signal.aborted:
-                outcomes[index] = _error(
-                    "ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started"
-                )
+                outcomes[index] = _not_started()
                 commit_ready()
                 continue
             admitted = await self._admit(turn, step, call, signal)
@@ -209,9 +212,7 @@ class ToolPhase:
             while inflight and (not safe or len(inflight) >= self._max_parallel):
                 await join_oldest()
             if signal.aborted:
-                outcomes[index] = _error(
-                    "ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started"
-                )
+                outcomes[index] = _not_started()
                 commit_ready()
                 continue
             plans[index] = admitted
@@ -227,22 +228,14 @@ class ToolPhase:
         self, turn: int, step: int, call: ToolCallBlock, call_seq: int, outcome: ToolOutcome | None
     ) -> None:
         assert outcome is not None
-        message = ToolMessage(
-            call_id=call.call_id,
-            name=call.name,
-            content=list(outcome.content),
-            is_error=outcome.error is not None,
-        )
-        event = self._append(
-            ToolResultData(
-                turn=turn,
-                step=step,
-                message=message,
-                error=outcome.error,
-                concludes_turn=outcome.concludes_turn,
-                source_event_seqs=[call_seq],
+        try:
+            event = self._append(self._result(turn, step, call, call_seq, outcome))
+        except InvalidEventError as err:  # e.g. an output over the event size limit
+            refused = _error("TOOL_FAILED", f"the tool result could not be logged: {err}")
+            outcome = ToolOutcome(
+                content=refused.content, error=refused.error, concludes_turn=outcome.concludes_turn
             )
-        )
+            event = self._append(self._result(turn, step, call, call_seq, outcome))
         self._emit(
             "tools/result",
             ToolResultEvent(
@@ -254,6 +247,25 @@ class ToolPhase:
                 seq=event.seq,
                 is_error=outcome.error is not None,
             ),
+        )
+
+    @staticmethod
+    def _result(
+        turn: int, step: int, call: ToolCallBlock, call_seq: int, outcome: ToolOutcome
+    ) -> ToolResultData:
+        message = ToolMessage(
+            call_id=call.call_id,
+            name=call.name,
+            content=list(outcome.content),
+            is_error=outcome.error is not None,
+        )
+        return ToolResultData(
+            turn=turn,
+            step=step,
+            message=message,
+            error=outcome.error,
+            concludes_turn=outcome.concludes_turn,
+            source_event_seqs=[call_seq],
         )
 
 

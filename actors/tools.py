@@ -83,15 +83,15 @@ def _as_text(output: Any) -> str:
         return output
     try:
         text = _encoder.encode(output).decode()
-    except (TypeError, msgspec.EncodeError) as err:
+        if "null" in text:  # msgspec writes NaN/Infinity as null: a lossless result has none
+            json.dumps(msgspec.to_builtins(output), allow_nan=False)
+    except (TypeError, msgspec.EncodeError, UnicodeEncodeError) as err:
         raise TypeError(f"returned {type(output).__name__}, which is not JSON: {err}") from err
-    # msgspec writes NaN/Infinity as null; a lossless result must not contain them.
-    json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as err:
+        raise TypeError("returned NaN or Infinity, which is not JSON") from err
+    except RecursionError as err:
+        raise TypeError(f"returned a {type(output).__name__} nested too deeply for JSON") from err
     return text
-
-
-def _refuse_constant(name: str) -> Any:
-    raise TypeError(f"returned a non-finite number ({name}), which is not JSON")
 
 
 def outcome_from_output(output: Any) -> ToolOutcome:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
+from storage.errors import InvalidEventError
 from storage.events import (
     Aborted,
     AssistantChunk,
@@ -45,6 +46,7 @@ from storage.events import (
 
 from .assembly import Assembler
 from .effects import (
+    Admit,
     Checkpoint,
     Flush,
     NextBatch,
@@ -56,6 +58,7 @@ from .effects import (
 )
 from .errors import ListenerError
 from .inbox import Inbox
+from .limits import Admission, UsageMeter
 from .live import (
     AgentError,
     AgentLike,
@@ -91,6 +94,33 @@ class _StepResult(msgspec.Struct, frozen=True):
     offer: bool = True
 
 
+_ENCODER: Final = msgspec.json.Encoder()
+_MAX_FAILURE_CHARS: Final = 16_384
+_MESSAGES: Final = msgspec.json.Decoder(list[UserMessage])
+
+
+def _checked(messages: Sequence[UserMessage], proposal: Sequence[UserMessage]) -> list[UserMessage]:
+    """A pre-step listener's batch, each field type checked (msgspec does not check at
+    construction, and an ill-typed fact would be logged but never read back)."""
+    batch = list(messages)
+    if messages is not proposal:
+        _MESSAGES.decode(_ENCODER.encode(batch))  # raises on a field of the wrong type
+    return batch
+
+
+def _bounded(failure: LlmFailure) -> LlmFailure:
+    """A failure that fits in a log record: a server may send megabytes of error text, or
+    text that is not UTF-8 (a lone surrogate)."""
+    message = failure.message
+    if len(message) > _MAX_FAILURE_CHARS:
+        rest = len(message) - _MAX_FAILURE_CHARS
+        message = f"{message[:_MAX_FAILURE_CHARS]}... ({rest} more characters)"
+    message = message.encode("utf-8", "replace").decode("utf-8")
+    if message == failure.message:
+        return failure
+    return msgspec.structs.replace(failure, message=message)
+
+
 def _listener_failure(name: str, err: BaseException) -> LlmFailure:
     cause = err.cause if isinstance(err, ListenerError) else err
     return LlmFailure(message=f"{name} listener failed: {cause!r}", code="UNKNOWN")
@@ -111,6 +141,8 @@ class TurnMachine:
         system: str | None = None,
         durability: Durability = "write-ahead",
         max_steps: int | None = None,
+        meters: Sequence[UsageMeter] = (),
+        admission: Admission | None = None,
         on_request: Callable[[ModelRequest], None] | None = None,
     ) -> None:
         self.agent = agent
@@ -122,6 +154,8 @@ class TurnMachine:
         self.system = system
         self.durability = durability
         self.max_steps = max_steps
+        self.meters = tuple(meters)
+        self.admission = admission
         self.on_request = on_request
         self.status: AgentStatus = "idle"
         self.signal: TurnSignal | None = None
@@ -163,14 +197,26 @@ class TurnMachine:
         """Run turns while work is owed; ``running`` for the whole chain, then ``idle``."""
         if not len(self.inbox):
             return
-        self._set_status("running")
-        self.draining = True
+        admission = self.admission
+        if admission is not None:
+            try:
+                await Admit(admission)  # beyond max_running_turns, work waits its turn
+            except TurnAborted:
+                return
         try:
-            await self._chain()
+            if not len(self.inbox):
+                return
+            self._set_status("running")
+            self.draining = True
+            try:
+                await self._chain()
+            finally:
+                self.draining = False
+                self.latched_wake = False
+                self._set_status("idle")
         finally:
-            self.draining = False
-            self.latched_wake = False
-            self._set_status("idle")
+            if admission is not None:
+                admission.leave()
 
     async def _chain(self) -> None:
         retry: Retry | None = None
@@ -231,6 +277,7 @@ class TurnMachine:
         return Aborted(reason=signal.reason)
 
     def _error(self, turn: int, step: int | None, failure: LlmFailure) -> Errored:
+        failure = _bounded(failure)
         self.emit("agent/error", AgentError(agent=self.agent, turn=turn, step=step, error=failure))
         return Errored(error=failure)
 
@@ -251,6 +298,10 @@ class TurnMachine:
         while True:
             if signal.aborted:
                 return self._aborted(signal), None
+            for meter in self.meters:
+                limited = meter.exceeded()
+                if limited is not None:
+                    return limited, None
             if self.max_steps is not None and step >= self.max_steps:
                 message = f"the turn reached its limit of {self.max_steps} steps"
                 return LimitExceeded(limit="max_steps", message=message), None
@@ -274,7 +325,13 @@ class TurnMachine:
                     message=f"agent/pre-step must return Enter or Reject, got {decision!r}"
                 )
                 return self._error(turn, None, failure), None
-            messages = list(decision.messages)
+            try:
+                messages = _checked(decision.messages, proposal)
+            except (TypeError, ValueError, msgspec.MsgspecError) as err:
+                failure = LlmFailure(
+                    message=f"agent/pre-step returned messages that are not UserMessages: {err}"
+                )
+                return self._error(turn, None, failure), None
             if not messages and step == 0 and isinstance(trigger, MessageTrigger):
                 return Completed(), None
             step += 1
@@ -316,8 +373,8 @@ class TurnMachine:
         signal: TurnSignal,
         prior: Sequence[LlmFailure],
     ) -> tuple[TurnEndReason, Retry | None]:
-        failure = result.failure
-        assert failure is not None
+        assert result.failure is not None
+        failure = _bounded(result.failure)
         if not result.offer:
             return self._error(turn, step, failure), None
         event = RequestError(
@@ -368,7 +425,11 @@ class TurnMachine:
                 )
                 return _StepResult(failure=failure, offer=False)
             specs = self.tools.specs()
-            self._write_header(turn, step, config, specs)
+            try:
+                self._write_header(turn, step, config, specs)
+            except (TypeError, ValueError, msgspec.MsgspecError, InvalidEventError) as err:
+                failure = LlmFailure(message=f"the request cannot be logged: {err}")
+                return _StepResult(failure=failure, offer=False)
             if self.durability == "write-ahead":
                 await Flush()
             if signal.aborted:
@@ -396,6 +457,7 @@ class TurnMachine:
             and last.tools == specs
         ):
             return
+        msgspec.json.decode(_ENCODER.encode(config), type=RequestConfig)  # field types
         self.session.append_fact(
             RequestHeader(turn=turn, step=step, config=config, system=self.system, tools=specs)
         )
@@ -405,6 +467,8 @@ class TurnMachine:
     ) -> _StepResult:
         append = self.session.append_fact
         assembler = Assembler(turn, step)
+        for meter in self.meters:
+            meter.count_request()
         try:
             stream = await OpenStream(request)
             done = False
@@ -418,48 +482,58 @@ class TurnMachine:
         except TurnAborted:
             visible = assembler.visible()
             if visible:
-                append(
-                    AssistantMessageData(
-                        turn=turn,
-                        step=step,
-                        message=assembler.message(with_calls=False),
-                        usage=assembler.usage,
-                        interrupted=True,
-                        source_event_seqs=assembler.chunk_seqs,
+                try:
+                    append(
+                        AssistantMessageData(
+                            turn=turn,
+                            step=step,
+                            message=assembler.message(with_calls=False),
+                            usage=assembler.usage,
+                            interrupted=True,
+                            source_event_seqs=assembler.chunk_seqs,
+                        )
                     )
-                )
+                except InvalidEventError:
+                    log.exception("the interrupted reply's visible prefix cannot be logged")
             return _StepResult()
         except ModelError as err:
             return _StepResult(failure=err.failure, error=err)
         except Exception as err:  # noqa: BLE001 - any adapter fault is a request failure
             return _StepResult(failure=LlmFailure(message=repr(err), code="UNKNOWN"), error=err)
+        if assembler.usage is not None:
+            for meter in self.meters:
+                meter.count_usage(assembler.usage)
         failure = assembler.failure()
         if failure is not None:
             return _StepResult(failure=failure, error=ModelError(failure))
         truncated = assembler.finish == "max-tokens"
         calls = [] if truncated else assembler.calls()
-        append(
-            AssistantMessageData(
-                turn=turn,
-                step=step,
-                message=assembler.message(with_calls=not truncated),
-                usage=assembler.usage,
-                finish_reason=assembler.finish,
-                source_event_seqs=assembler.chunk_seqs,
+        try:
+            append(
+                AssistantMessageData(
+                    turn=turn,
+                    step=step,
+                    message=assembler.message(with_calls=not truncated),
+                    usage=assembler.usage,
+                    finish_reason=assembler.finish,
+                    source_event_seqs=assembler.chunk_seqs,
+                )
             )
-        )
+            call_seqs = [
+                append(
+                    ToolCallData(
+                        turn=turn, step=step, call_id=c.call_id, name=c.name, arguments=c.arguments
+                    )
+                ).seq
+                for c in calls
+            ]
+        except InvalidEventError as err:  # e.g. a reply over the event size limit
+            failure = LlmFailure(message=f"the model's reply cannot be logged: {err}")
+            return _StepResult(failure=failure, error=err)
         if truncated:
             return _StepResult(end=MaxTokens())
         if not calls:
             return _StepResult()
-        call_seqs = [
-            append(
-                ToolCallData(
-                    turn=turn, step=step, call_id=c.call_id, name=c.name, arguments=c.arguments
-                )
-            ).seq
-            for c in calls
-        ]
         if self.durability == "write-ahead":
             await Flush()
         concluded = await self.tools.run(turn, step, calls, call_seqs, signal)

@@ -7,6 +7,7 @@ from actors.errors import (
     InvalidMessageError,
     UnknownMessageError,
 )
+from actors.limits import UsageLimits
 from actors.live import Allow, Deny, Enter, Reject, Retry, TurnSignal
 from actors.model import Model, ModelError, ModelRequest
 from actors.tools import Tool, ToolReturn
@@ -56,6 +57,7 @@ __all__ = [
     "ToolReturn",
     "TurnSignal",
     "UnknownMessageError",
+    "UsageLimits",
     "UserCause",
     "UserMessage",
     "conclude",

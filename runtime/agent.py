@@ -60,9 +60,16 @@ class Agent:
         *,
         new_id: Callable[[], str],
         max_message_bytes: int,
+        spec: Any = None,
     ) -> None:
         self._runtime = runtime
-        self._session = session
+        self._id = session.id
+        self._spec = spec
+        self._session: Session | None = session
+        # Held while sending and while passivating, so a send never reaches an actor
+        # that is being stopped; a passivated agent is rehydrated by its next use.
+        self._live_lock = threading.RLock()
+        self._passive = False
         self._inbox: Inbox | None = None
         self._new_id = new_id
         self._max_bytes = max_message_bytes
@@ -79,29 +86,57 @@ class Agent:
     def _bind(
         self,
         ref: ActorRef[Any],
+        session: Session,
         inbox: Inbox,
         status: Callable[[], Literal["idle", "running"]],
         active_signal: Callable[[], TurnSignal | None],
         unwinding: Callable[[], bool],
     ) -> None:
         self._ref = ref
+        self._session = session
         self._inbox = inbox
+        self._passive = False
         self._status = status
         self._active_signal = active_signal
         self._unwinding = unwinding
 
+    def _unbind(self) -> None:
+        """Forget the stopped actor and the in-memory session (passivation)."""
+        self._passive = True
+        self._session = None
+        self._inbox = None
+        self._status = lambda: "idle"
+        self._active_signal = lambda: None
+        self._unwinding = lambda: False
+
+    def _live(self) -> None:
+        """Rehydrate a passivated agent from its log before it is used."""
+        if self._passive:
+            with self._live_lock:
+                if self._passive:
+                    self._runtime._rehydrate(self)
+
     def __repr__(self) -> str:
-        return f"<Agent {self.id} {self.status}>"
+        state = "passive" if self._passive else self.status
+        return f"<Agent {self.id} {state}>"
 
     # ------------------------------------------------------------------ state
 
     @property
     def id(self) -> str:
-        return self._session.id
+        return self._id
 
     @property
     def session(self) -> Session:
+        """The agent's session (rehydrates a passivated agent)."""
+        self._live()
+        assert self._session is not None
         return self._session
+
+    @property
+    def passive(self) -> bool:
+        """Evicted from memory by :meth:`passivate`; its next use rehydrates it."""
+        return self._passive
 
     @property
     def status(self) -> Literal["idle", "running"]:
@@ -109,6 +144,7 @@ class Agent:
 
     @property
     def inbox(self) -> InboxView:
+        self._live()
         assert self._inbox is not None
         return self._inbox.view()
 
@@ -157,14 +193,16 @@ class Agent:
     ) -> MessageId:
         message = self._message(value, message_id, source)
         self._check_open(wake)
-        assert self._inbox is not None
-        self._inbox.reserve(message.id)
-        try:
-            unwinding = wake and self._unwinding()
-            self._tell(Insert(lane=lane, message=message, wake=wake, unwinding=unwinding))
-        except BaseException:
-            self._inbox.release(message.id)
-            raise
+        with self._live_lock:
+            self._live()
+            assert self._inbox is not None
+            self._inbox.reserve(message.id)
+            try:
+                unwinding = wake and self._unwinding()
+                self._tell(Insert(lane=lane, message=message, wake=wake, unwinding=unwinding))
+            except BaseException:
+                self._inbox.release(message.id)
+                raise
         return message.id
 
     def _check_open(self, wake: bool) -> None:
@@ -173,6 +211,7 @@ class Agent:
             raise AgentDisposedError(f"agent {self.id} is disposed; a {what} sent to it is refused")
 
     def _tell(self, message: object) -> None:
+        self._live()
         assert self._ref is not None
         try:
             self._ref.tell(message)
@@ -200,6 +239,7 @@ class Agent:
     # ------------------------------------------------------------------ editing (blocking)
 
     def _ask(self, edit: Edit, timeout: float | None) -> Any:
+        self._live()
         assert self._ref is not None
         try:
             return self._ref.ask(edit, timeout=timeout)
@@ -218,9 +258,11 @@ class Agent:
         """Swap a pending message for a new one in the same place; returns the new id."""
         _check_id(message_id)
         new = self._message(message, None, "user")
-        assert self._inbox is not None
-        self._inbox.reserve(new.id)
-        self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
+        with self._live_lock:
+            self._live()
+            assert self._inbox is not None
+            self._inbox.reserve(new.id)
+            self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
         return new.id
 
     def splice(
@@ -240,6 +282,18 @@ class Agent:
         if not isinstance(start, int) or not isinstance(removed_count, int) or removed_count < 0:
             raise InvalidMessageError("start is an int and removed_count an int >= 0")
         new = tuple(self._message(m, None, "user") for m in messages)
+        with self._live_lock:
+            self._live()
+            return self._splice(lane, start, removed_count, new, timeout)
+
+    def _splice(
+        self,
+        lane: InboxLane,
+        start: int,
+        removed_count: int,
+        new: tuple[UserMessage, ...],
+        timeout: float | None,
+    ) -> list[UserMessage]:
         assert self._inbox is not None
         reserved: list[MessageId] = []
         try:
@@ -265,6 +319,7 @@ class Agent:
 
     def cancel(self, cause: CancelCause | None = None, *, keep_inbox: bool = False) -> None:
         """Clear the inbox durably (unless ``keep_inbox``) and abort the active turn."""
+        self._live()  # a passivated agent's pending inbox is cleared durably too
         cause = cause or UserCause()
         if getattr(cause, "kind", None) not in _CAUSES:
             raise InvalidMessageError(
@@ -281,6 +336,8 @@ class Agent:
         """Block until every send before this call was handled and the agent is idle.
 
         Returns False on timeout. Do not call it from this agent's own listeners."""
+        if self._passive:
+            return True
         done = threading.Event()
         try:
             self._tell(AwaitIdle(callback=done.set))
@@ -294,8 +351,15 @@ class Agent:
             first = not self._disposing
             self._disposing = True
         if first:
+            self._live()  # disposal discards the pending inbox durably: needs the actor
             self._runtime._dispose(self)
         return self._disposed.wait(timeout)
+
+    def passivate(self, timeout: float | None = 10.0) -> bool:
+        """Evict an idle agent from memory: its actor stops and its in-memory session is
+        dropped; the log keeps everything. Its next use (a send, ``session``, ``inbox``)
+        rebuilds it from the log. Returns False (and does nothing) if it is busy."""
+        return self._runtime._passivate(self, timeout)
 
     def kill(self, reason: str = "killed") -> None:
         """Crash the agent's actor on purpose, as an unexpected failure would (fault

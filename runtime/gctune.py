@@ -21,6 +21,7 @@ __all__ = ["GC_THRESHOLDS", "release_gc_tuning", "tune_gc"]
 
 GC_THRESHOLDS: Final = (50_000, 50, 1_000)
 
+
 class _Tuner:
     """The process-wide state: the collector is process-wide too."""
 

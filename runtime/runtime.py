@@ -13,14 +13,15 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from itertools import count
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from pykka import ActorRef
+from pykka import ActorDeadError, ActorRef
 from pykka.messages import ProxyCall
 
 from actors import ActorDeath, Bus, Dispatcher, IoSide, RegistryActor, Scheduler, watch
-from actors.agent import AgentActor, AwaitIdle, Cancel
+from actors.agent import AgentActor, AwaitIdle, Cancel, Quiescent
 from actors.inbox import Inbox
+from actors.limits import Admission, UsageLimits, UsageMeter
 from actors.live import (
     AGENT_EVENTS,
     AgentCreated,
@@ -81,6 +82,21 @@ def _resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool
     return out
 
 
+class _Spec(NamedTuple):
+    """What an agent was made of (to rebuild it after passivation)."""
+
+    model: Model
+    tools: dict[str, Tool]
+    system: str | None
+    limits: UsageLimits | None
+
+
+class _Parts(NamedTuple):
+    start: Callable[[], ActorRef[Any]]
+    inbox: Inbox
+    machine: TurnMachine
+
+
 class Runtime:
     """Hosts agents. Build with :meth:`open`."""
 
@@ -94,6 +110,9 @@ class Runtime:
         retry_policy: RetryPolicy | None = _DEFAULT_POLICY,
         max_steps: int | None = None,
         inbox_limit: int | None = None,
+        limits: UsageLimits | None = None,
+        agent_limits: UsageLimits | None = None,
+        max_running_turns: int | None = None,
         owns_store: bool = True,
         tune_gc: bool = True,
     ) -> None:
@@ -103,6 +122,9 @@ class Runtime:
         self.durability: Durability = durability
         self.max_steps = max_steps
         self.inbox_limit = inbox_limit
+        self.agent_limits = agent_limits
+        self._meter = None if limits is None else UsageMeter(limits, "the runtime")
+        self._admission = None if max_running_turns is None else Admission(max_running_turns)
         self._owns_store = owns_store
         self._tuned_gc = tune_gc
         if tune_gc:
@@ -201,13 +223,17 @@ class Runtime:
         tools: Sequence[Tool | Callable[..., Any]] = (),
         session_id: str | None = None,
         system: str | None = None,
+        limits: UsageLimits | None = None,
     ) -> Agent:
-        """Create an agent with a new session. It stays idle until a waking send."""
+        """Create an agent with a new session. It stays idle until a waking send.
+
+        ``limits`` caps this agent's model requests and tokens (default: the runtime's
+        ``agent_limits``)."""
         self._check_open()
         _check_system(system)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         session = self.store.create_session(session_id)
-        return self._start(session, resolved, tool_map, system, "startup")
+        return self._start(session, resolved, tool_map, system, "startup", limits)
 
     def resume(
         self,
@@ -216,6 +242,7 @@ class Runtime:
         model: Model | str,
         tools: Sequence[Tool | Callable[..., Any]] = (),
         system: str | None = None,
+        limits: UsageLimits | None = None,
     ) -> Agent:
         """Rebuild an agent from its durable log: repair an open tail turn, restore the
         inbox from its splices, continue turn numbers. It stays idle until a waking send."""
@@ -228,7 +255,7 @@ class Runtime:
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         session = self.store.open_session(session_id)
         session.repair()
-        return self._start(session, resolved, tool_map, system, "resume")
+        return self._start(session, resolved, tool_map, system, "resume", limits)
 
     def fork(
         self,
@@ -239,6 +266,7 @@ class Runtime:
         tools: Sequence[Tool | Callable[..., Any]] = (),
         session_id: str | None = None,
         system: str | None = None,
+        limits: UsageLimits | None = None,
     ) -> Agent:
         """A new agent whose session is seeded with ``source_id``'s log up to ``boundary``
         (an inclusive seq that must not end inside an open turn). Turn numbers continue;
@@ -246,7 +274,7 @@ class Runtime:
         self._check_open()
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         session = self.store.fork(source_id, boundary, session_id)
-        return self._start(session, resolved, tool_map, system, "startup")
+        return self._start(session, resolved, tool_map, system, "startup", limits)
 
     def _start(
         self,
@@ -255,14 +283,37 @@ class Runtime:
         tools: dict[str, Tool],
         system: str | None,
         source: Literal["startup", "resume"],
+        limits: UsageLimits | None = None,
     ) -> Agent:
-        self._models.setdefault(id(model), model)
+        spec = _Spec(model=model, tools=tools, system=system, limits=limits)
         handle = Agent(
             self,
             session,
             new_id=self._new_message_id,
             max_message_bytes=self.store.codec.max_event_bytes,
+            spec=spec,
         )
+        agent_id = session.id
+        parts = self._assemble(handle, session, spec)
+        with self._lock:
+            self._agents[agent_id] = handle
+        try:
+            create = ProxyCall(attr_path=("create",), args=(agent_id, parts.start), kwargs={})
+            ref: ActorRef[Any] = self._registry.ask(create, block=True)
+        except BaseException:
+            with self._lock:
+                self._agents.pop(agent_id, None)
+            raise
+        self._go_live(handle, session, ref, parts)
+        self.bus.emit(
+            "agent/session-start", AgentSessionStart(agent=handle, source=source), scope=agent_id
+        )
+        return handle
+
+    def _assemble(self, handle: Agent, session: Session, spec: _Spec) -> _Parts:
+        """Build an agent's inbox, tool phase and turn machine over ``session``."""
+        model = spec.model
+        self._models.setdefault(id(model), model)
         agent_id = session.id
 
         def emit(name: str, payload: Any) -> None:
@@ -278,7 +329,7 @@ class Runtime:
 
         phase = ToolPhase(
             agent=handle,
-            tools=tools,
+            tools=spec.tools,
             append_fact=session.append_fact,
             waterfall=waterfall,
             emit=emit,
@@ -290,13 +341,15 @@ class Runtime:
             bus=self.bus,
             tools=phase,
             default_config=lambda: RequestConfig(provider=model.provider, model=model.name),
-            system=system,
+            system=spec.system,
             durability=self.durability,
             max_steps=self.max_steps,
+            meters=self._meters_for(agent_id, spec.limits),
+            admission=self._admission,
         )
         session.on_event(self._session_bridge(handle))
 
-        def factory() -> ActorRef[Any]:
+        def start() -> ActorRef[Any]:
             return AgentActor.start(
                 machine=machine,
                 inbox=inbox,
@@ -308,25 +361,61 @@ class Runtime:
                 dispatcher=self.dispatcher,
             )
 
-        with self._lock:
-            self._agents[agent_id] = handle
-        try:
-            create = ProxyCall(attr_path=("create",), args=(agent_id, factory), kwargs={})
-            ref: ActorRef[Any] = self._registry.ask(create, block=True)
-        except BaseException:
-            with self._lock:
-                self._agents.pop(agent_id, None)
-            raise
+        return _Parts(start=start, inbox=inbox, machine=machine)
+
+    def _go_live(self, handle: Agent, session: Session, ref: ActorRef[Any], parts: _Parts) -> None:
+        machine = parts.machine
 
         def active_signal() -> TurnSignal | None:
             return machine.signal if machine.turn_open else None
 
-        handle._bind(ref, inbox, lambda: machine.status, active_signal, lambda: machine.unwinding)
+        handle._bind(
+            ref,
+            session,
+            parts.inbox,
+            lambda: machine.status,
+            active_signal,
+            lambda: machine.unwinding,
+        )
         with self._lock:
-            self._refs[agent_id] = ref
+            self._refs[handle.id] = ref
+        agent_id = handle.id
         watch(ref, lambda _ref, death: self._on_death(agent_id, death))
-        emit("agent/session-start", AgentSessionStart(agent=handle, source=source))
-        return handle
+
+    # ------------------------------------------------------------------ passivation
+
+    def _passivate(self, handle: Agent, timeout: float | None) -> bool:
+        """Stop an idle agent's actor and drop its in-memory session; the next send
+        rehydrates it from its log. False if it is busy (or gone)."""
+        with handle._live_lock:
+            if handle._passive:
+                return True
+            ref = self._refs.get(handle.id)
+            if handle._disposing or ref is None or not ref.is_alive():
+                return False
+            try:
+                if not ref.ask(Quiescent(), timeout=timeout):
+                    return False
+                ref.stop(block=True, timeout=timeout)
+            except ActorDeadError:
+                return False
+            handle._unbind()
+            return True
+
+    def passivate_idle(self, timeout: float | None = 10.0) -> int:
+        """Passivate every idle agent (evict it from memory until its next send);
+        returns how many were passivated."""
+        return sum(1 for a in self.agents() if a.status == "idle" and self._passivate(a, timeout))
+
+    def _rehydrate(self, handle: Agent) -> None:
+        """Rebuild a passivated agent from its log (the caller holds its live lock)."""
+        self._check_open()
+        session = self.store.open_session(handle.id)
+        session.repair()
+        parts = self._assemble(handle, session, handle._spec)
+        ref = parts.start()
+        self._registry.tell(ProxyCall(attr_path=("rebind",), args=(handle.id, ref), kwargs={}))
+        self._go_live(handle, session, ref, parts)
 
     def _on_death(self, agent_id: str, death: ActorDeath) -> None:
         """An agent actor died. A failure ends its registration like a dispose would; the
@@ -341,6 +430,13 @@ class Runtime:
                 handle._disposing = True
         forget = ProxyCall(attr_path=("remove",), args=(agent_id,), kwargs={"stop": False})
         self._registry.tell(forget)
+
+    def _meters_for(self, agent_id: str, limits: UsageLimits | None) -> list[UsageMeter]:
+        meters = [] if self._meter is None else [self._meter]
+        own = limits if limits is not None else self.agent_limits
+        if own is not None:
+            meters.insert(0, UsageMeter(own, f"agent {agent_id}"))
+        return meters
 
     def _session_bridge(self, handle: Agent) -> Callable[[Any], None]:
         bus, scope = self.bus, handle.id
@@ -366,8 +462,10 @@ class Runtime:
 
     def _dispose(self, handle: Agent, *, keep_inbox: bool = False) -> None:
         ref = self._refs.get(handle.id)
-        if ref is None or not ref.is_alive():
-            self._announce_disposed(handle.id)
+        if ref is None or not ref.is_alive():  # passivated (or crashed): no actor to stop
+            forget = ProxyCall(attr_path=("remove",), args=(handle.id,), kwargs={"stop": False})
+            if not self._registry.ask(forget):  # the registry announces when it knew the id
+                self._announce_disposed(handle.id)
             return
         registry = self._registry
 

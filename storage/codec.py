@@ -234,6 +234,9 @@ class Codec:
         except msgspec.ValidationError as err:
             detail = str(err).replace("`$", "`$.data")
             raise InvalidEventError(f"{type!r} event: {detail}") from err
+        except UnicodeEncodeError as err:  # a lone surrogate: not encodable as UTF-8 JSON
+            message = f"{type!r} event: data cannot be encoded as JSON ({err})"
+            raise InvalidEventError(message) from err
 
     def encode(self, event: Event) -> bytes:
         """The durable record bytes; raises :class:`EventTooLargeError` over the limit."""

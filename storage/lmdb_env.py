@@ -60,6 +60,8 @@ _EVENT_KEY: Final = struct.Struct(">QQ")
 _U64: Final = struct.Struct(">Q")
 _ROW_PREFIX: Final = struct.Struct(">q")
 _header_decoder: Final = msgspec.json.Decoder(SessionHeader)
+# LMDB's errors for pages that are not what they should be (a damaged file).
+_DAMAGE: Final = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)
 
 
 def event_key(session_key: int, seq: int) -> bytes:
@@ -88,8 +90,14 @@ def encode_row(header_json: bytes, last_seq: int) -> bytes:
 
 
 def decode_row(raw: bytes) -> SessionRow:
-    (last_seq,) = _ROW_PREFIX.unpack_from(raw)
-    return SessionRow(_header_decoder.decode(raw[_ROW_PREFIX.size :]), last_seq)
+    try:
+        (last_seq,) = _ROW_PREFIX.unpack_from(raw)
+        return SessionRow(_header_decoder.decode(raw[_ROW_PREFIX.size :]), last_seq)
+    except (struct.error, msgspec.DecodeError) as err:
+        raise LogCorruptError(
+            f"a session row cannot be read ({err}); the store is damaged: restore it from "
+            "a backup or an export"
+        ) from err
 
 
 class Databases(NamedTuple):
@@ -178,8 +186,13 @@ class LmdbEnv:
             self._unlock()
             raise StorageError(f"cannot open the store at {path}: {err}") from err
         try:
+            _check_size(self.env, path)
             self.env.reader_check()  # free reader slots left by processes that died
             self.dbs = self._open_dbs(existed=existed)
+        except _DAMAGE as err:
+            self.env.close()
+            self._unlock()
+            raise LogCorruptError(f"the store at {path} is damaged ({err}): restore it") from err
         except BaseException:
             self.env.close()
             self._unlock()
@@ -249,6 +262,11 @@ class LmdbEnv:
                 if txn is not None:
                     try:
                         yield txn
+                    except _DAMAGE as err:
+                        raise LogCorruptError(
+                            f"the store at {self.path} is damaged ({err}): restore it from a "
+                            "backup or an export"
+                        ) from err
                     finally:
                         txn.abort()
                     return
@@ -311,6 +329,19 @@ class LmdbEnv:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
+
+
+def _check_size(env: lmdb.Environment, path: Path) -> None:
+    """Refuse a data file shorter than its own meta page says: LMDB would read the
+    missing pages through its memory map, and the process would die of SIGBUS."""
+    need = (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+    have = (path / "data.mdb").stat().st_size
+    if have < need:
+        raise LogCorruptError(
+            f"the store at {path} is damaged: data.mdb has {have} bytes but its meta page "
+            f"needs {need}; the file was truncated (a full disk, a partial copy?): restore "
+            "it from a backup or an export"
+        )
 
 
 def _check_directory(path: Path, *, readonly: bool) -> bool:

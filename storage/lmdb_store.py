@@ -417,9 +417,7 @@ class Store:
                 fork_seq=fork_seq,
                 seed_length=seed_length,
             )
-            self._writer.track(header, next_seq=0, new=True)
-            for seq, payload in enumerate(payloads):
-                self._writer.submit(PendingRecord(header.key, seq, payload))
+            self._writer.track(header, next_seq=0, new=True, seed=payloads)
             self._next_key += 1
             self._headers[sid] = header
         return header

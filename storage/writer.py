@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -102,20 +102,34 @@ class LogWriter:
 
     # ------------------------------------------------------------------ producers
 
-    def track(self, header: SessionHeader, *, next_seq: int, new: bool) -> None:
+    def track(
+        self,
+        header: SessionHeader,
+        *,
+        next_seq: int,
+        new: bool,
+        seed: Sequence[bytes] = (),
+    ) -> None:
         """Accept records of ``header``'s session from ``next_seq`` on.
 
-        ``new`` queues the header itself: it is written in the next transaction.
+        ``new`` queues the header itself: it is written in the next transaction,
+        together with ``seed`` (the records of seqs ``next_seq``, ``next_seq + 1``, ...
+        of an import or fork), all queued at once so that a crash leaves the new
+        session either absent or whole.
         """
         tracked = _Tracked(header)
         with self._lock:
             self._check_open()
             self._tracked[header.key] = tracked
-            self._next_seq[header.key] = next_seq
+            key = header.key
+            self._records.extend(
+                PendingRecord(key, seq, payload) for seq, payload in enumerate(seed, next_seq)
+            )
+            self._next_seq[key] = next_seq + len(seed)
             if new:
                 self._headers.append(header)
-                if len(self._headers) == 1:
-                    self._wake.notify()
+            if new or seed:
+                self._wake.notify()
 
     def submit(self, record: PendingRecord) -> None:
         """Queue one encoded record; raises if it is out of order or the writer is down.

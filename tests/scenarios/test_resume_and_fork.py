@@ -138,3 +138,48 @@ def test_the_agents_mailbox_is_its_inbox(rt: Runtime) -> None:
     mailbox = agent._ref.actor_inbox  # type: ignore[union-attr]
     assert isinstance(mailbox, AgentMailbox)
     assert mailbox.pending_messages().ids() == [mid] == agent.inbox.ids()
+
+
+def test_a_passivated_agent_drops_its_session_and_its_next_send_rehydrates_it(
+    store_path: Path,
+) -> None:
+    import gc
+    import weakref
+
+    with Runtime.open(store_path) as rt:
+        timeline = Timeline(rt)
+        agent = rt.spawn(model=ScriptedModel.echo(), session_id="sleepy")
+        agent.followup("one")
+        assert agent.wait_idle(WAIT)
+        pending = agent.inject("kept while passive")
+        assert agent.wait_idle(WAIT)
+        old_session = weakref.ref(agent.session)
+        assert agent.passivate()
+        assert agent.passive and agent.status == "idle"
+        gc.collect()
+        assert old_session() is None, "the in-memory session was evicted"
+        agent.followup("two")  # rehydrates from the log
+        assert not agent.passive
+        assert agent.wait_idle(WAIT)
+        starts = [e.data.turn for e in agent.session.events() if e.type == "turn/start"]
+        assert starts == [1, 2]
+        claimed = [e.message.id for e in timeline.of("agent/inbox/claimed")]
+        assert pending in claimed
+        assert rt.get("sleepy") is agent
+        assert [e.agent.id for e in timeline.of("agent/created")] == ["sleepy"]
+    check_store(store_path)
+
+
+def test_a_busy_agent_is_not_passivated(rt: Runtime) -> None:
+    from .models import GateModel
+
+    gate = GateModel()
+    agent = rt.spawn(model=gate)
+    agent.followup("busy")
+    assert gate.reached.wait(WAIT)
+    assert agent.passivate() is False
+    gate.release(0)
+    assert agent.wait_idle(WAIT)
+    assert rt.passivate_idle() == 1
+    assert agent.passive
+    assert agent.dispose(WAIT)  # a passive agent disposes (its inbox durably discarded)

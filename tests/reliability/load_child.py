@@ -1,0 +1,165 @@
+"""The child process of ``test_crash_under_load``: a real load until it is killed.
+
+Usage::
+
+    python load_child.py load STORE --agents 50 --seed 7 [--fail-rate 0.1] [--map-size BYTES]
+    python load_child.py import STORE JSONL --copies 8
+
+``load`` opens a runtime on ``STORE`` (write-ahead durability, a fast retry policy), resumes
+agents ``a00``.. that already have a session (repairing any turn a kill left open) and
+spawns the others, then keeps every agent busy: each turn the scripted model calls the
+``lookup`` tool, then answers; a fraction of requests fail with ``SERVER`` and are
+retried by the policy; each ``agent/settled`` sends the agent its next followup.
+
+Everything it prints is one line, written under a lock to line-buffered stdout, so a
+kill can only tear the last line (which acknowledges nothing):
+
+``loaded <id> <last seq>``
+    per agent, after resume/spawn (``-1``: an empty session);
+``ready``
+    once every agent got its first followup;
+``ack <n> <resizes> <id>:<seq>:<time>:<type> ...``
+    after ``rt.flush()`` returned: for each agent, its last seq *read before the flush
+    was called* (so the flush acknowledged it), with that event's time and type;
+    ``resizes`` is how often the writer grew the map so far;
+``settled <id> <turn> <reason kind>``
+    from every ``agent/settled`` (emitted only once its ``turn/end`` is durable).
+
+``import`` opens the store with :class:`~storage.lmdb_store.Store` and imports the export
+``JSONL`` again and again as sessions ``imp<run>-<i>``: it prints ``importing <id>``
+before ``store.import_jsonl`` and ``imported <id>`` once the flush after it returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from runtime import LlmFailure, RetryPolicy, Runtime, ScriptedModel, ToolCall, tool  # noqa: E402
+from runtime.scripted import ScriptItem  # noqa: E402
+from storage.events import ToolMessage  # noqa: E402
+from storage.lmdb_store import Store  # noqa: E402
+
+FAST_RETRY = RetryPolicy(max_retries=8, base_s=0.001, cap_s=0.004)
+SERVER = LlmFailure(message="scripted server failure", code="SERVER", status=503)
+
+
+@tool(concurrency_safe=True)
+def lookup(key: str) -> str:
+    """Look a key up (instantly)."""
+    return f"value-of-{key}"
+
+
+def load_model(seed: int, fail_rate: float, latency: bool = True) -> ScriptedModel:
+    """Call ``lookup`` for a user message, answer after a tool result; fail sometimes."""
+    rng = random.Random(seed)
+
+    def reply(request: Any) -> ScriptItem:  # ScriptedModel serialises calls under a lock
+        last = request.messages[-1] if request.messages else None
+        if rng.random() < fail_rate:
+            return SERVER
+        if isinstance(last, ToolMessage):
+            return f"done after {len(request.messages)} messages"
+        return [ToolCall(name="lookup", arguments={"key": f"k{rng.randrange(1000)}"})]
+
+    delay = ScriptedModel.jittered(0.002, 0.0015, seed=seed) if latency else 0.0
+    return ScriptedModel(reply, latency=delay, chunks=2)
+
+
+class Out:
+    """Whole lines to stdout, one writer at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            sys.stdout.write(text + "\n")
+
+
+def run_load(opts: argparse.Namespace, out: Out) -> None:
+    extra: dict[str, Any] = {}
+    if opts.map_size is not None:
+        extra["map_size"] = opts.map_size
+    rt = Runtime.open(opts.store, retry_policy=FAST_RETRY, **extra)
+    model = load_model(opts.seed, opts.fail_rate)
+    agents = []
+    for index in range(opts.agents):
+        agent_id = f"a{index:02d}"
+        if rt.store.has_session(agent_id):
+            agent = rt.resume(agent_id, model=model, tools=[lookup])
+        else:
+            agent = rt.spawn(model=model, tools=[lookup], session_id=agent_id)
+        out.line(f"loaded {agent_id} {agent.session.last_seq}")
+        agents.append(agent)
+    counter = [0]
+
+    def settled(event: Any) -> None:
+        out.line(f"settled {event.agent.id} {event.turn} {event.reason.kind}")
+        counter[0] += 1
+        event.agent.followup(f"work {counter[0]}")
+
+    rt.on("agent/settled", settled)
+    for agent in agents:
+        agent.followup("start")
+    out.line("ready")
+    rounds = 0
+    while True:
+        marks = []
+        for agent in agents:
+            session = agent.session
+            seq = session.last_seq
+            if seq >= 0:
+                event = session.events(seq, seq)[0]
+                marks.append(f"{agent.id}:{seq}:{event.time}:{event.type}")
+        rt.flush()
+        rounds += 1
+        resizes = rt.store.statistics().resizes
+        out.line(f"ack {rounds} {resizes} " + " ".join(marks))
+
+
+def run_imports(opts: argparse.Namespace, out: Out) -> None:
+    store = Store.open(opts.store)
+    out.line("ready")
+    for index in range(opts.copies):
+        session_id = f"imp{opts.run}-{index}"
+        out.line(f"importing {session_id}")
+        with Path(opts.jsonl).open("rb") as inp:
+            store.import_jsonl(inp, session_id=session_id)
+        store.flush()
+        out.line(f"imported {session_id}")
+    store.close()
+    out.line("done")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    modes = parser.add_subparsers(dest="mode", required=True)
+    load = modes.add_parser("load")
+    load.add_argument("store")
+    load.add_argument("--agents", type=int, default=50)
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--fail-rate", type=float, default=0.1)
+    load.add_argument("--map-size", type=int, default=None)
+    imports = modes.add_parser("import")
+    imports.add_argument("store")
+    imports.add_argument("jsonl")
+    imports.add_argument("--copies", type=int, default=8)
+    imports.add_argument("--run", type=int, default=0)
+    opts = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    out = Out()
+    if opts.mode == "load":
+        run_load(opts, out)
+    else:
+        run_imports(opts, out)
+
+
+if __name__ == "__main__":
+    main()

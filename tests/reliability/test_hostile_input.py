@@ -1,0 +1,604 @@
+"""Hostile and broken input: each gets a clear, typed error; nothing invalid is written;
+no other session's data is lost; the runtime stays usable (or a damaged store is
+refused with one clear message).
+
+Inputs: malformed tool-call JSON, tool returns and model replies that are not JSON or
+too big, messages over the 4 MiB event limit, deeply nested payloads, non-JSON plugin
+event data, wrong types to every public verb, and stores that are damaged (unknown
+event types written with raw LMDB, a truncated or bit-flipped ``data.mdb``, a future
+schema version, a writer lock held by another process). Whatever might kill the
+process (LMDB reads pages through a memory map) runs in a child interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+
+from runtime import (
+    Agent,
+    InvalidMessageError,
+    LlmFailure,
+    Runtime,
+    ScriptedModel,
+    TextBlock,
+    ToolCall,
+    UnknownMessageError,
+    UserMessage,
+    tool,
+)
+from storage import (
+    EventTooLargeError,
+    InvalidEventError,
+    InvalidSessionIdError,
+    SchemaVersionError,
+    StorageError,
+    Store,
+    UnknownEventTypeError,
+    UnknownSessionError,
+)
+from storage.lmdb_env import decode_row, encode_row, event_key
+
+from .conftest import FAST_RETRY, WAIT, check_whole_store, corral, one_error_line, python
+
+LIMIT = 4 << 20  # the default max_event_bytes
+
+
+@tool
+def probe(x: str = "") -> str:
+    """Answer ok."""
+    return "ok"
+
+
+def run_turn(rt: Runtime, model: Any, tools: Any = (), text: str = "go") -> Agent:
+    agent = rt.spawn(model=model, tools=list(tools))
+    agent.followup(text)
+    assert agent.wait_idle(WAIT)
+    return agent
+
+
+def facts(agent: Agent, kind: str) -> list[Any]:
+    return [e.data for e in agent.session.events() if e.type == kind]
+
+
+def assert_alive(rt: Runtime, agent: Agent) -> None:
+    """The agent did not crash and still does work; so does a new one."""
+    assert agent.crash is None, agent.crash
+    agent.followup("still there?")
+    assert agent.wait_idle(WAIT)
+    assert facts(agent, "turn/end")[-1].reason.kind == "completed"
+    fresh = run_turn(rt, ScriptedModel.echo())
+    assert facts(fresh, "turn/end")[-1].reason.kind == "completed"
+
+
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# --------------------------------------------------------------------------- tool calls
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{not json",
+        "[1, 2]",
+        '{"x": NaN}',
+        '{"x": 1}',
+        '{"y": "unknown field"}',
+        "[" * 100_000 + "]" * 100_000,
+    ],
+    ids=["broken", "an array", "NaN", "a wrong type", "an unknown field", "100,000 deep"],
+)
+def test_malformed_tool_call_arguments_get_an_invalid_arguments_result_and_the_turn_goes_on(
+    rt: Runtime, raw: str
+) -> None:
+    model = ScriptedModel([[ToolCall(name="probe", raw_arguments=raw)], "done"])
+    agent = run_turn(rt, model, [probe])
+    (result,) = facts(agent, "tool/result")
+    assert result.error is not None and result.error.code == "INVALID_ARGUMENTS"
+    assert [e.reason.kind for e in facts(agent, "turn/end")] == ["completed"]
+    assert model.requests == 2  # the model saw the error result and answered
+    assert_alive(rt, agent)
+
+
+class _Opaque:
+    pass
+
+
+def _cycle() -> list[Any]:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+TOOL_RETURNS: dict[str, Callable[[], Any]] = {
+    "NaN": lambda: math.nan,
+    "Infinity": lambda: {"score": math.inf},
+    "a custom object": _Opaque,
+    "a list nested 100,000 deep": lambda: nested(100_000),
+    "a cycle": _cycle,
+    "5 MiB of text": lambda: "x" * (5 << 20),
+    "a lone surrogate": lambda: "bad \ud800 text",
+}
+
+
+@pytest.mark.parametrize("name", list(TOOL_RETURNS))
+def test_a_tool_return_that_is_not_json_or_too_big_becomes_an_error_result(
+    rt: Runtime, name: str
+) -> None:
+    make = TOOL_RETURNS[name]
+
+    @tool
+    def hostile() -> Any:
+        """Return something hostile."""
+        return make()
+
+    agent = run_turn(rt, ScriptedModel([[ToolCall(name="hostile")], "done"]), [hostile])
+    (result,) = facts(agent, "tool/result")
+    assert result.error is not None and result.error.code == "TOOL_FAILED", result
+    assert len(result.message.content[0].text) < LIMIT
+    assert [e.reason.kind for e in facts(agent, "turn/end")] == ["completed"]
+    assert_alive(rt, agent)
+
+
+@pytest.mark.parametrize("value", [{1, 2}, b"bytes", (1, 2)], ids=["a set", "bytes", "a tuple"])
+def test_a_tool_return_msgspec_can_encode_reaches_the_model_as_json_text(
+    rt: Runtime, value: Any
+) -> None:
+    @tool
+    def lossy() -> Any:
+        """Return a set, bytes or a tuple."""
+        return value
+
+    agent = run_turn(rt, ScriptedModel([[ToolCall(name="lossy")], "done"]), [lossy])
+    (result,) = facts(agent, "tool/result")
+    assert result.error is None
+    json.loads(result.message.content[0].text)
+    assert_alive(rt, agent)
+
+
+# --------------------------------------------------------------------------- model replies
+
+
+@pytest.mark.parametrize("chunks", [1, 8], ids=["one chunk", "eight chunks"])
+def test_a_model_reply_over_the_event_limit_ends_the_turn_as_error_and_the_agent_lives_on(
+    rt: Runtime, chunks: int
+) -> None:
+    agent = run_turn(rt, ScriptedModel(["z" * (5 << 20)], chunks=chunks))
+    (end,) = facts(agent, "turn/end")
+    assert end.reason.kind == "error"
+    assert "limit" in end.reason.error.message
+    assert_alive(rt, agent)
+
+
+def test_a_model_reply_with_a_lone_surrogate_ends_the_turn_as_error(rt: Runtime) -> None:
+    agent = run_turn(rt, ScriptedModel(["bad \ud800 reply"]))
+    (end,) = facts(agent, "turn/end")
+    assert end.reason.kind == "error"
+    assert "encoded" in end.reason.error.message
+    assert_alive(rt, agent)
+
+
+# --------------------------------------------------------------------------- verbs
+
+
+@pytest.mark.parametrize("verb", ["followup", "steer", "inject", "replace"])
+def test_a_message_over_the_event_limit_is_refused_at_the_verb_and_nothing_is_written(
+    rt: Runtime, verb: str
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    pending = agent.inject("keep me")
+    assert agent.wait_idle(WAIT)
+    before = agent.session.last_seq
+    huge = "x" * LIMIT
+    with pytest.raises(InvalidMessageError, match="event limit"):
+        if verb == "replace":
+            agent.replace(pending, huge)
+        else:
+            getattr(agent, verb)(huge)
+    assert agent.wait_idle(WAIT)
+    assert agent.session.last_seq == before
+    assert agent.inbox.ids() == [pending]
+    assert_alive(rt, agent)
+
+
+def _wrong_calls(rt: Runtime, agent: Agent) -> list[tuple[str, Callable[[], Any], type]]:
+    echo = ScriptedModel.echo()
+    bad_content = UserMessage(id="bad-content", content="text")  # type: ignore[arg-type]
+    bad_text = UserMessage(id="bad-text", content=[TextBlock(text=5)])  # type: ignore[arg-type]
+    return [
+        ("followup(123)", lambda: agent.followup(123), InvalidMessageError),  # type: ignore[arg-type]
+        ("followup(None)", lambda: agent.followup(None), InvalidMessageError),  # type: ignore[arg-type]
+        ("followup(b'x')", lambda: agent.followup(b"x"), InvalidMessageError),  # type: ignore[arg-type]
+        ("followup([])", lambda: agent.followup([]), InvalidMessageError),
+        ("followup(['x'])", lambda: agent.followup(["x"]), InvalidMessageError),  # type: ignore[list-item]
+        ("followup(x, id=123)", lambda: agent.followup("x", id=123), InvalidMessageError),  # type: ignore[arg-type]
+        ("followup(x, source=1)", lambda: agent.followup("x", source=1), InvalidMessageError),  # type: ignore[arg-type]
+        ("followup(content=str)", lambda: agent.followup(bad_content), InvalidMessageError),
+        ("followup(text=int)", lambda: agent.followup(bad_text), InvalidMessageError),
+        ("followup(surrogate)", lambda: agent.followup("a \udc00"), InvalidMessageError),
+        ("steer({})", lambda: agent.steer({}), InvalidMessageError),  # type: ignore[arg-type]
+        ("inject(1.5)", lambda: agent.inject(1.5), InvalidMessageError),  # type: ignore[arg-type]
+        ("remove(None)", lambda: agent.remove(None), InvalidMessageError),  # type: ignore[arg-type]
+        ("remove(123)", lambda: agent.remove(123), InvalidMessageError),  # type: ignore[arg-type]
+        ("remove('nope')", lambda: agent.remove("nope"), UnknownMessageError),
+        ("replace(None, x)", lambda: agent.replace(None, "x"), InvalidMessageError),  # type: ignore[arg-type]
+        ("replace('nope', x)", lambda: agent.replace("nope", "x"), UnknownMessageError),
+        ("replace('nope', 5)", lambda: agent.replace("nope", 5), InvalidMessageError),  # type: ignore[arg-type]
+        ("cancel('user')", lambda: agent.cancel("user"), InvalidMessageError),  # type: ignore[arg-type]
+        ("cancel(123)", lambda: agent.cancel(123), InvalidMessageError),  # type: ignore[arg-type]
+        ("on('nope', f)", lambda: agent.on("nope", print), ValueError),
+        ("on(name, 'x')", lambda: agent.on("agent/settled", "x"), TypeError),  # type: ignore[arg-type]
+        ("rt.on(123, f)", lambda: rt.on(123, print), ValueError),  # type: ignore[arg-type]
+        ("rt.on(name, None)", lambda: rt.on("agent/status", None), TypeError),  # type: ignore[arg-type]
+        ("spawn(model=123)", lambda: rt.spawn(model=123), TypeError),  # type: ignore[arg-type]
+        ("spawn(model='nonsense')", lambda: rt.spawn(model="nonsense"), ValueError),
+        ("spawn(tools=[123])", lambda: rt.spawn(model=echo, tools=[123]), TypeError),  # type: ignore[list-item]
+        ("spawn(tools='ab')", lambda: rt.spawn(model=echo, tools="ab"), TypeError),  # type: ignore[arg-type]
+        ("spawn(session_id=123)", lambda: rt.spawn(model=echo, session_id=123), InvalidSessionIdError),  # type: ignore[arg-type]
+        ("spawn(session_id='')", lambda: rt.spawn(model=echo, session_id=""), InvalidSessionIdError),
+        ("spawn(session_id=ctrl)", lambda: rt.spawn(model=echo, session_id="a\x00b"), InvalidSessionIdError),
+        ("spawn(system=123)", lambda: rt.spawn(model=echo, system=123), TypeError),  # type: ignore[arg-type]
+        ("spawn(duplicate id)", lambda: rt.spawn(model=echo, session_id=agent.id), StorageError),
+        ("resume('missing')", lambda: rt.resume("missing", model=echo), UnknownSessionError),
+        ("resume(123)", lambda: rt.resume(123, model=echo), InvalidSessionIdError),  # type: ignore[arg-type]
+        ("resume(live id)", lambda: rt.resume(agent.id, model=echo), ValueError),
+        ("resume(system=1)", lambda: rt.resume("missing", model=echo, system=1), TypeError),  # type: ignore[arg-type]
+    ]
+
+
+def test_every_public_verb_refuses_wrong_types_with_a_typed_error_and_writes_nothing(
+    rt: Runtime,
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo(), session_id="target")
+    pending = agent.inject("pending")
+    assert agent.wait_idle(WAIT)
+    before = agent.session.last_seq
+    sessions = {h.id for h in rt.store.sessions()}
+    wrong: list[str] = []
+    for label, call, expected in _wrong_calls(rt, agent):
+        try:
+            call()
+        except expected:
+            continue
+        except Exception as err:  # noqa: BLE001 - collect every mismatch, report them all
+            wrong.append(f"{label}: {type(err).__name__}: {err}")
+        else:
+            wrong.append(f"{label}: accepted")
+    assert wrong == [], "\n".join(wrong)
+    assert agent.wait_idle(WAIT)
+    assert agent.session.last_seq == before, "a refused call wrote to the session"
+    assert agent.inbox.ids() == [pending]
+    assert {h.id for h in rt.store.sessions()} == sessions, "a refused spawn left a session"
+    assert_alive(rt, agent)
+    # the rt fixture reads every session back from the store when the test ends
+
+
+# --------------------------------------------------------------------------- plugin events
+
+PLUGIN_VALUES: dict[str, Any] = {
+    "NaN": math.nan,
+    "-Infinity": -math.inf,
+    "a set": {1, 2},
+    "bytes": b"raw",
+    "a tuple": (1, 2),
+    "a custom object": _Opaque(),
+    "an int key": {1: "one"},
+    "a cycle": _cycle(),
+    "100,000 deep": nested(100_000),
+    "a lone surrogate": "\ud800",
+    "5 MiB": "x" * (5 << 20),
+}
+
+
+@pytest.mark.parametrize("name", list(PLUGIN_VALUES))
+def test_plugin_event_data_that_is_not_lossless_json_is_refused_and_nothing_is_written(
+    tmp_path: Path, name: str
+) -> None:
+    with Runtime.open(tmp_path / "store") as rt:
+        rt.store.register_event_type("plugin/note")
+        agent = rt.spawn(model=ScriptedModel.echo(), session_id="plugged")
+        session = agent.session
+        before = session.last_seq
+        with pytest.raises(InvalidEventError) as caught:
+            session.append("plugin/note", {"value": PLUGIN_VALUES[name]})
+        assert "'plugin/note' event" in str(caught.value)
+        assert session.last_seq == before
+        session.append("plugin/note", {"value": "fine"})  # good data is still taken
+        assert_alive(rt, agent)
+    with Store.open(tmp_path / "store", readonly=True) as store:
+        store.register_event_type("plugin/note")
+        assert [e.data["value"] for e in store.read("plugged") if e.type == "plugin/note"] == [
+            "fine"
+        ]
+
+
+# --------------------------------------------------------------------------- damaged stores
+
+
+def build_store(path: Path, pad: int = 40) -> dict[str, list[Any]]:
+    """Two sessions with enough text to span several LMDB pages; returns their events."""
+    with Runtime.open(path, retry_policy=FAST_RETRY) as rt:
+        for name in ("victim", "bystander"):
+            agent = rt.spawn(model=ScriptedModel.echo(), session_id=name)
+            for turn in range(pad):
+                agent.followup(f"{name}-marker-{turn:03d} " + "padding " * 40)
+            assert agent.wait_idle(WAIT)
+    with Store.open(path, readonly=True) as store:
+        return {h.id: store.read(h.id) for h in store.sessions()}
+
+
+def raw_append(path: Path, session_id: str, record: dict[str, Any]) -> int:
+    """Append ``record`` to a session with raw LMDB writes; returns its seq."""
+    env = lmdb.open(str(path), subdir=True, max_dbs=8)
+    try:
+        events, sessions = env.open_db(b"events"), env.open_db(b"sessions")
+        with env.begin(write=True) as txn:
+            raw = txn.get(session_id.encode(), db=sessions)
+            row = decode_row(raw)
+            seq = row.last_seq + 1
+            body = json.dumps({**record, "seq": seq}, separators=(",", ":")).encode()
+            txn.put(event_key(row.header.key, seq), body, db=events)
+            txn.put(session_id.encode(), encode_row(raw[8:], seq), db=sessions)
+    finally:
+        env.close()
+    return seq
+
+
+def test_an_unknown_event_type_in_a_store_is_a_clear_error_for_its_session_only(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    build_store(path, pad=3)
+    seq = raw_append(path, "victim", {"type": "alien/thing", "time": 1, "data": {}})
+    with Runtime.open(path) as rt:
+        with pytest.raises(UnknownEventTypeError, match=rf"alien/thing.*|seq {seq}"):
+            rt.resume("victim", model=ScriptedModel.echo())
+        agent = rt.resume("bystander", model=ScriptedModel.echo())
+        agent.followup("business as usual")
+        assert agent.wait_idle(WAIT)
+    assert "alien/thing" in one_error_line(corral("log", "show", "--store", path, "victim"))
+
+
+def test_an_unknown_ignorable_event_is_skipped_and_the_session_resumes_after_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    build_store(path, pad=3)
+    alien = {"type": "alien/note", "time": 1, "data": {"x": 1}, "ignorable": True}
+    seq = raw_append(path, "victim", alien)
+    with Runtime.open(path) as rt:
+        agent = rt.resume("victim", model=ScriptedModel.echo())
+        agent.followup("and on")
+        assert agent.wait_idle(WAIT)
+        assert agent.session.events()[-1].seq > seq
+    with Store.open(path) as store:
+        store.register_event_type("alien/note", ignorable=True)
+        seqs = [e.seq for e in store.read("victim")]
+        assert seqs == list(range(len(seqs))) and seq in seqs
+
+
+OPEN_AND_READ = r"""
+import json, sys
+from runtime import Runtime
+from storage import Store
+out = {}
+try:
+    with Store.open(sys.argv[1]) as store:
+        for header in store.sessions():
+            try:
+                out[header.id] = len(store.read(header.id))
+            except Exception as err:
+                out[header.id] = f"{type(err).__module__}.{type(err).__name__}: {err}"
+except Exception as err:
+    out["open"] = f"{type(err).__module__}.{type(err).__name__}: {err}"
+print(json.dumps(out))
+"""
+
+
+def open_in_child(path: Path) -> dict[str, Any]:
+    """Open and read every session in a fresh interpreter: a crash shows as a signal."""
+    done = python(OPEN_AND_READ, path)
+    assert done.returncode == 0, f"the reader died ({done.returncode}): {done.stderr[-2000:]}"
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("keep", [0.75, 0.5, 0.1, 8191])
+def test_a_truncated_store_file_is_refused_with_a_clear_error_not_a_crash(
+    tmp_path: Path, keep: float
+) -> None:
+    path = tmp_path / "store"
+    build_store(path)
+    size = (path / "data.mdb").stat().st_size
+    os.truncate(path / "data.mdb", int(size * keep) if keep < 1 else int(keep))
+    found = open_in_child(path)
+    assert list(found) == ["open"], found
+    assert found["open"].startswith("storage.errors.LogCorruptError: "), found
+    assert "truncated" in found["open"]
+    line = one_error_line(corral("log", "ls", "--store", path))
+    assert "truncated" in line
+
+
+def compact_copy(path: Path, to: Path) -> bytes:
+    """A compacted copy (only live pages) of the store; returns its data file."""
+    to.mkdir(mode=0o700)
+    env = lmdb.open(str(path), subdir=True, max_dbs=8, readonly=True)
+    try:
+        env.copy(str(to), compact=True)
+    finally:
+        env.close()
+    return (to / "data.mdb").read_bytes()
+
+
+def test_a_record_with_flipped_bytes_is_a_clear_error_for_its_session_only(
+    tmp_path: Path,
+) -> None:
+    built = build_store(tmp_path / "built")
+    path = tmp_path / "store"
+    data = bytearray(compact_copy(tmp_path / "built", path))
+    hits = [m.start() for m in re.finditer(rb"victim-marker-007", data)]
+    assert hits
+    for offset in hits:
+        data[offset] = 0xFF  # not UTF-8: the record no longer decodes
+    (path / "data.mdb").write_bytes(data)
+    found = open_in_child(path)
+    assert found["bystander"] == len(built["bystander"]), found
+    assert found["victim"].startswith("storage.errors.LogCorruptError: "), found
+    assert "victim" in found["victim"]
+
+
+def damage_pages(tmp_path: Path, marker: bytes) -> tuple[Path, dict[str, list[Any]]]:
+    """A compacted store whose B-tree pages holding ``marker`` have invalid page flags."""
+    built = build_store(tmp_path / "built")
+    path = tmp_path / "store"
+    data = bytearray(compact_copy(tmp_path / "built", path))
+    pages = {m.start() // 4096 for m in re.finditer(marker, data)}
+    assert pages
+    for page in pages:
+        data[page * 4096 + 10 : page * 4096 + 12] = (0x40).to_bytes(2, "little")  # bad flags
+    (path / "data.mdb").write_bytes(data)
+    return path, built
+
+
+def test_a_damaged_btree_page_a_read_starts_on_is_a_clear_error_for_its_session_only(
+    tmp_path: Path,
+) -> None:
+    path, built = damage_pages(tmp_path, rb"victim-marker-000")  # the session's first page
+    found = open_in_child(path)
+    assert found["bystander"] == len(built["bystander"]), found
+    assert found["victim"].startswith("storage.errors.LogCorruptError: "), found
+    assert "damaged" in found["victim"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit: LMDB asserts (SIGABRT) instead of returning MDB_CORRUPTED when a "
+    "cursor steps onto a damaged page mid-iteration; LMDB pages carry no checksum",
+)
+def test_a_damaged_btree_page_met_mid_iteration_is_a_clear_error(tmp_path: Path) -> None:
+    path, _ = damage_pages(tmp_path, rb"victim-marker-020")
+    found = open_in_child(path)
+    assert found["victim"].startswith("storage.errors.LogCorruptError: "), found
+
+
+@pytest.mark.soak
+def test_soak_random_bit_flips_never_kill_a_reader_with_sigbus_or_sigsegv(
+    tmp_path: Path, rng: Any, request: pytest.FixtureRequest
+) -> None:
+    build_store(tmp_path / "built")
+    original = (tmp_path / "built" / "data.mdb").read_bytes()
+    tally: dict[str, int] = {}
+    for trial in range(int(request.config.getoption("--soak-kills"))):
+        path = tmp_path / f"flip-{trial}"
+        shutil.copytree(tmp_path / "built", path)
+        data = bytearray(original)
+        for _ in range(rng.choice([1, 3, 10])):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        (path / "data.mdb").write_bytes(data)
+        done = python(OPEN_AND_READ, path)
+        if done.returncode != 0:
+            outcome = f"signal {-done.returncode}" if done.returncode < 0 else "exit"
+        else:
+            values = json.loads(done.stdout.strip().splitlines()[-1]).values()
+            kinds = {v.split(":")[0] for v in values if isinstance(v, str)}
+            outcome = ", ".join(sorted(kinds)) or "read fine"
+        tally[outcome] = tally.get(outcome, 0) + 1
+        shutil.rmtree(path)
+    print(f"random bit flips: {tally}")
+    assert not any(k in tally for k in ("signal 7", "signal 11")), tally
+    assert "exit" not in tally, tally
+
+
+def set_schema_version(path: Path, version: bytes) -> None:
+    env = lmdb.open(str(path), subdir=True, max_dbs=8)
+    try:
+        meta = env.open_db(b"meta")
+        with env.begin(write=True) as txn:
+            txn.put(b"schema_version", version, db=meta)
+    finally:
+        env.close()
+
+
+def test_a_store_of_a_future_schema_version_is_refused_with_one_clear_message(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    before = build_store(path, pad=2)
+    set_schema_version(path, b"2")
+    for opener in (
+        lambda: Store.open(path),
+        lambda: Store.open(path, readonly=True),
+        lambda: Runtime.open(path),
+    ):
+        with pytest.raises(SchemaVersionError, match="schema version 2"):
+            opener()
+    assert "schema version 2" in one_error_line(corral("log", "ls", "--store", path))
+    set_schema_version(path, b"1")  # nothing was changed by the refusals
+    with Store.open(path, readonly=True) as store:
+        assert {h.id: store.read(h.id) for h in store.sessions()} == before
+
+
+HOLD_LOCK = r"""
+import sys
+from storage import Store
+store = Store.open(sys.argv[1])
+print("locked", flush=True)
+sys.stdin.readline()
+store.close()
+"""
+
+
+def test_a_store_locked_by_another_process_is_refused_for_writing_and_readable_meanwhile(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store"
+    before = build_store(path, pad=2)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as holder:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "locked"
+        for opener in (lambda: Store.open(path), lambda: Runtime.open(path)):
+            with pytest.raises(StorageError, match="already open for writing"):
+                opener()
+        with Store.open(path, readonly=True) as store:
+            assert {h.id: store.read(h.id) for h in store.sessions()} == before
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(WAIT) == 0
+    with Runtime.open(path) as rt:  # the lock went with the process
+        agent = rt.resume("victim", model=ScriptedModel.echo())
+        agent.followup("mine now")
+        assert agent.wait_idle(WAIT)
+    check_whole_store(path)
+
+
+@pytest.mark.parametrize("size", [1_000, 5 << 20], ids=["1 KB", "5 MiB"])
+def test_a_model_failure_with_a_hostile_message_ends_the_turn_as_error(
+    rt: Runtime, size: int
+) -> None:
+    failure = LlmFailure(message="\x00\x07" + "y" * size, code="AUTH")
+    agent = run_turn(rt, ScriptedModel([failure]))
+    (end,) = facts(agent, "turn/end")
+    assert end.reason.kind == "error" and end.reason.error.code == "AUTH"
+    assert_alive(rt, agent)

@@ -1,0 +1,137 @@
+"""Limits, so one agent cannot take the process down (issue 7, CONTRACT-compatible ends)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import InboxFullError, Runtime, ScriptedModel, ToolCall, UsageLimits, tool
+
+from .conftest import WAIT, Timeline, check_store
+from .models import GateModel
+
+
+def ends(agent: Any) -> list[Any]:
+    return [e.data.reason for e in agent.session.events() if e.type == "turn/end"]
+
+
+def test_a_full_inbox_refuses_a_send_with_a_clear_error(store_path: Path) -> None:
+    with Runtime.open(store_path, inbox_limit=2) as rt:
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.inject("a")
+        agent.inject("b")
+        with pytest.raises(InboxFullError, match="limit"):
+            agent.inject("c")
+        assert agent.wait_idle(WAIT)
+        assert len(agent.inbox) == 2
+    check_store(store_path)
+
+
+def test_a_turn_stops_at_max_steps_with_a_limit_reason(store_path: Path) -> None:
+    @tool
+    def again() -> str:
+        return "more"
+
+    forever = ScriptedModel(lambda request: [ToolCall(name="again")])
+    with Runtime.open(store_path, max_steps=3) as rt:
+        agent = rt.spawn(model=forever, tools=[again])
+        agent.followup("loop")
+        assert agent.wait_idle(WAIT)
+        steps = [e.data.step for e in agent.session.events() if e.type == "step/start"]
+        assert steps == [1, 2, 3]
+        reason = ends(agent)[0]
+        assert (reason.kind, reason.limit) == ("limit", "max_steps")
+    check_store(store_path)
+
+
+def test_an_agent_request_limit_ends_the_turn_before_the_next_request(store_path: Path) -> None:
+    @tool
+    def again() -> str:
+        return "more"
+
+    model = ScriptedModel(lambda request: [ToolCall(name="again")])
+    with Runtime.open(store_path) as rt:
+        agent = rt.spawn(model=model, tools=[again], limits=UsageLimits(max_requests=2))
+        agent.followup("loop")
+        assert agent.wait_idle(WAIT)
+        assert model.requests == 2
+        reason = ends(agent)[0]
+        assert reason.limit == "requests" and "2 model requests" in reason.message
+        agent.followup("again")  # still over the limit: the next turn ends at once
+        assert agent.wait_idle(WAIT)
+        assert model.requests == 2
+        assert [r.kind for r in ends(agent)] == ["limit", "limit"]
+    check_store(store_path)
+
+
+def test_a_runtime_token_limit_is_shared_by_every_agent(store_path: Path) -> None:
+    with Runtime.open(store_path, limits=UsageLimits(max_tokens=5)) as rt:
+        first = rt.spawn(model=ScriptedModel.echo())
+        first.followup("a long question that uses many tokens " * 4)
+        assert first.wait_idle(WAIT)
+        second = rt.spawn(model=ScriptedModel.echo())
+        second.followup("hi")
+        assert second.wait_idle(WAIT)
+        reason = ends(second)[0]
+        assert (reason.kind, reason.limit) == ("limit", "tokens")
+        assert "the runtime" in reason.message
+    check_store(store_path)
+
+
+def test_beyond_max_running_turns_work_waits_and_then_runs(store_path: Path) -> None:
+    gate = GateModel()
+    with Runtime.open(store_path, max_running_turns=1) as rt:
+        timeline = Timeline(rt)
+        busy = rt.spawn(model=gate)
+        waiting = rt.spawn(model=ScriptedModel.echo())
+        busy.followup("hold the only place")
+        assert gate.reached.wait(WAIT)
+        waiting.followup("wait for it")
+        assert not waiting.wait_idle(0.2)  # queued for a place: not idle, no turn yet
+        assert [e.type for e in waiting.session.events()].count("turn/start") == 0
+        gate.release(0)
+        assert waiting.wait_idle(WAIT)
+        assert busy.wait_idle(WAIT)
+        assert [s.agent.id for s in timeline.wait_for("agent/settled", 2)] == [busy.id, waiting.id]
+        assert ends(waiting)[0].kind == "completed"
+    check_store(store_path)
+
+
+def test_a_cancel_while_queued_for_a_place_leaves_the_queue(store_path: Path) -> None:
+    gate = GateModel()
+    with Runtime.open(store_path, max_running_turns=1) as rt:
+        busy = rt.spawn(model=gate)
+        queued = rt.spawn(model=ScriptedModel.echo())
+        busy.followup("hold the only place")
+        assert gate.reached.wait(WAIT)
+        queued.followup("never mind")
+        queued.cancel()
+        assert queued.wait_idle(WAIT)
+        assert len(queued.inbox) == 0
+        gate.release(0)
+        assert busy.wait_idle(WAIT)
+        third = rt.spawn(model=ScriptedModel.echo())
+        third.followup("the place was given back")
+        assert third.wait_idle(WAIT)
+        assert ends(third)[0].kind == "completed"
+    check_store(store_path)
+
+
+def test_the_admission_queue_is_first_come_first_served() -> None:
+    from actors.limits import Admission
+
+    admission = Admission(1)
+    order: list[str] = []
+    assert admission.enter(lambda: order.append("holder"))
+    for name in ("a", "b", "c"):
+        assert not admission.enter(lambda name=name: order.append(name))
+    lock = threading.Lock()
+    for _ in range(3):
+        with lock:
+            admission.leave()
+    assert order == ["a", "b", "c"]
+    admission.leave()
+    assert admission.holders == 0
