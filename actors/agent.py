@@ -10,6 +10,7 @@ arrives as a message. So while a model call is in flight the agent still handles
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Coroutine
 from itertools import count
 from typing import Any, Literal
@@ -50,6 +51,7 @@ __all__ = [
     "Insert",
     "Kill",
     "Quiescent",
+    "apply_edit",
 ]
 
 log = logging.getLogger("corral.agent")
@@ -129,6 +131,31 @@ class _ToolDone(msgspec.Struct, frozen=True):
     handle: ToolHandle
 
 
+def apply_edit(inbox: Inbox, edit: Edit) -> Any:
+    """Apply a supervisor's inbox edit (on the actor, or inline from one of its own
+    listeners); ids the edit reserved are released if it fails."""
+    if edit.op == "remove":
+        assert edit.message_id is not None
+        return inbox.remove(edit.message_id)
+    if edit.op == "replace":
+        assert edit.message_id is not None
+        assert edit.message is not None
+        try:
+            inbox.replace(edit.message_id, edit.message)
+        except Exception:
+            inbox.release(edit.message.id)
+            raise
+        return None
+    if edit.op == "splice":
+        try:
+            return inbox.splice(edit.lane, edit.start, edit.removed_count, edit.messages)
+        except Exception:
+            for message in edit.messages:
+                inbox.release(message.id)
+            raise
+    return inbox.clear()
+
+
 class AgentMailbox(Mailbox):
     """The agent's pykka mailbox *is* its inbox: control envelopes handled in send order,
     plus ``lanes``, the pending user messages of the ``next-turn`` and ``next-step``
@@ -188,6 +215,14 @@ class AgentActor(PooledActor):
     # ------------------------------------------------------------------ envelopes
 
     def on_receive(self, message: Any) -> Any:
+        inbox = self.inbox
+        inbox.owner = threading.get_ident()  # listeners run here may edit the inbox inline
+        try:
+            return self._receive(message)
+        finally:
+            inbox.owner = None
+
+    def _receive(self, message: Any) -> Any:
         if isinstance(message, _Resume):
             if message.token == self._waiting_token and self._waiting is not None:
                 self._advance(message.value, message.error)
@@ -234,26 +269,7 @@ class AgentActor(PooledActor):
             self._start_drain()
 
     def _edit(self, edit: Edit) -> Any:
-        if edit.op == "remove":
-            assert edit.message_id is not None
-            return self.inbox.remove(edit.message_id)
-        if edit.op == "replace":
-            assert edit.message_id is not None
-            assert edit.message is not None
-            try:
-                self.inbox.replace(edit.message_id, edit.message)
-            except Exception:
-                self.inbox.release(edit.message.id)
-                raise
-            return None
-        if edit.op == "splice":
-            try:
-                return self.inbox.splice(edit.lane, edit.start, edit.removed_count, edit.messages)
-            except Exception:
-                for message in edit.messages:
-                    self.inbox.release(message.id)
-                raise
-        return self.inbox.clear()
+        return apply_edit(self.inbox, edit)
 
     def _cancel(self, cause: CancelCause, *, keep_inbox: bool, target: TurnSignal | None) -> None:
         if not keep_inbox:

@@ -60,6 +60,9 @@ class Inbox:
         self._lock = threading.Lock()
         self._lanes: dict[InboxLane, list[UserMessage]] = {"next-turn": [], "next-step": []}
         self._reserved: set[MessageId] = set()
+        # The thread handling one of the owning actor's messages right now, if any: a
+        # listener running there may edit the inbox inline instead of asking the actor.
+        self.owner: int | None = None
 
     # ------------------------------------------------------------------ any thread
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 from pykka import ActorDeadError, ActorRef
 
-from actors.agent import AwaitIdle, Cancel, Edit, Insert, Kill
+from actors.agent import AwaitIdle, Cancel, Edit, Insert, Kill, apply_edit
 from actors.errors import AgentDisposedError, InvalidMessageError
 from actors.inbox import Inbox, InboxView
 from actors.live import TurnSignal
@@ -240,6 +240,11 @@ class Agent:
 
     def _ask(self, edit: Edit, timeout: float | None) -> Any:
         self._live()
+        inbox = self._inbox
+        if inbox is not None and inbox.owner == threading.get_ident():
+            # called by one of this agent's own listeners, on the actor's thread: asking
+            # the actor would wait for itself, so the edit is applied here, in order
+            return apply_edit(inbox, edit)
         assert self._ref is not None
         try:
             return self._ref.ask(edit, timeout=timeout)

@@ -11,13 +11,13 @@ is contained and an observer cannot re-enter ``append``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pykka import Timeout
 
 from runtime import Agent, RequestConfig, Runtime, ScriptedModel, ToolCall, tool
 from storage import ReentrantAppendError, check_invariants
@@ -155,9 +155,7 @@ FAULTS: dict[str, tuple[str, Callable[..., Any], str, str | None]] = {
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_a_faulty_hook_ends_only_its_own_turn_as_the_contract_says(
-    rt: Runtime, fault: str
-) -> None:
+def test_a_faulty_hook_ends_only_its_own_turn_as_the_contract_says(rt: Runtime, fault: str) -> None:
     name, listener, end, code = FAULTS[fault]
     offered = Recorder(rt, "agent/request-error")
     agent = rt.spawn(model=tool_script(), tools=[lookup])
@@ -292,7 +290,7 @@ def test_a_settled_listener_may_send_its_own_agent_more_work(rt: Runtime) -> Non
     assert agent.wait_idle(WAIT)
     assert len(ends(agent)) == 5
     values = [e.status for e in statuses.of("agent/status")]
-    assert all(a != b for a, b in zip(values, values[1:], strict=False)), values
+    assert all(a != b for a, b in itertools.pairwise(values)), values
     assert values[-1] == "idle"
 
 
@@ -352,32 +350,27 @@ def test_a_session_observer_that_appends_is_refused_and_the_turn_is_unchanged(
     assert len(refused) == 2 * len(baseline)  # both observers refused on every fact
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(Timeout, AssertionError),
-    reason="bug: an inbox edit (remove/replace/clear) from the agent's own listener asks the "
-    "actor that is running the listener, blocks its dispatcher thread until the timeout, "
-    "then raises pykka.Timeout while the edit is still applied afterwards",
-)
-def test_an_inbox_edit_from_the_agents_own_listener_fails_fast_and_changes_nothing(
+def test_an_inbox_edit_from_the_agents_own_listener_is_applied_at_once_in_order(
     rt: Runtime,
 ) -> None:
     outcome: list[BaseException | None] = []
     agent = rt.spawn(model=ScriptedModel.echo())
 
     def remove_it(event: Any) -> None:
+        if event.message.content[0].text != "drop me":
+            return
         try:
             event.agent.remove(event.message.id, timeout=0.5)
             outcome.append(None)
-        except Exception as err:  # noqa: BLE001 - recorded for the assertion below
+        except Exception as err:
             outcome.append(err)
 
     agent.on("agent/inbox/inserted", remove_it)
-    mid = agent.inject("pending")
+    kept = agent.inject("keep me")
+    dropped = agent.inject("drop me")
     assert agent.wait_idle(WAIT)
-    assert len(outcome) == 1
-    error = outcome[0]
-    if isinstance(error, Timeout):
-        raise error
-    assert error is not None, "the edit cannot run inside the actor that is handling the listener"
-    assert agent.inbox.ids() == [mid]
+    assert outcome == [None], "the edit ran inline on the actor's thread, without waiting"
+    assert agent.inbox.ids() == [kept]
+    splices = [e.data for e in agent.session.events() if e.type == "agent/inbox/spliced"]
+    assert [(s.removed_count, s.outcome) for s in splices] == [(0, None), (0, None), (1, "canceled")]
+    assert splices[1].inserted[0].id == dropped
