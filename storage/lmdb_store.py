@@ -349,7 +349,9 @@ class Store:
         """Create a session from an export under ``session_id`` (default: the exported
         id, or a new one). Every record is validated before anything is written; the
         stored records are byte-identical to the file's lines, and the header keeps the
-        export's ``created`` and lineage. Durable at the next flush."""
+        export's ``created`` and lineage. Durable at the next flush, and atomic: the
+        header and every record go to the writer at once and commit in one transaction,
+        so a crash leaves the session either absent or whole."""
         self._check_writable()
         log = export.read_jsonl(inp, self.codec)
         source = log.header

@@ -163,9 +163,7 @@ class Recorder:
     def of(self, name: str, agent: str | None = None) -> list[Any]:
         with self._changed:
             return [
-                e
-                for n, e in self.entries
-                if n == name and (agent is None or e.agent.id == agent)
+                e for n, e in self.entries if n == name and (agent is None or e.agent.id == agent)
             ]
 
     def wait_for(self, name: str, count: int = 1, timeout: float = WAIT) -> list[Any]:

@@ -41,10 +41,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from runtime import LlmFailure, RetryPolicy, Runtime, ScriptedModel, ToolCall, tool  # noqa: E402
-from runtime.scripted import ScriptItem  # noqa: E402
-from storage.events import ToolMessage  # noqa: E402
-from storage.lmdb_store import Store  # noqa: E402
+from runtime import LlmFailure, RetryPolicy, Runtime, ScriptedModel, ToolCall, tool
+from runtime.scripted import ScriptItem
+from storage.events import ToolMessage
+from storage.lmdb_store import Store
 
 FAST_RETRY = RetryPolicy(max_retries=8, base_s=0.001, cap_s=0.004)
 SERVER = LlmFailure(message="scripted server failure", code="SERVER", status=503)

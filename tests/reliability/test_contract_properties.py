@@ -1,7 +1,7 @@
 """The contract under random schedules: a Hypothesis state machine drives 1-3 agents on
 a real runtime (real LMDB store) with random interleavings of followup / steer /
 inject / remove / replace / clear / cancel (with and without ``keep_inbox``) / dispose
-/ resume, scripted model failures (retried and terminal), slow (gated) and failing
+/ resume / passivate (rehydrated by the next use), scripted model failures (retried and terminal), slow (gated) and failing
 tools, and faulty listeners, and checks CONTRACT after every step.
 
 After every step (while agents run): no MessageId is claimed or discarded twice, or
@@ -21,10 +21,12 @@ request's messages equal ``derive_messages`` over the durable log as of that req
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 import threading
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,7 @@ PLANS: dict[str, ScriptItem] = {
 }
 LISTENERS = ("raising settled", "raising status", "slow async status", "raising post-execute")
 NORMAL_ENDS = ("completed", "max-tokens")
+EXPLORED: Counter[str] = Counter()  # what the examples of this run did, for the report
 NAMES = (
     "agent/status",
     "agent/inbox/inserted",
@@ -165,6 +168,7 @@ class ContractMachine(RuleBasedStateMachine):
     def send(self, driven: Driven, verb: str) -> None:
         message_id = getattr(driven.agent, verb)(f"{verb} #{len(driven.sent)}")
         driven.sent[message_id] = verb
+        EXPLORED[verb] += 1
 
     # ------------------------------------------------------------------ rules
 
@@ -172,10 +176,19 @@ class ContractMachine(RuleBasedStateMachine):
     def spawn_agents(self, count: int) -> None:
         self.agents = [Driven(self, f"agent-{index}") for index in range(count)]
 
+    VERBS = st.lists(st.sampled_from(["followup", "steer", "inject"]), min_size=1, max_size=3)
+
     @precondition(has_live)
-    @rule(data=st.data(), verb=st.sampled_from(["followup", "steer", "inject"]))
-    def send_message(self, data: st.DataObject, verb: str) -> None:
-        self.send(self.pick(data), verb)
+    @rule(data=st.data(), verbs=VERBS)
+    def send_messages(self, data: st.DataObject, verbs: list[str]) -> None:
+        driven = self.pick(data)
+        for verb in verbs:
+            self.send(driven, verb)
+
+    @precondition(has_live)
+    @rule(data=st.data(), verbs=VERBS)
+    def send_more_messages(self, data: st.DataObject, verbs: list[str]) -> None:
+        self.send_messages(data, verbs)
 
     @precondition(has_live)
     @rule(data=st.data(), item=st.sampled_from(sorted(PLANS)), times=st.integers(1, 3))
@@ -183,48 +196,61 @@ class ContractMachine(RuleBasedStateMachine):
         self.pick(data).plan.extend([PLANS[item]] * times)
 
     @precondition(has_live)
-    @rule(data=st.data(), ms=st.sampled_from([0, 1, 4]))
-    def set_latency(self, data: st.DataObject, ms: int) -> None:
-        self.pick(data).latency = ms / 1000
+    @rule(
+        data=st.data(),
+        change=st.sampled_from(
+            ["latency 0", "latency 1", "latency 4", "close gate", "open gate", *LISTENERS]
+        ),
+    )
+    def change_environment(self, data: st.DataObject, change: str) -> None:
+        if change.startswith("latency"):
+            self.pick(data).latency = int(change.split()[1]) / 1000
+        elif change == "close gate":
+            if self.gate.is_set():
+                self.gate = threading.Event()
+        elif change == "open gate":
+            self.gate.set()
+        else:
+            self.add_listener(change)
 
     @precondition(has_live)
-    @rule(data=st.data())
-    def remove(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), op=st.sampled_from(["remove", "replace", "clear"]))
+    def edit_inbox(self, data: st.DataObject, op: str) -> None:
         driven = self.pick(data)
-        if not driven.sent:
-            return
-        target = data.draw(st.sampled_from(sorted(driven.sent)), label="message")
+        if op == "clear":
+            driven.removed.update(m.id for m in driven.agent.clear(timeout=WAIT))
+            EXPLORED["clear"] += 1
+        elif driven.sent:
+            # the draw must not depend on the runtime's progress (Hypothesis replays it):
+            # draw an index, then prefer a message that is pending right now
+            index = data.draw(st.integers(0, 1 << 16), label="index")
+            candidates = sorted(set(driven.agent.inbox.ids()) & set(driven.sent))
+            candidates = candidates or sorted(driven.sent)
+            getattr(self, op)(driven, candidates[index % len(candidates)])
+
+    def remove(self, driven: Driven, target: str) -> None:
         try:
             driven.agent.remove(target, timeout=WAIT)
         except UnknownMessageError:
             return
         driven.removed.add(target)
+        EXPLORED["remove"] += 1
 
-    @precondition(has_live)
-    @rule(data=st.data())
-    def replace(self, data: st.DataObject) -> None:
-        driven = self.pick(data)
-        if not driven.sent:
-            return
-        target = data.draw(st.sampled_from(sorted(driven.sent)), label="message")
+    def replace(self, driven: Driven, target: str) -> None:
         try:
             new_id = driven.agent.replace(target, f"replacement for {target}", timeout=WAIT)
         except UnknownMessageError:
             return
         driven.removed.add(target)
         driven.sent[new_id] = "replace"
-
-    @precondition(has_live)
-    @rule(data=st.data())
-    def clear(self, data: st.DataObject) -> None:
-        driven = self.pick(data)
-        driven.removed.update(m.id for m in driven.agent.clear(timeout=WAIT))
+        EXPLORED["replace"] += 1
 
     @precondition(has_live)
     @rule(data=st.data(), keep_inbox=st.booleans())
     def cancel(self, data: st.DataObject, keep_inbox: bool) -> None:
         driven = self.pick(data)
         driven.agent.cancel(keep_inbox=keep_inbox)
+        EXPLORED["cancel (keep inbox)" if keep_inbox else "cancel"] += 1
         if not keep_inbox:
             driven.cancelled.update(driven.sent)
 
@@ -235,11 +261,20 @@ class ContractMachine(RuleBasedStateMachine):
         self.gate.set()  # a gated tool in flight would hold dispose up
         assert driven.agent.dispose(WAIT), f"{driven.id} did not dispose"
         driven.disposed = True
+        EXPLORED["dispose"] += 1
         with pytest.raises(AgentDisposedError):
             driven.agent.followup("too late")
         with pytest.raises(AgentDisposedError):
             driven.agent.inject("too late")
         self.check_disposed(driven)
+
+    @precondition(has_live)
+    @rule(data=st.data())
+    def passivate(self, data: st.DataObject) -> None:
+        driven = self.pick(data)
+        if driven.agent.passivate(timeout=WAIT):  # False (a no-op) while it is busy
+            EXPLORED["passivate"] += 1
+            assert driven.agent.passive
 
     @precondition(has_disposed)
     @rule(data=st.data())
@@ -247,11 +282,11 @@ class ContractMachine(RuleBasedStateMachine):
         driven = self.pick(data, disposed=True)
         driven.agent = self.start(driven, resume=True)
         driven.disposed = False
+        EXPLORED["resume"] += 1
         assert driven.agent.inbox.ids() == [], "dispose cleared the inbox durably"
         assert driven.agent.status == "idle"
         assert check_invariants(driven.agent.session.events()) == []
 
-    @rule(kind=st.sampled_from(LISTENERS))
     def add_listener(self, kind: str) -> None:
         if kind in self.listeners:
             return
@@ -264,15 +299,6 @@ class ContractMachine(RuleBasedStateMachine):
             self.rt.on("agent/status", _slow_async)
         else:
             self.rt.on("tools/post-execute", _boom)
-
-    @rule()
-    def close_gate(self) -> None:
-        if self.gate.is_set():
-            self.gate = threading.Event()
-
-    @rule()
-    def open_gate(self) -> None:
-        self.gate.set()
 
     @rule()
     def settle(self) -> None:
@@ -297,7 +323,7 @@ class ContractMachine(RuleBasedStateMachine):
     def status_never_repeats(self) -> None:
         for driven in self.agents:
             values = [e.status for e in self.rec.of("agent/status", driven.id)]
-            repeats = [a for a, b in zip(values, values[1:], strict=False) if a == b]
+            repeats = [a for a, b in itertools.pairwise(values) if a == b]
             assert not repeats, f"{driven.id}: agent/status repeated: {values}"
 
     @invariant()
@@ -309,6 +335,8 @@ class ContractMachine(RuleBasedStateMachine):
     @invariant()
     def logs_stay_sound_and_requests_match_history(self) -> None:
         for driven in self.agents:
+            if driven.agent.passive:
+                continue  # reading its session would rehydrate it
             events = driven.agent.session.events()
             assert check_invariants(events, allow_open_tail=True) == [], driven.id
             assert all(same for _, _, same in driven.requests), "a request differed from history"
@@ -365,6 +393,12 @@ class ContractMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             self.settle()
+            EXPLORED["examples"] += 1
+            for driven in self.agents:
+                events = driven.agent.session.events()
+                EXPLORED["turns"] += sum(1 for e in events if e.type == "turn/start")
+                EXPLORED["model requests"] += len(driven.requests)
+                EXPLORED["facts"] += len(events)
         finally:
             self.gate.set()
             self.rt.close(timeout=WAIT)
@@ -374,14 +408,22 @@ class ContractMachine(RuleBasedStateMachine):
                 shutil.rmtree(self.dir, ignore_errors=True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def report_exploration() -> Iterator[None]:
+    EXPLORED.clear()
+    yield
+    figures = ", ".join(f"{k} {v}" for k, v in sorted(EXPLORED.items()))
+    print(f"\ncontract state machine explored: {figures}")
+
+
 CI = settings(
-    max_examples=25,
-    stateful_step_count=20,
+    max_examples=100,
+    stateful_step_count=30,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-SOAK = settings(CI, max_examples=400, stateful_step_count=40)
+SOAK = settings(CI, max_examples=2_000, stateful_step_count=50)
 
 TestContractUnderRandomSchedules = ContractMachine.TestCase
 TestContractUnderRandomSchedules.settings = CI
@@ -389,4 +431,4 @@ TestContractUnderRandomSchedules.settings = CI
 
 class TestContractUnderRandomSchedulesSoak(ContractMachine.TestCase):  # type: ignore[misc,valid-type]
     settings = SOAK
-    pytestmark = pytest.mark.soak
+    pytestmark = [pytest.mark.soak, pytest.mark.timeout(6 * 3600)]

@@ -20,7 +20,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -180,9 +179,7 @@ def check_repair(before: list[Event], after: list[Event], figures: Figures) -> N
     assert added[-1].data.reason.kind == "interrupted"
     if step_open:
         assert added[-2].type == "step/end"
-    results = {
-        e.data.message.call_id: e.data.error.code for e in added if e.type == "tool/result"
-    }
+    results = {e.data.message.call_id: e.data.error.code for e in added if e.type == "tool/result"}
     assert results == codes, "each unanswered call gets exactly one synthetic result"
     figures.synthetic.update(results.values())
 
@@ -258,12 +255,16 @@ def test_sigkill_under_load_loses_no_acknowledged_event_and_every_agent_resumes(
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(6 * 3600)
 def test_soak_sigkill_under_load(
-    tmp_path: Path, rng: random.Random, request: pytest.FixtureRequest
+    tmp_path: Path,
+    rng: random.Random,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     kills = int(request.config.getoption("--soak-kills"))
     figures = campaign(tmp_path, kills=kills, rng=rng, generation=STORE_GENERATION)
-    with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+    with capsys.disabled():
         print("\n" + figures.report(f"soak: crash under load ({kills} kills)"))
     assert figures.kills == kills
 
@@ -288,7 +289,7 @@ IMPORT_TURNS = 12_000
 
 
 def build_export(path: Path) -> bytes:
-    """A big export (about 4 × IMPORT_TURNS events) written through a real store."""
+    """A big export (about 4 x IMPORT_TURNS events) written through a real store."""
     with Store.open(path) as store:
         session = store.create_session("source")
         for turn in range(1, IMPORT_TURNS + 1):
@@ -338,8 +339,13 @@ def test_sigkill_during_a_jsonl_import_leaves_it_absent_or_whole(
     for run_number in range(6):
         cue = after_lines("importing ", rng.randint(1, 3), rng.uniform(0.0, 0.3))
         command = child_command(
-            "import", str(store_path), str(tmp_path / "big.jsonl"), "--copies", "4",
-            "--run", str(run_number),
+            "import",
+            str(store_path),
+            str(tmp_path / "big.jsonl"),
+            "--copies",
+            "4",
+            "--run",
+            str(run_number),
         )
         run = run_until_killed(command, cue)
         if run.returncode == 0 and run.lines[-1:] == ["done"]:

@@ -372,5 +372,9 @@ def test_an_inbox_edit_from_the_agents_own_listener_is_applied_at_once_in_order(
     assert outcome == [None], "the edit ran inline on the actor's thread, without waiting"
     assert agent.inbox.ids() == [kept]
     splices = [e.data for e in agent.session.events() if e.type == "agent/inbox/spliced"]
-    assert [(s.removed_count, s.outcome) for s in splices] == [(0, None), (0, None), (1, "canceled")]
+    assert [(s.removed_count, s.outcome) for s in splices] == [
+        (0, None),
+        (0, None),
+        (1, "canceled"),
+    ]
     assert splices[1].inserted[0].id == dropped

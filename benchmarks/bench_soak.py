@@ -1,0 +1,272 @@
+"""Memory soak: RSS over many turns across many agents (is memory bounded?).
+
+N agents (``ScriptedModel.echo()``, zero latency, a durable store, ``write-ahead``)
+run T turns in total, in R rounds: in a round each agent runs T / (N x R) turns back to
+back (its next followup is sent when its previous turn settled), then every agent is
+idle. Every ``--sample-every`` turns (and at each round's end) the process RSS (psutil),
+the elapsed time and the facts held in memory by the sessions are recorded.
+
+Two cases, each in a fresh interpreter (nothing else shares its heap), measured in the
+same run: ``resident`` keeps every agent in memory (a session holds every fact of its
+log), ``passivated`` evicts the idle agents with ``rt.passivate_idle()`` at each round's
+end (the next followup rehydrates them from the log). The report is the curve (a table
+per case, and ``--json``), the RSS growth per 1,000 turns fitted by least squares over
+the first and the second half of the run, and a verdict: *bounded* when the second half
+grows by at most 10% of the first half's rate (or under 16 KB per 1,000 turns),
+*linear* otherwise; then passivated / resident ratios.
+
+    python benchmarks/bench_soak.py --quick                 # 10,000 turns per case
+    python benchmarks/bench_soak.py --json soak.json        # 100,000 turns, 1,000 agents
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import parser, print_table, write_json
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Sample:
+    turns: int
+    seconds: float
+    rss: int
+    facts: int
+
+
+def slope_per_1000(samples: list[Sample]) -> float:
+    """Least-squares RSS growth in bytes per 1,000 turns over ``samples``."""
+    if len(samples) < 2:
+        return 0.0
+    xs = [s.turns for s in samples]
+    ys = [s.rss for s in samples]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mean_x) ** 2 for x in xs)
+    cov = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
+    return 1000 * cov / var if var else 0.0
+
+
+def run(case: str, agents: int, turns: int, every: int, rounds: int, store: Path) -> dict[str, Any]:
+    """One case in this process: ``resident`` keeps every agent in memory, ``passivated``
+    evicts the idle agents (``rt.passivate_idle()``) at the end of every round."""
+    from runtime import Runtime, ScriptedModel
+
+    process = psutil.Process()
+    gc.collect()
+    rss_start = process.memory_info().rss
+    per_round = max(1, turns // (agents * rounds))
+    total = per_round * agents * rounds
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    round_done = threading.Event()
+    left: dict[str, int] = {}
+    count = [0]
+    outstanding = [0]
+    passivated = 0
+    rt = Runtime.open(store)
+    try:
+        handles = [rt.spawn(model=ScriptedModel.echo()) for _ in range(agents)]
+        by_id = {agent.id: agent for agent in handles}
+        gc.collect()
+        rss_spawned = process.memory_info().rss
+        start = time.perf_counter()
+
+        def facts_held() -> int:
+            return sum(a.session.last_seq + 1 for a in handles if not a.passive)
+
+        def sample(n: int) -> None:
+            rss = process.memory_info().rss
+            taken = Sample(n, time.perf_counter() - start, rss, facts_held())
+            with lock:
+                samples.append(taken)
+
+        def settled(event: Any) -> None:
+            agent_id = event.agent.id
+            with lock:
+                count[0] += 1
+                n = count[0]
+                left[agent_id] -= 1
+                more = left[agent_id] > 0
+                if not more:
+                    outstanding[0] -= 1
+                    if outstanding[0] == 0:
+                        round_done.set()
+            if n % every == 0:
+                sample(n)
+            if more:
+                by_id[agent_id].followup(f"turn {per_round - left[agent_id]}")
+
+        rt.on("agent/settled", settled)
+        for _ in range(rounds):
+            round_done.clear()
+            with lock:
+                left.update((agent.id, per_round) for agent in handles)
+                outstanding[0] = agents
+            for agent in handles:
+                agent.followup("turn 0")
+            if not round_done.wait(max(600.0, total / 50)):
+                raise TimeoutError(f"only {count[0]} of {total} turns settled")
+            if case == "passivated":
+                passivated += rt.passivate_idle()
+                gc.collect()
+            if count[0] % every:
+                sample(count[0])
+        wall = time.perf_counter() - start
+        rt.flush()
+        stats = rt.store.statistics()
+    finally:
+        rt.close()
+    gc.collect()
+    rss_closed = process.memory_info().rss
+    samples.sort(key=lambda s: s.turns)
+    half = len(samples) // 2
+    first, second = slope_per_1000(samples[: half + 1]), slope_per_1000(samples[half:])
+    peak_facts = max((s.facts for s in samples), default=0)
+    grown = samples[-1].rss - rss_spawned if samples else 0
+    bounded = second <= max(0.1 * first, 16 * 1024)
+    disk = sum(p.stat().st_size for p in store.iterdir())
+    return {
+        "case": case,
+        "agents": agents,
+        "turns": total,
+        "rounds": rounds,
+        "passivated": passivated,
+        "wall_s": wall,
+        "turns_per_s": total / wall,
+        "rss_start": rss_start,
+        "rss_spawned": rss_spawned,
+        "rss_end": samples[-1].rss if samples else 0,
+        "rss_peak": max((s.rss for s in samples), default=0),
+        "rss_after_close": rss_closed,
+        "growth_per_1000_first_half": first,
+        "growth_per_1000_second_half": second,
+        "bytes_per_turn": grown / total,
+        "facts_held_peak": peak_facts,
+        "events_written": stats.events_written,
+        "store_bytes": disk,
+        "verdict": "bounded" if bounded else "linear (not bounded)",
+        "samples": [asdict(s) for s in samples],
+    }
+
+
+def run_in_child(case: str, args: Any) -> dict[str, Any]:
+    """Run one case in a fresh interpreter (its RSS is that process's alone)."""
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        case,
+        "--agents",
+        str(args.agents),
+        "--turns",
+        str(args.turns),
+        "--sample-every",
+        str(args.sample_every),
+        "--rounds",
+        str(args.rounds),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=7200)
+    if done.returncode != 0:
+        raise RuntimeError(f"case {case} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def report(result: dict[str, Any]) -> None:
+    rows = []
+    previous = None
+    for sample in result["samples"]:
+        rate = (
+            (sample["turns"] - previous["turns"]) / (sample["seconds"] - previous["seconds"])
+            if previous and sample["seconds"] > previous["seconds"]
+            else 0.0
+        )
+        rows.append(
+            [
+                sample["turns"],
+                sample["seconds"],
+                rate,
+                sample["rss"] / MB,
+                (sample["rss"] - result["rss_spawned"]) / MB,
+                sample["facts"],
+            ]
+        )
+        previous = sample
+    print_table(["turns", "s", "turns/s", "RSS MB", "+MB since spawn", "facts held"], rows)
+    print()
+    print(
+        f"{result['agents']:,} agents, {result['turns']:,} turns in {result['wall_s']:.1f} s "
+        f"({result['turns_per_s']:,.0f} turns/s, write-ahead, {result['rounds']} rounds; "
+        f"{result['passivated']:,} passivations)"
+    )
+    print(
+        f"RSS: {result['rss_start'] / MB:.1f} MB at start, {result['rss_spawned'] / MB:.1f} MB "
+        f"with the agents spawned, {result['rss_end'] / MB:.1f} MB at the end, "
+        f"{result['rss_after_close'] / MB:.1f} MB after close"
+    )
+    print(
+        f"growth per 1,000 turns: {result['growth_per_1000_first_half'] / 1024:,.0f} KB in the "
+        f"first half, {result['growth_per_1000_second_half'] / 1024:,.0f} KB in the second half"
+    )
+    print(
+        f"{result['bytes_per_turn']:,.0f} bytes per turn since spawn; at most "
+        f"{result['facts_held_peak']:,} facts held in memory; {result['events_written']:,} "
+        f"facts written; store on disk {result['store_bytes'] / MB:.1f} MB"
+    )
+    print(f"verdict: {result['verdict']}")
+
+
+def main() -> None:
+    p = parser("Memory soak: RSS over many turns across many agents.", repeats=1)
+    p.add_argument("--agents", type=int, default=1000)
+    p.add_argument("--turns", type=int, default=100_000)
+    p.add_argument("--sample-every", type=int, default=2_500)
+    p.add_argument("--rounds", type=int, default=10, help="rounds of turns (default 10)")
+    p.add_argument("--cases", default="resident,passivated", help="which cases to run")
+    p.add_argument("--quick", action="store_true", help="10,000 turns, a sample every 500")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.quick:
+        args.turns, args.sample_every = 10_000, 500
+    if args.child:
+        with tempfile.TemporaryDirectory(prefix="corral-soak-") as tmp:
+            result = run(
+                args.child, args.agents, args.turns, args.sample_every, args.rounds, Path(tmp) / "s"
+            )
+        print(json.dumps(result))
+        return
+    results = {case: run_in_child(case, args) for case in args.cases.split(",")}
+    for case, result in results.items():
+        print(f"== {case}")
+        report(result)
+        print()
+    if {"resident", "passivated"} <= results.keys():
+        resident, passive = results["resident"], results["passivated"]
+        print(
+            f"passivated / resident: end RSS {passive['rss_end'] / resident['rss_end']:.2f}x, "
+            f"growth per 1,000 turns in the second half "
+            f"{passive['growth_per_1000_second_half'] / 1024:,.0f} KB vs "
+            f"{resident['growth_per_1000_second_half'] / 1024:,.0f} KB, turns/s "
+            f"{passive['turns_per_s'] / resident['turns_per_s']:.2f}x"
+        )
+    write_json(args.json, "soak", results)
+
+
+if __name__ == "__main__":
+    main()
