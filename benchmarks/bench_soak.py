@@ -62,16 +62,21 @@ def slope_per_1000(samples: list[Sample]) -> float:
     return 1000 * cov / var if var else 0.0
 
 
-def run(case: str, agents: int, turns: int, every: int, rounds: int, store: Path) -> dict[str, Any]:
+def run(
+    case: str, agents: int, turns: int, every: int, rounds: int, cohorts: int, store: Path
+) -> dict[str, Any]:
     """One case in this process: ``resident`` keeps every agent in memory, ``passivated``
-    evicts the idle agents (``rt.passivate_idle()``) at the end of every round."""
+    evicts the idle agents (``rt.passivate_idle()``) at the end of every round. Round
+    ``r`` drives cohort ``r % cohorts`` of the agents (all of them with one cohort)."""
     from runtime import Runtime, ScriptedModel
 
     process = psutil.Process()
     gc.collect()
     rss_start = process.memory_info().rss
-    per_round = max(1, turns // (agents * rounds))
-    total = per_round * agents * rounds
+    blocks_start = sys.getallocatedblocks()
+    active = agents // cohorts
+    per_round = max(1, turns // (active * rounds))
+    total = per_round * active * rounds
     samples: list[Sample] = []
     lock = threading.Lock()
     round_done = threading.Event()
@@ -113,12 +118,13 @@ def run(case: str, agents: int, turns: int, every: int, rounds: int, store: Path
                 by_id[agent_id].followup(f"turn {per_round - left[agent_id]}")
 
         rt.on("agent/settled", settled)
-        for _ in range(rounds):
+        for number in range(rounds):
+            cohort = handles[number % cohorts :: cohorts][:active]
             round_done.clear()
             with lock:
-                left.update((agent.id, per_round) for agent in handles)
-                outstanding[0] = agents
-            for agent in handles:
+                left.update((agent.id, per_round) for agent in cohort)
+                outstanding[0] = len(cohort)
+            for agent in cohort:
                 agent.followup("turn 0")
             if not round_done.wait(max(600.0, total / 50)):
                 raise TimeoutError(f"only {count[0]} of {total} turns settled")
@@ -132,8 +138,6 @@ def run(case: str, agents: int, turns: int, every: int, rounds: int, store: Path
         stats = rt.store.statistics()
     finally:
         rt.close()
-    gc.collect()
-    rss_closed = process.memory_info().rss
     samples.sort(key=lambda s: s.turns)
     half = len(samples) // 2
     first, second = slope_per_1000(samples[: half + 1]), slope_per_1000(samples[half:])
@@ -146,6 +150,7 @@ def run(case: str, agents: int, turns: int, every: int, rounds: int, store: Path
         "agents": agents,
         "turns": total,
         "rounds": rounds,
+        "cohorts": cohorts,
         "passivated": passivated,
         "wall_s": wall,
         "turns_per_s": total / wall,
@@ -153,7 +158,7 @@ def run(case: str, agents: int, turns: int, every: int, rounds: int, store: Path
         "rss_spawned": rss_spawned,
         "rss_end": samples[-1].rss if samples else 0,
         "rss_peak": max((s.rss for s in samples), default=0),
-        "rss_after_close": rss_closed,
+        "allocated_blocks_start": blocks_start,
         "growth_per_1000_first_half": first,
         "growth_per_1000_second_half": second,
         "bytes_per_turn": grown / total,
@@ -180,6 +185,8 @@ def run_in_child(case: str, args: Any) -> dict[str, Any]:
         str(args.sample_every),
         "--rounds",
         str(args.rounds),
+        "--cohorts",
+        str(args.cohorts),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=7200)
     if done.returncode != 0:
@@ -212,13 +219,16 @@ def report(result: dict[str, Any]) -> None:
     print()
     print(
         f"{result['agents']:,} agents, {result['turns']:,} turns in {result['wall_s']:.1f} s "
-        f"({result['turns_per_s']:,.0f} turns/s, write-ahead, {result['rounds']} rounds; "
+        f"({result['turns_per_s']:,.0f} turns/s, write-ahead, {result['rounds']} rounds of "
+        f"{result['agents'] // result['cohorts']:,} agents; "
         f"{result['passivated']:,} passivations)"
     )
     print(
         f"RSS: {result['rss_start'] / MB:.1f} MB at start, {result['rss_spawned'] / MB:.1f} MB "
         f"with the agents spawned, {result['rss_end'] / MB:.1f} MB at the end, "
-        f"{result['rss_after_close'] / MB:.1f} MB after close"
+        f"{result['rss_after_close'] / MB:.1f} MB after close (Python's allocated blocks: "
+        f"{result['allocated_blocks_start']:,} at start, "
+        f"{result['allocated_blocks_after_close']:,} after close)"
     )
     print(
         f"growth per 1,000 turns: {result['growth_per_1000_first_half'] / 1024:,.0f} KB in the "
@@ -238,6 +248,12 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=100_000)
     p.add_argument("--sample-every", type=int, default=2_500)
     p.add_argument("--rounds", type=int, default=10, help="rounds of turns (default 10)")
+    p.add_argument(
+        "--cohorts",
+        type=int,
+        default=1,
+        help="round r drives only cohort r %% C of the agents (default 1: all of them)",
+    )
     p.add_argument("--cases", default="resident,passivated", help="which cases to run")
     p.add_argument("--quick", action="store_true", help="10,000 turns, a sample every 500")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -247,8 +263,17 @@ def main() -> None:
     if args.child:
         with tempfile.TemporaryDirectory(prefix="corral-soak-") as tmp:
             result = run(
-                args.child, args.agents, args.turns, args.sample_every, args.rounds, Path(tmp) / "s"
+                args.child,
+                args.agents,
+                args.turns,
+                args.sample_every,
+                args.rounds,
+                args.cohorts,
+                Path(tmp) / "s",
             )
+        gc.collect()  # the runtime is closed and dropped: what is still allocated?
+        result["rss_after_close"] = psutil.Process().memory_info().rss
+        result["allocated_blocks_after_close"] = sys.getallocatedblocks()
         print(json.dumps(result))
         return
     results = {case: run_in_child(case, args) for case in args.cases.split(",")}

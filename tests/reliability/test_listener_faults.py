@@ -378,3 +378,29 @@ def test_an_inbox_edit_from_the_agents_own_listener_is_applied_at_once_in_order(
         (1, "canceled"),
     ]
     assert splices[1].inserted[0].id == dropped
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: dispose() from the agent's own listener waits for the actor that is running "
+    "the listener: it blocks that dispatcher thread for its whole timeout (forever with the "
+    "default timeout=None), returns False, and the agent is disposed only afterwards",
+)
+def test_dispose_from_the_agents_own_listener_does_not_wait_for_itself(rt: Runtime) -> None:
+    outcome: list[object] = []
+    agent = rt.spawn(model=ScriptedModel.echo())
+
+    def dispose_me(event: Any) -> None:
+        try:
+            outcome.append(event.agent.dispose(timeout=1.0))
+        except Exception as err:
+            outcome.append(err)
+
+    agent.on("agent/settled", dispose_me)
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert agent.dispose(WAIT)  # idempotent: waits for the disposal the listener started
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], Exception), (
+        f"dispose() from its own listener returned {outcome[0]!r} after waiting for itself"
+    )
