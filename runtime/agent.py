@@ -15,7 +15,7 @@ import msgspec
 from pykka import ActorDeadError, ActorRef
 
 from actors.agent import AwaitIdle, Cancel, Edit, Insert, Kill, apply_edit
-from actors.errors import AgentDisposedError, InvalidMessageError
+from actors.errors import AgentDisposedError, AgentStateError, InvalidMessageError
 from actors.inbox import Inbox, InboxView
 from actors.live import TurnSignal
 from storage.events import (
@@ -240,11 +240,11 @@ class Agent:
 
     def _ask(self, edit: Edit, timeout: float | None) -> Any:
         self._live()
-        inbox = self._inbox
-        if inbox is not None and inbox.owner == threading.get_ident():
+        if self._on_own_thread():
             # called by one of this agent's own listeners, on the actor's thread: asking
             # the actor would wait for itself, so the edit is applied here, in order
-            return apply_edit(inbox, edit)
+            assert self._inbox is not None
+            return apply_edit(self._inbox, edit)
         assert self._ref is not None
         try:
             return self._ref.ask(edit, timeout=timeout)
@@ -340,9 +340,15 @@ class Agent:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every send before this call was handled and the agent is idle.
 
-        Returns False on timeout. Do not call it from this agent's own listeners."""
+        Returns False on timeout. From one of this agent's own listeners (which run on
+        the agent's actor) it would wait for itself: that raises ``AgentStateError``."""
         if self._passive:
             return True
+        if self._on_own_thread():
+            raise AgentStateError(
+                f"wait_idle() was called from a listener of agent {self.id}, on its own "
+                "actor: it would wait for itself; react to agent/settled or agent/status"
+            )
         done = threading.Event()
         try:
             self._tell(AwaitIdle(callback=done.set))
@@ -351,14 +357,25 @@ class Agent:
         return done.wait(timeout)
 
     def dispose(self, timeout: float | None = None) -> bool:
-        """Cancel (``disposed``), wait for idle, stop, emit ``agent/disposed``. Idempotent."""
+        """Cancel (``disposed``), wait for idle, stop, emit ``agent/disposed``. Idempotent:
+        every call shares one disposal; returns whether it finished within ``timeout``.
+
+        From one of this agent's own listeners it starts the disposal and returns False
+        at once: the disposal needs the actor that is running the listener."""
         with self._dispose_lock:
             first = not self._disposing
             self._disposing = True
         if first:
             self._live()  # disposal discards the pending inbox durably: needs the actor
             self._runtime._dispose(self)
+        if self._on_own_thread():
+            return self._disposed.is_set()
         return self._disposed.wait(timeout)
+
+    def _on_own_thread(self) -> bool:
+        """Whether the caller runs on this agent's actor (one of its own listeners)."""
+        inbox = self._inbox
+        return inbox is not None and inbox.owner == threading.get_ident()
 
     def passivate(self, timeout: float | None = 10.0) -> bool:
         """Evict an idle agent from memory: its actor stops and its in-memory session is

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import io
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -246,7 +247,9 @@ def export(session: str, store: Path, output: Path) -> None:
             written = st.export_jsonl(session, sys.stdout.buffer)
             sys.stdout.buffer.flush()
             return
-        with output.open("wb") as fh:
+        # owner-only, like the store it comes from (a log may hold private content)
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
             written = st.export_jsonl(session, fh)
     click.echo(f"exported {written:,} events of {session} to {output}", err=True)
 

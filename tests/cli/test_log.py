@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import queue
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import IO
@@ -190,3 +192,41 @@ def test_tail_follow_prints_events_another_process_appends_and_ctrl_c_ends_it(
         writer.stdin.close()
         assert writer.wait(timeout=30) == 0
         written.thread.join(10)
+
+
+def test_an_export_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from runtime import Runtime, ScriptedModel
+
+    store = tmp_path / "store"
+    with Runtime.open(store) as rt:
+        agent = rt.spawn(model=ScriptedModel.echo(), session_id="private")
+        agent.followup("a secret plan")
+        assert agent.wait_idle(10)
+    out = tmp_path / "export.jsonl"
+    old = os.umask(0)
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "runtime.cli",
+                "log",
+                "export",
+                "private",
+                "--store",
+                str(store),
+                "-o",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    finally:
+        os.umask(old)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from actors.errors import AgentStateError
 from runtime import Agent, RequestConfig, Runtime, ScriptedModel, ToolCall, tool
 from storage import ReentrantAppendError, check_invariants
 
@@ -380,27 +381,40 @@ def test_an_inbox_edit_from_the_agents_own_listener_is_applied_at_once_in_order(
     assert splices[1].inserted[0].id == dropped
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: dispose() from the agent's own listener waits for the actor that is running "
-    "the listener: it blocks that dispatcher thread for its whole timeout (forever with the "
-    "default timeout=None), returns False, and the agent is disposed only afterwards",
-)
-def test_dispose_from_the_agents_own_listener_does_not_wait_for_itself(rt: Runtime) -> None:
+def test_dispose_from_the_agents_own_listener_starts_the_disposal_without_waiting_for_itself(
+    rt: Runtime,
+) -> None:
     outcome: list[object] = []
     agent = rt.spawn(model=ScriptedModel.echo())
 
     def dispose_me(event: Any) -> None:
         try:
-            outcome.append(event.agent.dispose(timeout=1.0))
+            outcome.append(event.agent.dispose(timeout=30.0))
         except Exception as err:
             outcome.append(err)
 
     agent.on("agent/settled", dispose_me)
     agent.followup("go")
+    assert agent.dispose(WAIT)  # shares the disposal the listener started
+    assert outcome == [False], "it returned at once: the disposal needs the listener's actor"
+    assert agent.disposed
+
+
+def test_wait_idle_from_the_agents_own_listener_is_refused_instead_of_waiting_for_itself(
+    rt: Runtime,
+) -> None:
+    outcome: list[object] = []
+    agent = rt.spawn(model=ScriptedModel.echo())
+
+    def wait_for_me(event: Any) -> None:
+        try:
+            outcome.append(event.agent.wait_idle(timeout=30.0))
+        except Exception as err:
+            outcome.append(err)
+
+    agent.on("agent/settled", wait_for_me)
+    agent.followup("go")
     assert agent.wait_idle(WAIT)
-    assert agent.dispose(WAIT)  # idempotent: waits for the disposal the listener started
     assert len(outcome) == 1
-    assert isinstance(outcome[0], Exception), (
-        f"dispose() from its own listener returned {outcome[0]!r} after waiting for itself"
-    )
+    assert isinstance(outcome[0], AgentStateError)
+    assert "wait for itself" in str(outcome[0])
