@@ -20,7 +20,7 @@ from storage.events import StreamChunk
 
 from .anthropic_wire import EventMapper, ThinkingMode, decode_event, message_params
 from .base import HttpProvider
-from .failures import StreamReportedError, cause_for, empty_response, request_id_from
+from .failures import StreamReportedError
 from .limits import ProviderLimiter
 from .secrets import resolve_api_key
 from .sse import SseDecoder, SseEvent, drain
@@ -122,24 +122,17 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
             request, default_max_tokens=self._max_tokens, thinking=self._thinking
         )
         mapper = EventMapper()
-        request_id: str | None = None
-        async with self._limiter.slot():
-            client = self._sdk_client()
-            try:
-                opened = client.messages.with_streaming_response.create(**params)
-                async with opened as raw:
-                    response = raw.http_response
-                    request_id = request_id_from(response.headers)
-                    async for out in self._chunks(response.aiter_bytes(), mapper):
-                        yield out
-            except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
-                raise self._error(err, request_id) from cause_for(err, self._secrets)
-        if not mapper.stopped:
-            raise self._error(ConnectionError("the stream ended before message_stop"), request_id)
-        if mapper.final_reason() != "max-tokens" and not (mapper.saw_text or mapper.saw_tool_calls):
-            raise empty_response(self._provider, request_id)
-        for out in mapper.finish():
-            yield out
+        frames = self._stream_response(
+            lambda client: client.messages.with_streaming_response.create(**params),
+            lambda body: self._chunks(body, mapper),
+            mapper,
+            lambda: None if mapper.stopped else "the stream ended before message_stop",
+        )
+        try:
+            async for out in frames:
+                yield out
+        finally:
+            await frames.aclose()  # closes the HTTP response at once on cancel
 
     @staticmethod
     async def _chunks(

@@ -10,19 +10,35 @@ there.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Generic, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from actors.model import ModelError
+from storage.events import FinishReason, StreamChunk
 
-from .failures import to_model_error
+from .failures import cause_for, empty_response, request_id_from, to_model_error
 from .limits import LimiterStatistics, ProviderLimiter
 from .secrets import Secret
 
 __all__ = ["HttpProvider"]
 
 ClientT = TypeVar("ClientT")
+
+
+class StreamMapper(Protocol):
+    """What the shared stream tail needs of a vendor's event mapper."""
+
+    @property
+    def saw_text(self) -> bool: ...
+
+    @property
+    def saw_tool_calls(self) -> bool: ...
+
+    def final_reason(self) -> FinishReason: ...
+
+    def finish(self) -> list[StreamChunk]: ...
 
 
 class HttpProvider(Generic[ClientT]):
@@ -137,3 +153,36 @@ class HttpProvider(Generic[ClientT]):
         return to_model_error(
             err, vendor=self._provider, secrets=self._secrets, request_id=request_id
         )
+
+    # ------------------------------------------------------------------ streaming
+
+    async def _stream_response(
+        self,
+        open_response: Callable[[ClientT], AbstractAsyncContextManager[Any]],
+        decode: Callable[[AsyncIterator[bytes]], AsyncIterator[StreamChunk]],
+        mapper: StreamMapper,
+        unfinished: Callable[[], str | None],
+    ) -> AsyncGenerator[StreamChunk, None]:
+        """The request/stream/finish frame both vendors share: take a limiter slot, open
+        the SDK's streaming response, yield what ``decode`` maps from its bytes, turn
+        every failure into a :class:`ModelError` (keeping the request id), refuse a
+        stream that ``unfinished`` says ended early or that produced nothing, then yield
+        the mapper's closing chunks (usage, finish)."""
+        request_id: str | None = None
+        async with self._limiter.slot():
+            client = self._sdk_client()
+            try:
+                async with open_response(client) as raw:
+                    response = raw.http_response
+                    request_id = request_id_from(response.headers)
+                    async for out in decode(response.aiter_bytes()):
+                        yield out
+            except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
+                raise self._error(err, request_id) from cause_for(err, self._secrets)
+        problem = unfinished()
+        if problem is not None:
+            raise self._error(ConnectionError(problem), request_id)
+        if mapper.final_reason() != "max-tokens" and not (mapper.saw_text or mapper.saw_tool_calls):
+            raise empty_response(self._provider, request_id)
+        for out in mapper.finish():
+            yield out

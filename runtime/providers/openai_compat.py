@@ -22,7 +22,7 @@ from actors.model import ModelRequest
 from storage.events import StreamChunk
 
 from .base import HttpProvider
-from .failures import StreamReportedError, cause_for, empty_response, request_id_from
+from .failures import StreamReportedError
 from .limits import ProviderLimiter
 from .openai_wire import ChunkMapper, MaxTokensField, chat_params, decode_chunk
 from .secrets import resolve_api_key
@@ -148,26 +148,21 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
             include_usage=self._include_usage,
         )
         mapper = ChunkMapper()
-        request_id: str | None = None
-        async with self._limiter.slot():
-            client = self._sdk_client()
-            try:
-                opened = client.chat.completions.with_streaming_response.create(**params)
-                async with opened as raw:
-                    response = raw.http_response
-                    request_id = request_id_from(response.headers)
-                    async for out in self._chunks(response.aiter_bytes(), mapper):
-                        yield out
-            except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
-                raise self._error(err, request_id) from cause_for(err, self._secrets)
-        if mapper.finish_reason is None:
-            raise self._error(
-                ConnectionError("the stream ended before a finish reason"), request_id
-            )
-        if mapper.final_reason() != "max-tokens" and not (mapper.saw_text or mapper.saw_tool_calls):
-            raise empty_response(self._provider, request_id)
-        for out in mapper.finish():
-            yield out
+        frames = self._stream_response(
+            lambda client: client.chat.completions.with_streaming_response.create(**params),
+            lambda body: self._chunks(body, mapper),
+            mapper,
+            lambda: (
+                None
+                if mapper.finish_reason is not None
+                else "the stream ended before a finish reason"
+            ),
+        )
+        try:
+            async for out in frames:
+                yield out
+        finally:
+            await frames.aclose()  # closes the HTTP response at once on cancel
 
     @staticmethod
     async def _chunks(
