@@ -32,6 +32,7 @@ __all__ = [
     "StartTool",
     "StreamEnd",
     "TurnAborted",
+    "outcome_of",
 ]
 
 T = TypeVar("T")
@@ -85,6 +86,14 @@ class RunAsync(Effect[Any]):
     def __init__(self, name: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         self.name = name
         self.work = work
+
+
+async def outcome_of(name: str, result: Any) -> Any:
+    """The value of a bus ``serial``/``waterfall`` result: a ``Ready`` one at once, a
+    ``Deferred`` one (async listeners) by running it on the I/O side."""
+    if hasattr(result, "value"):
+        return result.value
+    return await RunAsync(name, result.run)
 
 
 class Sleep(Effect[None]):

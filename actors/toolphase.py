@@ -28,7 +28,7 @@ from storage.events import (
     ToolSpec,
 )
 
-from .effects import JoinTool, RunAsync, StartTool, TurnAborted
+from .effects import JoinTool, StartTool, TurnAborted, outcome_of
 from .live import (
     AgentLike,
     Allow,
@@ -95,10 +95,7 @@ class ToolPhase:
         return self._specs
 
     async def _decide(self, name: str, event: Any, default: Callable[[], Any]) -> Any:
-        result = self._waterfall(name, event, default)
-        if hasattr(result, "value"):
-            return result.value
-        return await RunAsync(name, result.run)
+        return await outcome_of(name, self._waterfall(name, event, default))
 
     async def _admit(
         self, turn: int, step: int, call: ToolCallBlock, signal: TurnSignal

@@ -51,10 +51,10 @@ from .effects import (
     Flush,
     NextBatch,
     OpenStream,
-    RunAsync,
     Sleep,
     StreamEnd,
     TurnAborted,
+    outcome_of,
 )
 from .errors import ListenerError
 from .inbox import Inbox
@@ -174,15 +174,10 @@ class TurnMachine:
             self.emit("agent/status", AgentStatusChanged(agent=self.agent, status=status))
 
     async def _waterfall(self, name: str, event: Any, default: Callable[[], Any]) -> Any:
-        result = self.bus.waterfall(name, event, default, scope=self.agent.id)
-        if hasattr(result, "value"):
-            return result.value
-        return await RunAsync(name, result.run)
+        return await outcome_of(name, self.bus.waterfall(name, event, default, scope=self.agent.id))
 
     async def _serial(self, name: str, event: Any) -> None:
-        result = self.bus.serial(name, event, scope=self.agent.id)
-        if not hasattr(result, "value"):
-            await RunAsync(name, result.run)
+        await outcome_of(name, self.bus.serial(name, event, scope=self.agent.id))
 
     @property
     def unwinding(self) -> bool:
