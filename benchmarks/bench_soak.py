@@ -4,16 +4,22 @@ N agents (``ScriptedModel.echo()``, zero latency, a durable store, ``write-ahead
 run T turns in total, in R rounds: in a round each agent runs T / (N x R) turns back to
 back (its next followup is sent when its previous turn settled), then every agent is
 idle. Every ``--sample-every`` turns (and at each round's end) the process RSS (psutil),
-the elapsed time and the facts held in memory by the sessions are recorded.
+Python's allocated blocks, the elapsed time and the facts held in memory by the sessions
+are recorded (a session keeps only the facts not yet known durable; the rest it reads
+back from the store).
+At the end, the size of the model-visible histories (each resident session's
+``SurfaceProjection``, needed for every model request) is measured too.
 
 Two cases, each in a fresh interpreter (nothing else shares its heap), measured in the
-same run: ``resident`` keeps every agent in memory (a session holds every fact of its
-log), ``passivated`` evicts the idle agents with ``rt.passivate_idle()`` at each round's
-end (the next followup rehydrates them from the log). The report is the curve (a table
-per case, and ``--json``), the RSS growth per 1,000 turns fitted by least squares over
-the first and the second half of the run, and a verdict: *bounded* when the second half
-grows by at most 10% of the first half's rate (or under 16 KB per 1,000 turns),
-*linear* otherwise; then passivated / resident ratios.
+same run: ``resident`` keeps every agent in memory (its session: projections and the
+not-yet-durable tail), ``passivated`` evicts the idle agents with ``rt.passivate_idle()``
+at each round's end (the next followup rehydrates them from the log). The report is
+the curve (a table per case, and ``--json``), the RSS growth per 1,000 turns fitted by
+least squares over the first and the second half of the run, and a verdict: *bounded*
+when the second half grows by at most 10% of the first half's rate (or under 16 KB per
+1,000 turns), *linear* otherwise; then passivated / resident ratios. RSS includes the
+pages of the store's LMDB memory map (file-backed, growing with the store), so the same
+figures are also given for the *heap*: RSS minus file-backed pages.
 
     python benchmarks/bench_soak.py --quick                 # 10,000 turns per case
     python benchmarks/bench_soak.py --json soak.json        # 100,000 turns, 1,000 agents
@@ -47,19 +53,47 @@ class Sample:
     turns: int
     seconds: float
     rss: int
+    heap: int
+    """RSS minus its file-backed pages (the LMDB memory map): the process's own memory."""
+    blocks: int
+    """Python's allocated blocks (live objects): growth here is retention, not fragmentation."""
     facts: int
 
 
-def slope_per_1000(samples: list[Sample]) -> float:
-    """Least-squares RSS growth in bytes per 1,000 turns over ``samples``."""
+def slope_per_1000(samples: list[Sample], field: str = "rss") -> float:
+    """Least-squares growth of ``field`` (RSS) in bytes per 1,000 turns over ``samples``."""
     if len(samples) < 2:
         return 0.0
     xs = [s.turns for s in samples]
-    ys = [s.rss for s in samples]
+    ys = [getattr(s, field) for s in samples]
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
     var = sum((x - mean_x) ** 2 for x in xs)
     cov = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
     return 1000 * cov / var if var else 0.0
+
+
+def deep_size(value: object) -> int:
+    """Bytes of the Python objects reachable from ``value`` (containers, structs, str;
+    shared objects counted once)."""
+    import msgspec
+
+    seen: set[int] = set()
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, msgspec.Struct):
+            stack.extend(getattr(item, name) for name in item.__struct_fields__)
+    return total
 
 
 def run(
@@ -89,15 +123,18 @@ def run(
         handles = [rt.spawn(model=ScriptedModel.echo()) for _ in range(agents)]
         by_id = {agent.id: agent for agent in handles}
         gc.collect()
-        rss_spawned = process.memory_info().rss
+        spawned = process.memory_info()
+        rss_spawned, heap_spawned = spawned.rss, spawned.rss - spawned.shared
         start = time.perf_counter()
 
         def facts_held() -> int:
-            return sum(a.session.last_seq + 1 for a in handles if not a.passive)
+            return sum(a.session.resident_events for a in handles if not a.passive)
 
         def sample(n: int) -> None:
-            rss = process.memory_info().rss
-            taken = Sample(n, time.perf_counter() - start, rss, facts_held())
+            memory = process.memory_info()
+            heap = memory.rss - memory.shared
+            seconds = time.perf_counter() - start
+            taken = Sample(n, seconds, memory.rss, heap, sys.getallocatedblocks(), facts_held())
             with lock:
                 samples.append(taken)
 
@@ -136,6 +173,7 @@ def run(
         wall = time.perf_counter() - start
         rt.flush()
         stats = rt.store.statistics()
+        history = sum(deep_size(a.session.messages()) for a in handles if not a.passive)
     finally:
         rt.close()
     samples.sort(key=lambda s: s.turns)
@@ -144,6 +182,10 @@ def run(
     peak_facts = max((s.facts for s in samples), default=0)
     grown = samples[-1].rss - rss_spawned if samples else 0
     bounded = second <= max(0.1 * first, 16 * 1024)
+    heap_first = slope_per_1000(samples[: half + 1], "heap")
+    heap_second = slope_per_1000(samples[half:], "heap")
+    heap_grown = samples[-1].heap - heap_spawned if samples else 0
+    heap_bounded = heap_second <= max(0.1 * heap_first, 16 * 1024)
     disk = sum(p.stat().st_size for p in store.iterdir())
     return {
         "case": case,
@@ -162,7 +204,15 @@ def run(
         "growth_per_1000_first_half": first,
         "growth_per_1000_second_half": second,
         "bytes_per_turn": grown / total,
+        "heap_spawned": heap_spawned,
+        "heap_end": samples[-1].heap if samples else 0,
+        "heap_growth_per_1000_first_half": heap_first,
+        "heap_growth_per_1000_second_half": heap_second,
+        "heap_bytes_per_turn": heap_grown / total,
+        "heap_verdict": "bounded" if heap_bounded else "linear (not bounded)",
         "facts_held_peak": peak_facts,
+        "history_bytes": history,
+        "history_bytes_per_turn": history / total,
         "events_written": stats.events_written,
         "store_bytes": disk,
         "verdict": "bounded" if bounded else "linear (not bounded)",
@@ -211,11 +261,15 @@ def report(result: dict[str, Any]) -> None:
                 rate,
                 sample["rss"] / MB,
                 (sample["rss"] - result["rss_spawned"]) / MB,
+                sample["heap"] / MB,
+                sample["blocks"] / 1000,
                 sample["facts"],
             ]
         )
         previous = sample
-    print_table(["turns", "s", "turns/s", "RSS MB", "+MB since spawn", "facts held"], rows)
+    headers = ["turns", "s", "turns/s", "RSS MB", "+MB since spawn", "heap MB", "k blocks"]
+    headers.append("facts held")
+    print_table(headers, rows)
     print()
     print(
         f"{result['agents']:,} agents, {result['turns']:,} turns in {result['wall_s']:.1f} s "
@@ -238,6 +292,18 @@ def report(result: dict[str, Any]) -> None:
         f"{result['bytes_per_turn']:,.0f} bytes per turn since spawn; at most "
         f"{result['facts_held_peak']:,} facts held in memory; {result['events_written']:,} "
         f"facts written; store on disk {result['store_bytes'] / MB:.1f} MB"
+    )
+    print(
+        f"heap (RSS without the LMDB map's file pages): {result['heap_spawned'] / MB:.1f} MB "
+        f"spawned, {result['heap_end'] / MB:.1f} MB at the end, "
+        f"{result['heap_bytes_per_turn']:,.0f} bytes per turn; growth per 1,000 turns "
+        f"{result['heap_growth_per_1000_first_half'] / 1024:,.0f} KB then "
+        f"{result['heap_growth_per_1000_second_half'] / 1024:,.0f} KB: {result['heap_verdict']}"
+    )
+    print(
+        f"model-visible histories of the resident sessions: "
+        f"{result['history_bytes'] / MB:.1f} MB, {result['history_bytes_per_turn']:,.0f} "
+        "bytes per turn (Python object sizes)"
     )
     print(f"verdict: {result['verdict']}")
 

@@ -16,7 +16,7 @@ instance are trusted (msgspec does not check them at construction; mypy does).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -30,18 +30,25 @@ from storage.errors import (
 from storage.events import EVENT_TYPES, SURFACE_TYPES, Event
 from storage.lossless import Check, check_plain_json, describe, run_check, struct_check
 
-__all__ = ["DEFAULT_MAX_EVENT_BYTES", "Codec", "EventTypes"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "Codec", "EventKind", "EventTypes"]
 
 DEFAULT_MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
 _SURFACE_KEYS: Final = ("surfaceOp", "sourceEventSeqs")
 
 
-class _Entry(NamedTuple):
+class EventKind(NamedTuple):
+    """What a registry knows of one event type: everything an append looks up, at once."""
+
     name: str
     data_type: type[msgspec.Struct] | None
     ignorable: bool
     decoder: msgspec.json.Decoder[Any]
     check: Check | None
+    """The validation plan of ``data_type`` instances; ``None``: nothing to check."""
+    surface: bool
+    """One of :data:`SURFACE_TYPES` (checked and applied by the surface projection)."""
+    encode: Callable[[Event], bytes]
+    """The record bytes of an event of this type (raises on unencodable data)."""
 
 
 class EventTypes:
@@ -54,8 +61,8 @@ class EventTypes:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
-        self._by_class: dict[type, _Entry | None] = {}  # None: class used by two types
+        self._entries: dict[str, EventKind] = {}
+        self._by_class: dict[type, EventKind | None] = {}  # None: class used by two types
 
     @classmethod
     def default(cls) -> EventTypes:
@@ -104,10 +111,23 @@ class EventTypes:
                 )
             decoder = msgspec.json.Decoder(data_type)
             check = struct_check(data_type)
-        entry = _Entry(name, data_type, ignorable, decoder, check)
+        encode = _encode_ignorable if ignorable else _ENCODER.encode
+        entry = EventKind(name, data_type, ignorable, decoder, check, name in SURFACE_TYPES, encode)
         self._entries[name] = entry
         if data_type is not None:
             self._by_class[data_type] = None if data_type in self._by_class else entry
+
+    @property
+    def kinds(self) -> Mapping[str, EventKind]:
+        """Every registered type by name (a live, read-only view: later registrations
+        show up in it)."""
+        return self._entries
+
+    @property
+    def kinds_by_class(self) -> Mapping[type, EventKind | None]:
+        """The type of each struct class (live, read-only); ``None`` for a class
+        registered under several types."""
+        return self._by_class
 
     def is_known(self, name: str) -> bool:
         return name in self._entries
@@ -123,7 +143,7 @@ class EventTypes:
     def names(self) -> list[str]:
         return list(self._entries)
 
-    def _entry(self, name: str) -> _Entry:
+    def _entry(self, name: str) -> EventKind:
         entry = self._entries.get(name)
         if entry is None:
             raise UnknownEventTypeError(
@@ -132,7 +152,7 @@ class EventTypes:
             )
         return entry
 
-    def _entry_of(self, data: msgspec.Struct) -> _Entry:
+    def _entry_of(self, data: msgspec.Struct) -> EventKind:
         try:
             entry = self._by_class[type(data)]
         except KeyError:
@@ -172,6 +192,10 @@ _ENCODER: Final = msgspec.json.Encoder()
 _RAW_DECODER: Final = msgspec.json.Decoder(_RawRecord)
 
 
+def _encode_ignorable(event: Event) -> bytes:
+    return _ENCODER.encode(_IgnorableRecord(event.type, event.seq, event.time, event.data))
+
+
 class Codec:
     """Validates event data and encodes/decodes durable records for one store."""
 
@@ -193,13 +217,10 @@ class Codec:
         """The registered type name of a typed fact."""
         return self._types._entry_of(data).name
 
-    def prepare_fact(self, data: msgspec.Struct) -> tuple[str, msgspec.Struct]:
-        """:meth:`prepare` for a typed fact whose type is looked up from its class (the
-        fast path of ``Session.append_fact``); returns ``(type, data)``."""
-        entry = self._types._entry_of(data)
-        if entry.check is not None:
-            run_check(entry.name, entry.check, data)
-        return entry.name, data
+    def kind_of(self, data: msgspec.Struct) -> EventKind:
+        """The registered kind of a typed fact; raises :class:`UnknownEventTypeError`
+        for an unregistered class, :class:`InvalidEventError` for an ambiguous one."""
+        return self._types._entry_of(data)
 
     def prepare(self, type: str, data: object) -> object:
         """Validate and normalize ``data`` for an event of ``type``.
@@ -240,12 +261,12 @@ class Codec:
 
     def encode(self, event: Event) -> bytes:
         """The durable record bytes; raises :class:`EventTooLargeError` over the limit."""
+        return self.encode_as(self._types._entry(event.type), event)
+
+    def encode_as(self, kind: EventKind, event: Event) -> bytes:
+        """:meth:`encode` for an event whose kind the caller has looked up already."""
         try:
-            if self._types._entry(event.type).ignorable:
-                record = _IgnorableRecord(event.type, event.seq, event.time, event.data)
-                payload = _ENCODER.encode(record)
-            else:
-                payload = _ENCODER.encode(event)
+            payload = kind.encode(event)
         except (TypeError, ValueError, OverflowError) as err:
             raise InvalidEventError(
                 f"{event.type!r} event seq {event.seq}: data cannot be encoded as JSON ({err})"

@@ -18,7 +18,8 @@ import secrets
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Final, Literal, Self
@@ -44,6 +45,7 @@ from storage.writer import FlushCallback, LogWriter
 __all__ = ["SCHEMA_VERSION", "InvalidSessionIdError", "SessionStats", "Store", "StoreStatistics"]
 
 DEFAULT_PATH: Final = "./.corral/"
+_LOAD_WINDOW: Final = 4096  # seqs decoded at a time when a session is opened
 MAX_SESSION_ID_CHARS: Final = 200
 
 Durability = Literal["write-ahead", "turn", "none"]
@@ -220,17 +222,27 @@ class Store:
         self.event_types.register(name, data_type, ignorable=ignorable)
 
     def create_session(self, session_id: str | None = None) -> Session:
-        """A new empty session; its header is durable at the next flush."""
+        """A new empty session; its header is durable at the next flush. The session
+        keeps only its not-yet-durable events in memory and reads the rest from here."""
         header = self._new_header(session_id)
-        return Session(header, sink=self._sink, codec=self.codec, clock=self._clock)
+        return Session(
+            header,
+            sink=self._sink,
+            codec=self.codec,
+            clock=self._clock,
+            reader=partial(self.read, header.id),
+        )
 
     def open_session(self, session_id: str) -> Session:
-        """The session with every durable event (and everything appended before)."""
+        """The session with every durable event (and everything appended before).
+
+        Its projections are built while the events stream from the store, a window at
+        a time; the session keeps none of them in memory (it reads them back here)."""
         self._check_open()
         if self._writer is not None:
             self._writer.flush()
         header = self._header(session_id)
-        events, last = self._load(header)
+        events, last = self._stream(header)
         if self._writer is not None:
             self._writer.track(header, next_seq=last + 1, new=False)
         return Session(
@@ -240,6 +252,7 @@ class Store:
             clock=self._clock,
             events=events,
             last_seq=last,
+            reader=partial(self.read, header.id),
         )
 
     def has_session(self, session_id: str) -> bool:
@@ -328,7 +341,15 @@ class Store:
             seed_length=len(seed) + 1,
             payloads=[self.codec.encode(event) for event in seed],
         )
-        session = Session(header, sink=self._sink, codec=self.codec, clock=self._clock, events=seed)
+        self._writer.flush()  # the seed is readable before the session drops it from memory
+        session = Session(
+            header,
+            sink=self._sink,
+            codec=self.codec,
+            clock=self._clock,
+            events=seed,
+            reader=partial(self.read, header.id),
+        )
         session.append(
             "session/end-seed", SessionEndSeed(source_session=source_id, source_seq=boundary)
         )
@@ -349,7 +370,7 @@ class Store:
         """Create a session from an export under ``session_id`` (default: the exported
         id, or a new one). Every record is validated before anything is written; the
         stored records are byte-identical to the file's lines, and the header keeps the
-        export's ``created`` and lineage. Durable at the next flush, and atomic: the
+        export's ``created`` and lineage. Durable when this returns, and atomic: the
         header and every record go to the writer at once and commit in one transaction,
         so a crash leaves the session either absent or whole."""
         self._check_writable()
@@ -363,6 +384,8 @@ class Store:
             created=source.created if source else None,
             payloads=log.payloads,
         )
+        assert self._writer is not None
+        self._writer.flush()  # the records are readable before the session drops them
         return Session(
             header,
             sink=self._sink,
@@ -370,6 +393,7 @@ class Store:
             clock=self._clock,
             events=log.events,
             last_seq=len(log.payloads) - 1,
+            reader=partial(self.read, header.id),
         )
 
     # ------------------------------------------------------------------ durability
@@ -437,10 +461,24 @@ class Store:
 
     def _load(self, header: SessionHeader) -> tuple[list[Event], int]:
         """Every durable event of a session (checked contiguous from 0); its last seq."""
-        row = self._db.row(header.id)
-        if row is None:
-            return [], -1
-        return self._decode(row), row.last_seq
+        events, last = self._stream(header)
+        return list(events), last
+
+    def _stream(self, header: SessionHeader) -> tuple[Iterator[Event], int]:
+        """:meth:`_load` as an iterator that reads ``_LOAD_WINDOW`` seqs at a time."""
+        try:
+            last = self.stats(header.id).last_seq
+        except UnknownSessionError:
+            last = None
+        if last is None:
+            return iter(()), -1
+
+        def windows(stop: int) -> Iterator[Event]:
+            for lower in range(0, stop + 1, _LOAD_WINDOW):
+                upper = min(stop, lower + _LOAD_WINDOW - 1)
+                yield from self.read(header.id, lower=lower, upper=upper)
+
+        return windows(last), last
 
     def _decode(self, row: SessionRow, lower: int = 0, upper: int | None = None) -> list[Event]:
         decode = self.codec.decode

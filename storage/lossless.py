@@ -35,7 +35,7 @@ _HINTS: Final[dict[type, str]] = {
 
 Check = Callable[[Any], None]
 """Raises an internal path-carrying error when the value is not lossless."""
-_Memo = dict[type, list[Check | None]]
+_Memo = dict[type, list[Any]]  # class -> [its plan or None, compiled yet]
 
 
 class _Bad(Exception):
@@ -208,15 +208,20 @@ def _compile_union(info: msgspec.inspect.UnionType, memo: _Memo) -> Check | None
 
 def _compile_struct(info: msgspec.inspect.StructType, memo: _Memo) -> Check | None:
     seen = memo.get(info.cls)
-    if seen is not None:  # a recursive schema: resolve through the box once it is built
+    if seen is not None:
+        if seen[1]:  # compiled already (the struct appears twice in the schema)
+            compiled: Check | None = seen[0]
+            return compiled
+        # A recursive schema: resolve through the box once it is built.
         return lambda value: seen[0](value) if seen[0] is not None else None
-    box: list[Check | None] = [None]
+    box: list[Any] = [None, False]  # [plan or None, compiled]
     memo[info.cls] = box
     plan: list[tuple[str, str, Check]] = []
     for field in info.fields:
         check = _compile(field.type, memo)
         if check is not None:
             plan.append((field.name, field.encode_name, check))
+    box[1] = True
     if not plan:
         return None
 

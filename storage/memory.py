@@ -43,7 +43,8 @@ class MemorySink:
 
     def submit(self, record: PendingRecord) -> None:
         with self._lock:
-            self._check_open()
+            if self._closed:
+                raise self._refusal()
             self._records.append(record)
 
     def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:

@@ -8,6 +8,7 @@ functions fold the incremental objects, so both always agree.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from storage.events import (
 __all__ = [
     "TOOL_NOT_STARTED",
     "TOOL_OUTCOME_UNKNOWN",
+    "TURN_TYPES",
     "InboxProjection",
     "SurfaceProjection",
     "TurnState",
@@ -180,6 +182,9 @@ _TURN_HANDLERS: Final[dict[str, Callable[[TurnTracker, Event], None]]] = {
     "request/header": TurnTracker._header,
 }
 
+TURN_TYPES: Final = frozenset(_TURN_HANDLERS)
+"""The event types that change a :class:`TurnTracker` (the others may skip ``apply``)."""
+
 
 def turn_state(events: Iterable[Event]) -> TurnState:
     tracker = TurnTracker()
@@ -203,7 +208,9 @@ class SurfaceProjection:
 
     def __init__(self) -> None:
         self._messages: list[Message] = []
-        self._origins: list[int] = []  # seq that appended each slot, increasing
+        # The seq that appended each slot, increasing; 8 bytes each (not an int object):
+        # the projection lives as long as its agent and grows with every message.
+        self._origins = array("q")
         self._aliases: dict[int, int] = {}  # seq of a replacing event -> slot
 
     def __len__(self) -> int:

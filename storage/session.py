@@ -11,11 +11,21 @@ The record is handed to the sink *before* the in-memory commit (the order of CON
 7 lists the commit first): a sink that refuses a record (closed store, failed writer)
 then leaves nothing behind, and an observer that calls :meth:`Session.flush` waits for
 the event it is observing.
+
+Memory stays bounded for a long-lived session: given a :data:`DurableReader` (the store
+passes one), a session keeps its projections and only the *tail* of events not yet
+known to be durable. A successful flush through the session acknowledges everything
+appended before it; acknowledged events are dropped from memory and
+:meth:`Session.events` reads them back from the store. A session that is never
+flushed (durability ``none``) asks its sink for a flush itself when its tail reaches
+``tail_bound`` events, and again each time it grew by as many. Without a reader a
+session keeps every event in memory.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from bisect import bisect_left, bisect_right
@@ -28,7 +38,9 @@ import msgspec
 from storage.codec import Codec
 from storage.errors import InvalidEventError, LogCorruptError, ReentrantAppendError
 from storage.events import SURFACE_TYPES, Event, Message, UserMessage
+from storage.lossless import run_check
 from storage.projections import (
+    TURN_TYPES,
     InboxProjection,
     SurfaceProjection,
     TurnState,
@@ -36,10 +48,25 @@ from storage.projections import (
     repair_plan,
 )
 
-__all__ = ["LogSink", "Observer", "PendingRecord", "Session", "SessionHeader", "epoch_ms"]
+__all__ = [
+    "TAIL_BOUND",
+    "DurableReader",
+    "LogSink",
+    "Observer",
+    "PendingRecord",
+    "Session",
+    "SessionHeader",
+    "epoch_ms",
+]
 
 _log = logging.getLogger("corral.session")
 _SEQ: Final = attrgetter("seq")
+_INBOX: Final = "agent/inbox/spliced"
+
+TAIL_BOUND: Final = 64
+"""Default ``tail_bound``: how many events a store-backed session holds before it asks
+its sink which are durable, and how much its tail grows between two such requests (the
+not-yet-durable tail can be longer while the sink catches up)."""
 
 
 class SessionHeader(msgspec.Struct, frozen=True, rename="camel"):
@@ -67,6 +94,10 @@ class PendingRecord(NamedTuple):
     payload: bytes
 
 
+# Builds a PendingRecord without the Python-level __new__ NamedTuple generates (hot path).
+_new_record: Final = tuple.__new__
+
+
 class LogSink(Protocol):
     """Where a session hands its encoded records for durable writing."""
 
@@ -87,6 +118,14 @@ class LogSink(Protocol):
 Observer = Callable[[Event], None]
 
 
+class DurableReader(Protocol):
+    """Reads a session's durable events back (the store's ``read`` bound to a session)."""
+
+    def __call__(self, *, lower: int, upper: int) -> list[Event]:
+        """The durable events with ``lower <= seq <= upper`` (inclusive), in seq order."""
+        ...
+
+
 def epoch_ms() -> int:
     """Wall-clock time in epoch milliseconds (the default session clock)."""
     return time.time_ns() // 1_000_000
@@ -99,6 +138,11 @@ class Session:
     projections and is *not* resubmitted. It must have strictly increasing seqs; gaps
     are allowed only where a store skipped unknown ignorable records, in which case
     ``last_seq`` must give the durable last seq so the next append continues after it.
+
+    With a ``reader`` the session drops events from memory once they are known durable
+    and reads them back through it; the loaded ``events`` are then streamed through the
+    projections and not kept, so they must be readable from ``reader`` already
+    (committed, not merely queued). Without a ``reader`` every event stays in memory.
     """
 
     def __init__(
@@ -110,15 +154,35 @@ class Session:
         clock: Callable[[], int] = epoch_ms,
         events: Iterable[Event] = (),
         last_seq: int | None = None,
+        reader: DurableReader | None = None,
+        tail_bound: int = TAIL_BOUND,
     ) -> None:
+        if tail_bound < 1:
+            raise ValueError(f"tail_bound must be at least 1, got {tail_bound!r}")
         self._header = header
+        self._key = header.key
         self._sink = sink
         self._codec = codec
+        self._kinds = codec.types.kinds
+        self._kinds_by_class = codec.types.kinds_by_class
         self._clock = clock
+        self._reader = reader
         # Invariant: reentrant so that observers may read (state, events, messages);
         # an observer's append is refused before the lock is taken.
         self._lock = threading.RLock()
-        self._log: list[Event] = []
+        # Invariant: ``_tail`` holds exactly the committed events with seq above
+        # ``_dropped``; those at or below it are durable and read through ``_reader``.
+        self._tail: list[Event] = []
+        self._dropped = -1
+        # The highest seq known durable. Written without the lock (by flush callbacks,
+        # on the writer thread): racing writers may lose an update, which only delays
+        # dropping events; every value written is a true durable mark.
+        self._durable = -1
+        self._probing = False  # a flush of our own is outstanding (see _make_room)
+        self._bound = tail_bound
+        # The tail length at which an append calls _make_room (checked on every append,
+        # so that _make_room runs once per ``tail_bound`` appends, not on each one).
+        self._room_at = tail_bound if reader is not None else sys.maxsize
         self._last_seq = -1
         self._last_time = 0
         self._turns = TurnTracker()
@@ -126,8 +190,11 @@ class Session:
         self._inbox = InboxProjection(seed_length=header.seed_length)
         self._observers: tuple[Observer, ...] = ()
         self._notifying: int | None = None  # ident of the thread running observers
+        keep = self._tail.append if reader is None else None
         for event in events:
             self._load(event)
+            if keep is not None:
+                keep(event)
         if last_seq is not None:
             if last_seq < self._last_seq:
                 raise LogCorruptError(
@@ -135,6 +202,8 @@ class Session:
                     f"{self._last_seq}; the store's session row disagrees with its events"
                 )
             self._last_seq = last_seq
+        if reader is not None:
+            self._dropped = self._durable = self._last_seq
 
     # ------------------------------------------------------------------ identity
 
@@ -155,6 +224,11 @@ class Session:
         """The seq of the last committed event, ``-1`` when the log is empty."""
         return self._last_seq
 
+    @property
+    def resident_events(self) -> int:
+        """How many events the session holds in memory (the rest is read from the store)."""
+        return len(self._tail)
+
     def __repr__(self) -> str:
         return f"Session(id={self.id!r}, last_seq={self._last_seq})"
 
@@ -169,14 +243,45 @@ class Session:
         """
         if self._notifying is not None:
             self._refuse_reentry(type)
-        return self._append(type, self._codec.prepare(type, data))
+        kind = self._kinds.get(type)
+        if kind is not None and data.__class__ is kind.data_type:  # a typed fact: fast path
+            if kind.check is not None:
+                run_check(type, kind.check, data)
+        else:
+            data = self._codec.prepare(type, data)  # converts, or raises the right error
+            kind = self._kinds[type]
+        # The hot path of every fact, in one frame: sequence, encode, hand over, commit.
+        with self._lock:
+            seq = self._last_seq + 1
+            now = self._clock()
+            if now < self._last_time:  # noqa: PLR1730 -- hot path, cheaper than max()
+                now = self._last_time  # Invariant: time never goes backwards in a log
+            event = Event(type, seq, now, data)
+            if kind.surface:
+                self._surface.check(event)
+            payload = self._codec.encode_as(kind, event)
+            self._sink.submit(_new_record(PendingRecord, (self._key, seq, payload)))
+            # Commit: cannot fail from here on.
+            tail = self._tail
+            tail.append(event)
+            self._last_seq = seq
+            self._last_time = now
+            if kind.surface:
+                self._surface.apply(event)
+            elif type == _INBOX:
+                self._inbox.apply(event)
+            if type in TURN_TYPES:
+                self._turns.apply(event)
+            if len(tail) >= self._room_at:
+                self._make_room()
+            if self._observers:
+                self._notify(event)
+        return event
 
     def append_fact(self, data: msgspec.Struct) -> Event:
         """:meth:`append` for a typed fact, its type looked up from its struct class."""
-        if self._notifying is not None:
-            self._refuse_reentry(type(data).__name__)
-        name, prepared = self._codec.prepare_fact(data)
-        return self._append(name, prepared)
+        kind = self._kinds_by_class.get(data.__class__) or self._codec.kind_of(data)
+        return self.append(kind.name, data)
 
     def _refuse_reentry(self, what: str) -> None:
         if self._notifying == threading.get_ident():
@@ -186,48 +291,24 @@ class Session:
                 "thread or actor (e.g. send a message) and append from there"
             )
 
-    def _append(self, type: str, data: object) -> Event:
-        with self._lock:
-            seq = self._last_seq + 1
-            now = self._clock()
-            if now < self._last_time:  # noqa: PLR1730 -- hot path, cheaper than max()
-                now = self._last_time  # Invariant: time never goes backwards in a log
-            event = Event(type, seq, now, data)
-            if type in SURFACE_TYPES:
-                self._surface.check(event)
-            payload = self._codec.encode(event)
-            self._sink.submit(PendingRecord(self._header.key, seq, payload))
-            self._commit(event)
-            if self._observers:
-                self._notify(event)
-        return event
-
-    def _commit(self, event: Event) -> None:
-        """Apply an accepted event to the log and every projection (cannot fail)."""
-        self._log.append(event)
-        self._last_seq = event.seq
-        self._last_time = event.time
-        kind = event.type
-        if kind in SURFACE_TYPES:
-            self._surface.apply(event)
-        elif kind == "agent/inbox/spliced":
-            self._inbox.apply(event)
-        self._turns.apply(event)
-
     def _load(self, event: Event) -> None:
         if event.seq <= self._last_seq:
             raise LogCorruptError(
                 f"session {self.id!r}: loaded history has seq {event.seq} after seq "
                 f"{self._last_seq}; seqs must strictly increase (restore from a backup)"
             )
-        if event.type in SURFACE_TYPES:
+        kind = event.type
+        if kind in SURFACE_TYPES:
             try:
                 self._surface.check(event)
             except InvalidEventError as err:
                 raise LogCorruptError(f"session {self.id!r}: {err}") from err
-        last_time = self._last_time
-        self._commit(event)
-        self._last_time = max(last_time, event.time)
+            self._surface.apply(event)
+        elif kind == _INBOX:
+            self._inbox.apply(event)
+        self._turns.apply(event)
+        self._last_seq = event.seq
+        self._last_time = max(self._last_time, event.time)
 
     def _notify(self, event: Event) -> None:
         self._notifying = threading.get_ident()
@@ -281,21 +362,86 @@ class Session:
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything appended before the call is durable."""
+        mark = self._last_seq
         self._sink.flush(timeout)
+        self._acknowledge(mark)
 
     def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:
-        self._sink.flush_async(callback)
+        """Call ``callback(None)`` (from any thread) once everything appended before the
+        call is durable, or ``callback(error)`` if it cannot be."""
+        if self._reader is None:
+            self._sink.flush_async(callback)
+            return
+        mark = self._last_seq
+
+        def done(error: BaseException | None) -> None:
+            if error is None:
+                self._acknowledge(mark)
+            callback(error)
+
+        self._sink.flush_async(done)
+
+    def _acknowledge(self, mark: int) -> None:
+        """Everything through seq ``mark`` is durable: drop it from memory if the lock is
+        free (never wait for it: this runs on the writer thread, and an observer holding
+        the lock may be waiting for that thread); else a later acknowledgement or
+        :meth:`_make_room` does it."""
+        if self._reader is None:
+            return
+        if mark > self._durable:  # noqa: PLR1730 -- a plain store: see _durable
+            self._durable = mark
+        if self._lock.acquire(blocking=False):
+            try:
+                self._trim()
+            finally:
+                self._lock.release()
+
+    def _trim(self) -> None:
+        """Drop the events known durable from the tail (the lock is held)."""
+        durable = self._durable
+        tail = self._tail
+        if durable > self._dropped:
+            del tail[: bisect_right(tail, durable, key=_SEQ)]
+            self._dropped = durable
+            self._room_at = len(tail) + self._bound
+
+    def _make_room(self) -> None:
+        """The tail grew by ``tail_bound`` events (the lock is held): drop what is known
+        durable; if the tail is still full, ask the sink (once at a time) what is
+        durable now. A session that is never flushed (durability ``none``) learns here."""
+        self._trim()
+        if len(self._tail) >= self._bound and not self._probing:
+            self._probing = True
+            mark = self._last_seq
+
+            def done(error: BaseException | None) -> None:
+                self._probing = False
+                if error is None:
+                    self._acknowledge(mark)
+
+            self._sink.flush_async(done)
+        self._room_at = len(self._tail) + self._bound
 
     # ------------------------------------------------------------------ reading
 
     def events(self, lower: int = 0, upper: int | None = None) -> list[Event]:
         """Committed events with ``lower <= seq <= upper`` (``upper`` inclusive, like the
-        store's ``read`` and fork boundaries); ``None`` means through the last."""
+        store's ``read`` and fork boundaries); ``None`` means through the last.
+
+        Events already dropped from memory are read back through the reader (so this
+        raises what the store raises, e.g. :class:`StoreClosedError` once it is closed)."""
         with self._lock:
-            log = self._log
-            start = bisect_left(log, lower, key=_SEQ) if lower > 0 else 0
-            stop = len(log) if upper is None else bisect_right(log, upper, key=_SEQ)
-            return log[start:stop]
+            tail = self._tail
+            start = bisect_left(tail, lower, key=_SEQ)
+            stop = len(tail) if upper is None else bisect_right(tail, upper, key=_SEQ)
+            held = tail[start:stop]
+            dropped = self._dropped
+        if lower > dropped or (upper is not None and upper < lower):
+            return held
+        assert self._reader is not None  # Invariant: nothing is dropped without a reader
+        # Dropped events are durable and never change: no need to hold the lock.
+        durable = self._reader(lower=lower, upper=dropped if upper is None else min(upper, dropped))
+        return durable + held
 
     def derive_messages(self) -> list[Message]:
         """The model-visible history (surface facts only), as a new list."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from typing import Any
 
 import msgspec
@@ -161,6 +162,38 @@ def test_a_non_finite_float_deep_inside_a_union_is_found() -> None:
 def test_a_plain_float_field_holding_nan_is_refused() -> None:
     retry = LlmRetry(turn=1, attempt=1, delay_s=math.nan, failure=LlmFailure(message="x"))
     assert "$.data.delayS" in error_of("llm/retry", retry)
+
+
+class Point(msgspec.Struct, frozen=True):
+    x: float
+
+
+class Segment(msgspec.Struct, frozen=True):
+    start: Point
+    end: Point  # the same struct twice: its plan is compiled once and used for both
+
+
+class Tree(msgspec.Struct, frozen=True):
+    weight: float
+    children: list[Tree] = []
+
+
+def test_a_struct_used_twice_in_a_schema_is_checked_at_both_places() -> None:
+    types = EventTypes.default()
+    types.register("plugin/segment", Segment)
+    types.register("plugin/tree", Tree)
+    refused = Codec(types)
+    with pytest.raises(InvalidEventError, match=re.escape("$.data.end.x")):
+        refused.prepare("plugin/segment", Segment(Point(1.0), Point(math.nan)))
+    deep = Tree(1.0, [Tree(2.0), Tree(3.0, [Tree(math.inf)])])
+    with pytest.raises(InvalidEventError, match=re.escape("$.data.children[1].children[0].weight")):
+        refused.prepare("plugin/tree", deep)
+
+
+def test_built_in_facts_without_floats_or_free_form_parts_have_no_plan() -> None:
+    kinds = EventTypes.default().kinds
+    checked = sorted(name for name, kind in kinds.items() if kind.check is not None)
+    assert checked == ["llm/retry", "request/header", "turn/end"]
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 from unittest.mock import ANY
 
@@ -30,7 +32,10 @@ from storage import (
     derive_messages,
 )
 from storage.events import (
+    Errored,
     Interrupted,
+    LlmFailure,
+    LlmRetry,
     MessageTrigger,
     RequestConfig,
     RequestHeader,
@@ -39,6 +44,8 @@ from storage.events import (
     SurfaceReplace,
     ToolError,
     ToolResultData,
+    ToolSpec,
+    TurnEnd,
     TurnStart,
     UserMessageData,
 )
@@ -132,6 +139,53 @@ def test_a_refused_append_writes_nothing(type: str, data: object, error: type[Ex
     assert seen == []
     assert session.state.open_turn == 1
     assert session.messages() == []
+
+
+def bad_typed_facts() -> list[tuple[str, msgspec.Struct, str]]:
+    """Typed facts whose free-form or float parts are not lossless, with the path."""
+    cycle: dict[str, Any] = {}
+    cycle["self"] = cycle
+
+    def header(parameters: dict[str, Any], temperature: float | None = None) -> RequestHeader:
+        config = RequestConfig(provider="p", model="m", temperature=temperature)
+        return RequestHeader(
+            turn=1, step=1, config=config, tools=[ToolSpec(name="t", parameters=parameters)]
+        )
+
+    failure = LlmFailure(message="x", retry_after_s=math.inf)
+    return [
+        ("request/header", header({}, temperature=math.nan), "$.data.config.temperature"),
+        ("request/header", header({"enum": [1, math.nan]}), "parameters.enum[1]"),
+        ("request/header", header({"properties": {1: "x"}}), "parameters.properties"),
+        ("request/header", header({"default": {1, 2}}), "parameters.default"),
+        ("request/header", header(cycle), "parameters.self"),
+        ("turn/end", TurnEnd(turn=1, reason=Errored(error=failure)), "reason.error.retryAfterS"),
+        ("llm/retry", LlmRetry(turn=1, attempt=1, delay_s=-math.inf, failure=failure), "delayS"),
+    ]
+
+
+@pytest.mark.parametrize("api", ["append", "append_fact"])
+@pytest.mark.parametrize(("type", "data", "path"), bad_typed_facts())
+def test_the_typed_fast_path_still_refuses_data_that_is_not_lossless(
+    api: str, type: str, data: msgspec.Struct, path: str
+) -> None:
+    sink = MemorySink()
+    session = new_session(sink=sink)
+    attempt = session.append_fact if api == "append_fact" else partial(session.append, type)
+    with pytest.raises(InvalidEventError, match=re.escape(path)):
+        attempt(data)
+    assert session.events() == []
+    assert sink.records == []
+
+
+def test_an_ignorable_type_is_appended_with_its_marker() -> None:
+    types = EventTypes.default()
+    types.register("plugin/trace", ignorable=True)
+    sink = MemorySink()
+    session = new_session(sink=sink, codec=Codec(types))
+    event = session.append("plugin/trace", {"x": 1})
+    assert sink.records[0].payload == session.codec.encode(event)
+    assert b'"ignorable":true' in sink.records[0].payload
 
 
 def test_a_sink_that_refuses_the_record_leaves_nothing_behind() -> None:
