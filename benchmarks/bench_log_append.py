@@ -6,11 +6,18 @@ Cases (each repeated, median reported):
   write transaction + synchronous commit per event, pre-encoded realistic records.
 - ``P producers``: P threads, each appending realistic events to its own session and
   waiting for durability (``session.flush()``) after *every* append. The log writer
-  group-commits whatever all producers queued into one transaction.
+  group-commits whatever all producers queued into one transaction (appended to the
+  journal) and compacts the journal into the session-major ``events`` database. The
+  time runs until the store is closed, so it includes every compaction, the last one
+  too; the JSON has the writer's commits and compactions per run.
 - ``bulk``: one session, N appends then one ``flush()`` (per durability mode).
 - ``session.append only``: the same N appends into a session over the in-memory sink,
   i.e. the cost of validation, encoding and projections alone, to show how much of
   the bulk figure is the store's.
+
+The repeats are interleaved (every case once, then every case again...), so that a
+neighbour's disk load drifting during the run weighs on the baseline and on the cases
+alike.
 
 Run: ``python benchmarks/bench_log_append.py [--repeats 3] [--json out.json]``
 """
@@ -122,29 +129,43 @@ def baseline(path: Path, payloads: list[bytes]) -> float:
     return elapsed
 
 
-def producers(path: Path, count: int, per_producer: int) -> float:
+def producers(path: Path, count: int, per_producer: int, writes: list[dict[str, float]]) -> float:
     """Seconds for ``count`` threads to each append ``per_producer`` events, each
-    followed by a flush that waits for durability."""
+    followed by a flush that waits for durability, and for the store to close (its
+    last journal compaction). Appends the writer's commit counts to ``writes``."""
     facts = realistic_facts(per_producer)
-    with Store.open(path) as store:
-        sessions = [store.create_session(f"producer-{i}") for i in range(count)]
-        store.flush()
-        ready = threading.Barrier(count + 1)
+    store = Store.open(path)
+    sessions = [store.create_session(f"producer-{i}") for i in range(count)]
+    store.flush()
+    ready = threading.Barrier(count + 1)
 
-        def produce(session: Session) -> None:
-            ready.wait()
-            for kind, data in facts:
-                session.append(kind, data)
-                session.flush()
-
-        threads = [threading.Thread(target=produce, args=(s,)) for s in sessions]
-        for thread in threads:
-            thread.start()
+    def produce(session: Session) -> None:
         ready.wait()
-        start = time.perf_counter()
-        for thread in threads:
-            thread.join()
-        return time.perf_counter() - start
+        for kind, data in facts:
+            session.append(kind, data)
+            session.flush()
+
+    threads = [threading.Thread(target=produce, args=(s,)) for s in sessions]
+    for thread in threads:
+        thread.start()
+    before = store.statistics()
+    ready.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    after = store.statistics()  # before close: a closed store answers nothing
+    store.close()
+    elapsed = time.perf_counter() - start
+    commits = after.commits - before.commits
+    writes.append(
+        {
+            "commits": commits,
+            "compactions_before_close": after.compactions - before.compactions,
+            "events_per_commit": count * per_producer / commits,
+            "ms_per_commit": 1000 * elapsed / commits,
+        }
+    )
+    return elapsed
 
 
 def bulk(path: Path, facts: list[Fact], durability: str) -> float:
@@ -182,12 +203,15 @@ def main() -> None:
             lambda: baseline(scratch.next(), payloads),
         )
     )
-    for count, per in ((1, 1000), (8, 400), (64, 100)):
+    writes: dict[str, list[dict[str, float]]] = {}
+    for count, per in ((1, 1000), (8, 400), (64, 200)):
+        name = f"{count} producers, flush after each append"
+        writes[name] = []
         cases.append(
             (
-                f"{count} producers, flush after each append",
+                name,
                 count * per,
-                lambda c=count, p=per: producers(scratch.next(), c, p),
+                lambda c=count, p=per, w=writes[name]: producers(scratch.next(), c, p, w),
             )
         )
     facts = realistic_facts(args.bulk_events)
@@ -204,21 +228,29 @@ def main() -> None:
     results: dict[str, Any] = {}
     rows = []
     base_rate = 0.0
+    seconds: dict[str, list[float]] = {name: [] for name, _, _ in cases}
     try:
-        for name, events, run in cases:
-            seconds = [run() for _ in range(args.repeats)]
-            rate = events / median(seconds)
-            base_rate = base_rate or rate
-            results[name] = {
-                "events": events,
-                "seconds": seconds,
-                "events_per_s": rate,
-                "vs_baseline": rate / base_rate,
-            }
-            rows.append([name, events, median(seconds), rate, f"{rate / base_rate:.1f}x"])
+        for _ in range(args.repeats):
+            for name, _, run in cases:
+                seconds[name].append(run())
     finally:
         scratch.remove()
+    for name, events, _ in cases:
+        rate = events / median(seconds[name])
+        base_rate = base_rate or rate
+        results[name] = {
+            "events": events,
+            "seconds": seconds[name],
+            "events_per_s": rate,
+            "vs_baseline": rate / base_rate,
+            **({"writes": writes[name]} if name in writes else {}),
+        }
+        rows.append([name, events, median(seconds[name]), rate, f"{rate / base_rate:.1f}x"])
     print_table(["case", "events", "median s", "events/s", "vs baseline"], rows)
+    for name, runs in writes.items():
+        per_commit = median([run["events_per_commit"] for run in runs])
+        ms = median([run["ms_per_commit"] for run in runs])
+        print(f"{name}: {per_commit:.1f} events and {ms:.2f} ms per commit (medians)")
     write_json(args.json, "log_append", results)
 
 

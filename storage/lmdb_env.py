@@ -1,14 +1,32 @@
 """The LMDB side of a store: on-disk layout, opening, and short read transactions.
 
-One environment directory (``subdir=True``) holds four named databases:
+One environment directory (``subdir=True``) holds five named databases:
 
 - ``events``: key = 8-byte big-endian session key + 8-byte big-endian seq, so a
   session's records sort by seq; value = the codec-encoded record bytes.
-- ``sessions``: key = session id (UTF-8); value = 8-byte signed big-endian last seq
-  (``-1``: no events) + the :class:`~storage.session.SessionHeader` as JSON.
+- ``journal``: key = 8-byte big-endian append counter; value = 8-byte big-endian
+  session key + 8-byte big-endian seq + the record bytes. Records committed but not
+  yet *compacted* into ``events``.
+- ``sessions``: key = session id (UTF-8); value = 8-byte signed big-endian last
+  compacted seq (``-1``: none) + the :class:`~storage.session.SessionHeader` as JSON.
 - ``session-order``: key = 8-byte big-endian session key; value = session id: the
   creation order.
 - ``meta``: ``schema_version`` (ASCII decimal) and ``next_session_key`` (8 bytes).
+
+Why a journal: a group commit carries one record each of many sessions. Written
+session-major, each record dirties its own ``events`` leaf page (plus its session
+row), and a commit costs a page write per session. Appended to the journal, the same
+records share a page or two. The writer compacts the whole journal into ``events``
+(and the session rows) in one transaction once it is large or idle, where a session's
+many records share pages. A session's records are therefore seqs ``0..k`` in
+``events`` (``k`` = its row's last seq) and ``k + 1..m`` in the journal, never both in
+one snapshot, and readers merge the two:
+
+- in the writing process, from :attr:`LmdbEnv.tails`, an in-memory copy of the
+  journal that the writer updates after each commit (before acknowledging it);
+- in read-only processes, by scanning the journal (bounded by compaction).
+
+A writable open compacts what a crash left in the journal before anything reads.
 
 The writer (:mod:`storage.writer`) and the store's readers share this module so that
 they agree on the layout in one place. Read transactions take a :class:`ResizeLock`
@@ -39,15 +57,21 @@ __all__ = [
     "LmdbEnv",
     "ResizeLock",
     "SessionRow",
+    "Tail",
+    "compact",
     "decode_row",
     "encode_row",
     "encode_u64",
     "event_key",
 ]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+# Version 1 is version 2 without the journal: a writable open adds it, a read-only one
+# reads it as it is.
+_UPGRADABLE: Final = b"1"
 
 EVENTS_DB: Final = b"events"
+JOURNAL_DB: Final = b"journal"
 SESSIONS_DB: Final = b"sessions"
 ORDER_DB: Final = b"session-order"
 META_DB: Final = b"meta"
@@ -89,6 +113,20 @@ def encode_row(header_json: bytes, last_seq: int) -> bytes:
     return _ROW_PREFIX.pack(last_seq) + header_json
 
 
+class Tail(NamedTuple):
+    """One session's records in the journal: seqs ``first``, ``first + 1``, ...
+
+    The writer only ever appends to ``records``, so a reader that notes its length
+    before a read transaction may use that many records afterwards.
+    """
+
+    first: int
+    records: list[bytes]
+
+
+Tails = dict[int, Tail]  # session key -> its records in the journal
+
+
 def decode_row(raw: bytes) -> SessionRow:
     try:
         (last_seq,) = _ROW_PREFIX.unpack_from(raw)
@@ -101,12 +139,57 @@ def decode_row(raw: bytes) -> SessionRow:
 
 
 class Databases(NamedTuple):
-    """The four named databases of a store environment."""
+    """The five named databases of a store environment."""
 
     events: lmdb._Database
     sessions: lmdb._Database
     order: lmdb._Database
     meta: lmdb._Database
+    journal: lmdb._Database | None  # None: a version 1 store opened read-only
+
+
+def compact(
+    txn: lmdb.Transaction[bytes],
+    dbs: Databases,
+    events: list[tuple[bytes, bytes]],
+    rows: list[tuple[bytes, bytes]],
+) -> None:
+    """Write ``events`` (every record of the journal, plus any others) and the session
+    ``rows`` that now end there, and empty the journal, in the caller's transaction."""
+    if dbs.journal is None:
+        raise StorageError("a version 1 store opened read-only has no journal to compact")
+    txn.cursor(db=dbs.events).putmulti(events)
+    rows.sort()  # one call, in key order: no GIL round trip per session
+    txn.cursor(db=dbs.sessions).putmulti(rows)
+    txn.drop(dbs.journal, delete=False)
+
+
+def scan_journal(
+    txn: lmdb.Transaction[bytes], journal: lmdb._Database | None, key: int | None
+) -> Tails:
+    """The journal's records of session ``key`` (of every session for ``None``)."""
+    if journal is None:
+        return {}
+    prefix = encode_u64(key) if key is not None else b""
+    unpack = _EVENT_KEY.unpack_from
+    tails: Tails = {}
+    for value in txn.cursor(db=journal).iternext(keys=False):
+        if not value.startswith(prefix):
+            continue
+        if len(value) < _EVENT_KEY.size:
+            raise LogCorruptError("a journal record is too short; the store is damaged: restore it")
+        session, seq = unpack(value)
+        tail = tails.get(session)
+        if tail is None:
+            tails[session] = Tail(seq, [value[_EVENT_KEY.size :]])
+        elif seq == tail.first + len(tail.records):
+            tail.records.append(value[_EVENT_KEY.size :])
+        else:
+            raise LogCorruptError(
+                f"the journal holds seq {seq} of session key {session} after seq "
+                f"{tail.first + len(tail.records) - 1}; the store is damaged: restore it"
+            )
+    return tails
 
 
 class ResizeLock:
@@ -164,6 +247,10 @@ class LmdbEnv:
         self.path = path
         self.readonly = readonly
         self.resize_lock = ResizeLock()
+        # The journal's records, kept by the writer of a writable environment (empty at
+        # open: the journal is compacted first). The writer replaces the dict when it
+        # compacts; readers take it (and a tail's length) *before* their transaction.
+        self.tails: Tails = {}
         self._closed = False
         self._lock_fd: int | None = None
         existed = _check_directory(path, readonly=readonly)
@@ -189,6 +276,8 @@ class LmdbEnv:
             _check_size(self.env, path)
             self.env.reader_check()  # free reader slots left by processes that died
             self.dbs = self._open_dbs(existed=existed)
+            if not readonly:
+                self._recover()
         except _DAMAGE as err:
             self.env.close()
             self._unlock()
@@ -209,24 +298,62 @@ class LmdbEnv:
             stored = txn.get(SCHEMA_VERSION_KEY)
         if stored is None and existed:
             raise StorageError(f"{not_store} (it has no schema version)")
-        if stored is not None and stored != str(SCHEMA_VERSION).encode("ascii"):
+        current = str(SCHEMA_VERSION).encode("ascii")
+        if stored not in (None, current, _UPGRADABLE):
             found = stored.decode("ascii", "replace")
             raise SchemaVersionError(
                 f"the store at {path} has schema version {found}; this corral supports "
                 f"version {SCHEMA_VERSION}: open it with a matching corral release"
             )
         create = not self.readonly
+        old = stored == _UPGRADABLE and self.readonly
         dbs = Databases(
             env.open_db(EVENTS_DB, create=create),
             env.open_db(SESSIONS_DB, create=create),
             env.open_db(ORDER_DB, create=create),
             meta,
+            None if old else env.open_db(JOURNAL_DB, create=create),
         )
-        if stored is None:
+        if stored != current and not old:  # a new store, or version 1 gaining its journal
             with env.begin(write=True) as txn:
-                txn.put(SCHEMA_VERSION_KEY, str(SCHEMA_VERSION).encode("ascii"), db=meta)
-                txn.put(NEXT_KEY_KEY, encode_u64(1), db=meta)
+                txn.put(SCHEMA_VERSION_KEY, current, db=meta)
+                if stored is None:
+                    txn.put(NEXT_KEY_KEY, encode_u64(1), db=meta)
         return dbs
+
+    def _recover(self) -> None:
+        """Compact what a crash left in the journal, so that :attr:`tails` (empty) is
+        exact for the writer that is about to start."""
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    self._compact_journal(txn)
+            except lmdb.MapFullError:
+                self.grow()
+            else:
+                return
+
+    def _compact_journal(self, txn: lmdb.Transaction[bytes]) -> None:
+        dbs = self.dbs
+        tails = scan_journal(txn, dbs.journal, None)
+        if not tails:
+            return
+        events: list[tuple[bytes, bytes]] = []
+        rows: list[tuple[bytes, bytes]] = []
+        for key, tail in tails.items():
+            session_id = txn.get(encode_u64(key), db=dbs.order)
+            raw = txn.get(session_id, db=dbs.sessions) if session_id is not None else None
+            if session_id is None or raw is None:
+                raise LogCorruptError(
+                    f"the journal of {self.path} holds records of session key {key}, "
+                    "which has no session row: restore the store from a backup or an export"
+                )
+            last = tail.first + len(tail.records) - 1
+            rows.append((session_id, encode_row(raw[_ROW_PREFIX.size :], last)))
+            events += [
+                (event_key(key, seq), value) for seq, value in enumerate(tail.records, tail.first)
+            ]
+        compact(txn, dbs, events, rows)
 
     def close(self) -> None:
         """Close the environment once no reader is inside a transaction. Idempotent."""
@@ -280,19 +407,30 @@ class LmdbEnv:
         return decode_u64(raw) if raw is not None else 1
 
     def row(self, session_id: str) -> SessionRow | None:
+        """The session's header and durable last seq (compacted or in the journal)."""
         key = session_id.encode("utf-8", "replace")
         if not key or len(key) > self.env.max_key_size():
             return None
+        tails = self.tails  # before the transaction: see the module docstring
         with self.reading() as txn:
             raw = txn.get(key, db=self.dbs.sessions)
-        return decode_row(raw) if raw is not None else None
+            if raw is None:
+                return None
+            row = decode_row(raw)
+            if self.readonly:
+                tails = scan_journal(txn, self.dbs.journal, row.header.key)
+        return _with_tail(row, tails.get(row.header.key))
 
     def rows(self) -> list[SessionRow]:
         """Every session row, in creation order."""
+        tails = self.tails
         with self.reading() as txn:
             ids = [value for _, value in txn.cursor(db=self.dbs.order)]
             raws = [txn.get(sid, db=self.dbs.sessions) for sid in ids]
-        return [decode_row(raw) for raw in raws if raw is not None]
+            if self.readonly:
+                tails = scan_journal(txn, self.dbs.journal, None)
+        rows = [decode_row(raw) for raw in raws if raw is not None]
+        return [_with_tail(row, tails.get(row.header.key)) for row in rows]
 
     def chunks(
         self, session: SessionRow, lower: int = 0, upper: int | None = None
@@ -308,15 +446,32 @@ class LmdbEnv:
         key = session.header.key
         while first <= last:
             count = min(_READ_CHUNK, last - first + 1)
+            end = first + count
+            tail = self.tails.get(key)  # before the transaction: see the module docstring
             with self.reading() as txn:
-                cursor = txn.cursor(db=self.dbs.events)
-                found = cursor.set_key(event_key(key, first))
-                values = list(islice(cursor.iternext(keys=False), count)) if found else []
-                intact = (
-                    found
-                    and len(values) == count
-                    and cursor.key() == event_key(key, first + count - 1)
-                )
+                compacted = self._compacted_last(txn, session)
+                if self.readonly and compacted < end - 1:
+                    tail = scan_journal(txn, self.dbs.journal, key).get(key)
+                # Seqs first..split - 1 are in ``events``, split..end - 1 in the journal.
+                # The split is the transaction's: a tail taken just before a compaction
+                # still holds its records, but the writer may have compacted more.
+                split = max(first, min(end, compacted + 1))
+                values: list[bytes] = []
+                intact = True
+                if split > first:
+                    cursor = txn.cursor(db=self.dbs.events)
+                    found = cursor.set_key(event_key(key, first))
+                    if found:
+                        values = list(islice(cursor.iternext(keys=False), split - first))
+                    intact = (
+                        found
+                        and len(values) == split - first
+                        and cursor.key() == event_key(key, split - 1)
+                    )
+            if intact and split < end:
+                if tail is not None and tail.first <= split:
+                    values += tail.records[split - tail.first : end - tail.first]
+                intact = len(values) == count
             if not intact:
                 raise LogCorruptError(
                     f"session {session.header.id!r}: records of seqs {first}..{first + count - 1}"
@@ -325,10 +480,22 @@ class LmdbEnv:
             yield first, values
             first += count
 
+    def _compacted_last(self, txn: lmdb.Transaction[bytes], session: SessionRow) -> int:
+        raw = txn.get(session.header.id.encode("utf-8"), db=self.dbs.sessions)
+        return decode_row(raw).last_seq if raw is not None else -1
+
     def _unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
+
+
+def _with_tail(row: SessionRow, tail: Tail | None) -> SessionRow:
+    """``row`` with the last seq of its records in the journal, if they go further (a
+    tail taken just before a compaction may end before the compacted records)."""
+    if tail is None or tail.first + len(tail.records) - 1 <= row.last_seq:
+        return row
+    return row._replace(last_seq=tail.first + len(tail.records) - 1)
 
 
 def _check_size(env: lmdb.Environment, path: Path) -> None:

@@ -1,9 +1,11 @@
 """The LMDB session store: one environment directory holding every session log.
 
 Layout (see :mod:`storage.lmdb_env`): ``events`` (session key + seq → record bytes),
-``sessions`` (id → last seq + header), ``session-order`` (session key → id) and
-``meta`` (schema version, next session key). One :class:`~storage.writer.LogWriter`
-thread owns all writes; readers use short read transactions and never block it.
+``journal`` (append counter → records not yet compacted into ``events``), ``sessions``
+(id → last compacted seq + header), ``session-order`` (session key → id) and ``meta``
+(schema version, next session key). One :class:`~storage.writer.LogWriter` thread
+owns all writes; readers use short read transactions and never block it, and see
+the journal's records merged with ``events``.
 Another process may open the same directory ``readonly=True`` while this one writes;
 a second *writing* process is refused (an advisory lock on ``writer.lock``).
 
@@ -65,6 +67,7 @@ class StoreStatistics(msgspec.Struct, frozen=True):
     bytes_written: int
     map_size: int
     resizes: int
+    compactions: int = 0  # journal compactions (see storage.writer)
 
 
 class SessionStats(msgspec.Struct, frozen=True):
@@ -321,6 +324,7 @@ class Store:
             bytes_written=writer.bytes_written if writer else 0,
             map_size=self._db.map_size(),
             resizes=writer.resizes if writer else 0,
+            compactions=writer.compactions if writer else 0,
         )
 
     # ------------------------------------------------------------------ fork, export

@@ -1,6 +1,8 @@
 """The child process of ``test_crash``: appends to several sessions until it is killed.
 
-Usage: ``python crash_child.py STORE_PATH SESSIONS DURABILITY``
+Usage: ``python crash_child.py STORE_PATH SESSIONS DURABILITY [JOURNAL_MAX_RECORDS]``
+(a small journal threshold makes the writer compact often, so kills land during
+compactions too).
 
 It opens (or creates) sessions ``s0..s{N-1}``, prints ``loaded <id> <last seq>`` for
 each, repairs any turn a previous kill left open, then loops forever: every session
@@ -18,6 +20,7 @@ import sys
 from typing import Literal, cast
 
 from storage import Session, Store
+from storage import writer as writer_module
 from storage.events import (
     AssistantChunk,
     AssistantMessage,
@@ -71,6 +74,8 @@ def main() -> None:
     path, count = sys.argv[1], int(sys.argv[2])
     durability = cast(Literal["write-ahead", "turn", "none"], sys.argv[3])
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    if len(sys.argv) > 4:
+        writer_module.JOURNAL_MAX_RECORDS = int(sys.argv[4])  # type: ignore[misc]
     store = Store.open(path, durability=durability)
     sessions: list[Session] = []
     for index in range(count):

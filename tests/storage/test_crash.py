@@ -5,6 +5,10 @@ The child (``crash_child.py``) prints ``ack <session> <seq>`` after each flush r
 The parent kills it after a random number of acknowledgements plus a random tiny
 delay, reopens the store read-only, checks every session, and starts the next child,
 which must continue the sessions from where the durable log ends.
+
+Every other child compacts its journal after a few records, so kills land before,
+during and after compactions; the others die with records in the journal, which the
+read-only check merges and the next child's open compacts.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from storage import Store, check_invariants
@@ -32,11 +37,14 @@ class Run:
     acked: dict[str, int] = field(default_factory=dict)
 
 
-def run_child_until_killed(path: Path, rng: random.Random, durability: str) -> Run:
+def run_child_until_killed(
+    path: Path, rng: random.Random, durability: str, journal: int | None
+) -> Run:
     """Start a child, kill it after a random number of acks, return what it reported."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    threshold = [str(journal)] if journal is not None else []
     child = subprocess.Popen(
-        [sys.executable, str(CHILD), str(path), str(SESSIONS), durability],
+        [sys.executable, str(CHILD), str(path), str(SESSIONS), durability, *threshold],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -89,12 +97,25 @@ def check_store(path: Path, run: Run) -> dict[str, int]:
     return last
 
 
+def journal_records(path: Path) -> int:
+    """How many records the killed child left in the journal (not yet compacted)."""
+    env = lmdb.open(str(path), subdir=True, max_dbs=8, readonly=True)
+    try:
+        with env.begin() as txn:
+            return int(txn.stat(env.open_db(b"journal", txn=txn, create=False))["entries"])
+    finally:
+        env.close()
+
+
 def crash_campaign(path: Path, kills: int, seed: int) -> None:
     print(f"crash campaign: {kills} kills, seed {seed}")  # shown if the test fails
     rng = random.Random(seed)
     durable: dict[str, int] = {}
+    left_in_journal = 0
     for round_number in range(kills):
-        run = run_child_until_killed(path, rng, DURABILITIES[round_number % 3])
+        journal = rng.randint(2, 40) if round_number % 2 else None
+        run = run_child_until_killed(path, rng, DURABILITIES[round_number % 3], journal)
+        left_in_journal += journal_records(path) > 0
         context = f"seed {seed}, round {round_number}"
         expected = {f"s{i}": durable.get(f"s{i}", -1) for i in range(SESSIONS)}
         assert run.loaded == expected, f"the child did not load the durable log ({context})"
@@ -102,6 +123,7 @@ def crash_campaign(path: Path, kills: int, seed: int) -> None:
         for name, seq in after.items():
             assert seq > durable.get(name, -1), f"{name} did not continue ({context})"
         durable = after
+    assert left_in_journal, "no kill left records in the journal: the merge went untested"
 
 
 def test_a_killed_writer_loses_no_acknowledged_event_and_the_next_run_continues(

@@ -17,6 +17,7 @@ from storage import (
     UnknownEventTypeError,
     UnknownSessionError,
 )
+from storage import writer as writer_module
 from storage.events import MessageTrigger, TurnStart
 from tests.storage.builders import (
     LogBuilder,
@@ -60,6 +61,23 @@ def exported(store: Store, session_id: str) -> bytes:
     out = io.BytesIO()
     store.export_jsonl(session_id, out)
     return out.getvalue()
+
+
+def test_an_export_is_the_same_whether_records_are_in_the_journal_or_compacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 10)
+    with Store.open(tmp_path / "s", event_types=plugin_types()) as store:
+        log = realistic(store)
+        store.flush()
+        more = LogBuilder(store.open_session("agent-1"))
+        more.plugin("plugin/note", {"after": "the compaction"})  # lands in the journal
+        store.flush()
+        live = exported(store, "agent-1")
+        assert store.statistics().compactions >= 1
+    with Store.open(tmp_path / "s", event_types=plugin_types(), readonly=True) as store:
+        assert exported(store, "agent-1") == live  # compacted at close
+    assert len(live.splitlines()) == len(log.events) + 2
 
 
 def test_export_then_import_gives_byte_identical_records(source: Store, target: Store) -> None:

@@ -32,7 +32,9 @@ from storage import (
     UnknownSessionError,
     assert_invariants,
 )
+from storage import writer as writer_module
 from storage.events import Completed, MessageTrigger, SessionEndSeed, TurnEnd, TurnStart
+from storage.lmdb_env import SCHEMA_VERSION
 from tests.storage.builders import LogBuilder, completed_turn, ticking_clock, tool_turn
 
 WAIT = 30.0
@@ -335,14 +337,43 @@ def test_a_fork_inside_an_open_turn_is_refused_and_creates_nothing(store: Store)
 
 def test_a_store_of_another_schema_version_is_refused(tmp_path: Path) -> None:
     Store.open(tmp_path / "s").close()
+    future = str(SCHEMA_VERSION + 1).encode()
     env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
     with env.begin(write=True) as txn:
-        txn.put(b"schema_version", b"2", db=env.open_db(b"meta", txn=txn))
+        txn.put(b"schema_version", future, db=env.open_db(b"meta", txn=txn))
     env.close()
-    with pytest.raises(SchemaVersionError, match=r"schema version 2.*supports version 1"):
+    refusal = rf"schema version {SCHEMA_VERSION + 1}.*supports version {SCHEMA_VERSION}"
+    with pytest.raises(SchemaVersionError, match=refusal):
         Store.open(tmp_path / "s")
     with pytest.raises(SchemaVersionError):
         Store.open(tmp_path / "s", readonly=True)
+
+
+def test_a_version_1_store_is_upgraded_by_a_writable_open(tmp_path: Path) -> None:
+    """Version 1 is version 2 without the journal: a writable open adds it, a read-only
+    one reads the store as it is."""
+    with Store.open(tmp_path / "s") as store:
+        log = two_turns(store)
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
+    with env.begin(write=True) as txn:  # make it exactly what corral 1 wrote
+        txn.drop(env.open_db(b"journal", txn=txn), delete=True)
+        txn.put(b"schema_version", b"1", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with Store.open(tmp_path / "s", readonly=True) as store:  # read as it is
+        assert store.read("agent-1") == log.events
+    with Store.open(tmp_path / "s") as store:
+        assert store.read("agent-1") == log.events
+        store.open_session("agent-1").append(
+            "turn/start", TurnStart(turn=3, trigger=MessageTrigger())
+        )
+    with Store.open(tmp_path / "s", readonly=True) as store:
+        assert store.read("agent-1")[:-1] == log.events
+        assert store.stats("agent-1").event_count == len(log.events) + 1
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8, readonly=True)
+    with env.begin() as txn:
+        assert txn.get(b"schema_version", db=env.open_db(b"meta", txn=txn)) == b"2"
+        assert env.open_db(b"journal", txn=txn, create=False) is not None
+    env.close()
 
 
 @pytest.mark.parametrize(
@@ -575,7 +606,11 @@ READER = textwrap.dedent(
 )
 
 
-def test_another_process_reads_while_this_one_writes_and_grows_the_map(tmp_path: Path) -> None:
+def test_another_process_reads_while_this_one_writes_and_grows_the_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader merges the journal it scans with ``events``, across compactions."""
+    monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 150)
     path = tmp_path / "s"
     types = EventTypes.default()
     types.register("test/padded", Padded)
@@ -606,4 +641,5 @@ def test_another_process_reads_while_this_one_writes_and_grows_the_map(tmp_path:
             reader.wait()
         assert reader.returncode == 0, err
         assert store.statistics().resizes >= 1
+        assert store.statistics().compactions >= 5
     assert out.split()[-1] == str(target)

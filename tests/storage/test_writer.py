@@ -3,17 +3,31 @@ failure and shutdown semantics."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
 
+from storage import writer as writer_module
 from storage.errors import StorageError, StoreClosedError
-from storage.lmdb_env import Databases, LmdbEnv, ResizeLock, decode_row, event_key
+from storage.lmdb_env import (
+    Databases,
+    LmdbEnv,
+    ResizeLock,
+    Tail,
+    compact,
+    decode_row,
+    event_key,
+)
 from storage.session import PendingRecord, SessionHeader
-from storage.writer import LogWriter
+from storage.writer import LogWriter, _resolve, _Waiter
 
 WAIT = 10.0
 
@@ -27,8 +41,13 @@ def payload(key: int, seq: int, size: int = 0) -> bytes:
 
 
 def stored(env: lmdb.Environment, dbs: Databases) -> dict[bytes, bytes]:
-    with env.begin(db=dbs.events) as txn:
-        return dict(txn.cursor())
+    """Every committed record by its ``events`` key, compacted or still in the journal."""
+    with env.begin() as txn:
+        records = dict(txn.cursor(db=dbs.events))
+        for value in txn.cursor(db=dbs.journal).iternext(keys=False):
+            assert value[:16] not in records, "a record both compacted and in the journal"
+            records[value[:16]] = value[16:]
+    return dict(sorted(records.items()))
 
 
 class Rig:
@@ -41,6 +60,12 @@ class Rig:
     def close(self) -> None:
         self.writer.close()
         self.store.close()
+
+
+@pytest.fixture(autouse=True)
+def no_idle_compaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests that look at the journal must not race the writer's idle compaction."""
+    monkeypatch.setattr(writer_module, "JOURNAL_IDLE_S", 3600.0)
 
 
 @pytest.fixture
@@ -63,9 +88,10 @@ def test_a_flush_returns_once_every_earlier_record_of_every_session_is_committed
     records = stored(rig.env, rig.dbs)
     assert len(records) == 150
     assert records[event_key(2, 49)] == payload(2, 49)
+    row = rig.store.row("session-3")
     with rig.env.begin() as txn:
-        row = decode_row(txn.get(b"session-3", db=rig.dbs.sessions))
         order = dict(txn.cursor(db=rig.dbs.order))
+    assert row is not None
     assert row.header == header(3)
     assert row.last_seq == 49
     assert sorted(order.values()) == [b"session-1", b"session-2", b"session-3"]
@@ -254,3 +280,267 @@ def test_a_resize_waits_for_readers_in_progress_and_blocks_new_ones() -> None:
     first.join(WAIT)
     second.join(WAIT)
     assert order == ["reader done", "resized"]
+
+
+# --------------------------------------------------------------------------- journal
+
+
+def journal_size(rig: Rig) -> int:
+    with rig.env.begin() as txn:
+        return int(txn.stat(rig.dbs.journal)["entries"])
+
+
+def compacted(rig: Rig) -> dict[bytes, bytes]:
+    with rig.env.begin(db=rig.dbs.events) as txn:
+        return dict(txn.cursor())
+
+
+def read_back(rig: Rig, session_id: str) -> list[bytes]:
+    """A session's records through the store's merged view (journal + events)."""
+    row = rig.store.row(session_id)
+    assert row is not None
+    return [value for _, part in rig.store.chunks(row) for value in part]
+
+
+def test_a_commit_goes_to_the_journal_and_reads_see_it_before_and_after_compaction(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 25)
+    rig.writer.track(header(1, "a"), next_seq=0, new=True)
+    rig.writer.track(header(2, "b"), next_seq=0, new=True)
+    for seq in range(10):
+        rig.writer.submit(PendingRecord(1, seq, payload(1, seq)))
+        rig.writer.submit(PendingRecord(2, seq, payload(2, seq)))
+    rig.writer.flush(WAIT)
+    assert journal_size(rig) == 20  # not compacted yet: the commit wrote the journal only
+    assert compacted(rig) == {}
+    assert read_back(rig, "a") == [payload(1, seq) for seq in range(10)]
+    assert rig.store.row("b") == (header(2, "b"), 9)
+
+    for seq in range(10, 20):  # 20 in the journal + 10 more reach the threshold
+        rig.writer.submit(PendingRecord(1, seq, payload(1, seq)))
+    rig.writer.flush(WAIT)
+    assert journal_size(rig) == 0
+    assert rig.writer.statistics().compactions == 1
+    assert list(compacted(rig)) == [event_key(1, s) for s in range(20)] + [
+        event_key(2, s) for s in range(10)
+    ]
+    with rig.env.begin() as txn:  # the rows now end where the compaction did
+        assert decode_row(txn.get(b"a", db=rig.dbs.sessions)).last_seq == 19
+    assert read_back(rig, "a") == [payload(1, seq) for seq in range(20)]
+
+    rig.writer.submit(PendingRecord(2, 10, payload(2, 10)))  # a tail after compacted ones
+    rig.writer.flush(WAIT)
+    assert journal_size(rig) == 1
+    assert read_back(rig, "b") == [payload(2, seq) for seq in range(11)]
+    row = rig.store.row("b")
+    assert row is not None
+    assert [first for first, _ in rig.store.chunks(row, lower=5, upper=10)] == [5]
+    assert [v for _, part in rig.store.chunks(row, lower=9) for v in part] == [
+        payload(2, 9),
+        payload(2, 10),
+    ]
+
+
+def test_an_idle_writer_compacts_its_journal(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    compacting = threading.Event()
+    original = compact
+
+    def observed(*args: Any) -> None:
+        original(*args)
+        compacting.set()
+
+    monkeypatch.setattr(writer_module, "JOURNAL_IDLE_S", 0.01)
+    monkeypatch.setattr(writer_module, "compact", observed)
+    rig.writer.track(header(1), next_seq=0, new=True)
+    rig.writer.submit(PendingRecord(1, 0, payload(1, 0)))
+    rig.writer.flush(WAIT)
+    assert compacting.wait(WAIT)
+    rig.writer.flush(WAIT)  # the compaction's commit is over
+    assert journal_size(rig) == 0
+    assert compacted(rig) == {event_key(1, 0): payload(1, 0)}
+
+
+def test_close_compacts_the_journal(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "env")
+    rig.writer.track(header(1), next_seq=0, new=True)
+    rig.writer.submit(PendingRecord(1, 0, payload(1, 0)))
+    rig.writer.flush(WAIT)
+    assert journal_size(rig) == 1
+    rig.writer.close()
+    assert journal_size(rig) == 0
+    assert compacted(rig) == {event_key(1, 0): payload(1, 0)}
+    rig.store.close()
+
+
+def test_compaction_grows_a_full_map_without_losing_or_duplicating_a_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 300)
+    rig = Rig(tmp_path / "tiny", map_size=64 << 10)
+    try:
+        for key in (1, 2, 3):
+            rig.writer.track(header(key), next_seq=0, new=True)
+        for seq in range(1000):
+            for key in (1, 2, 3):
+                rig.writer.submit(PendingRecord(key, seq, payload(key, seq, size=200)))
+            if seq % 37 == 0:
+                rig.writer.flush(WAIT)
+        rig.writer.flush(WAIT)
+        for key in (1, 2, 3):
+            assert read_back(rig, f"session-{key}") == [
+                payload(key, seq, size=200) for seq in range(1000)
+            ]
+        stats = rig.writer.statistics()
+    finally:
+        rig.close()
+    assert stats.resizes >= 1
+    assert stats.compactions >= 5
+    reopened = LmdbEnv(tmp_path / "tiny", readonly=True, map_size=0, sync=True)
+    try:
+        with reopened.env.begin() as txn:
+            assert txn.stat(reopened.dbs.journal)["entries"] == 0
+            assert txn.stat(reopened.dbs.events)["entries"] == 3000
+    finally:
+        reopened.close()
+
+
+CRASH_AFTER_FLUSH = """
+import os, signal, sys
+from storage import Store
+from storage.events import MessageTrigger, TurnStart
+store = Store.open(sys.argv[1])
+session = store.create_session("a")
+for turn in range(5):
+    session.append("turn/start", TurnStart(turn=turn + 1, trigger=MessageTrigger()))
+store.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_writable_open_compacts_what_a_crash_left_in_the_journal(tmp_path: Path) -> None:
+    path = tmp_path / "env"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", CRASH_AFTER_FLUSH, str(path)], env=env, check=False, timeout=WAIT
+    )
+    assert child.returncode == -signal.SIGKILL
+
+    reader = LmdbEnv(path, readonly=True, map_size=0, sync=True)
+    try:  # a read-only open scans the journal
+        with reader.env.begin() as txn:
+            assert txn.stat(reader.dbs.journal)["entries"] == 5
+            assert txn.stat(reader.dbs.events)["entries"] == 0
+        row = reader.row("a")
+        assert row is not None and row.last_seq == 4
+        records = [v for _, part in reader.chunks(row) for v in part]
+        assert [v for _, part in reader.chunks(row, lower=2) for v in part] == records[2:]
+        assert [r.last_seq for r in reader.rows()] == [4]
+    finally:
+        reader.close()
+
+    reopened = LmdbEnv(path, readonly=False, map_size=1 << 20, sync=True)
+    try:
+        with reopened.env.begin() as txn:
+            assert txn.stat(reopened.dbs.journal)["entries"] == 0
+            compacted_row = decode_row(txn.get(b"a", db=reopened.dbs.sessions))
+            assert list(txn.cursor(db=reopened.dbs.events).iternext(keys=False)) == records
+        assert compacted_row.last_seq == 4
+        writer = LogWriter(reopened, sync_on_flush=False)
+        writer.track(compacted_row.header, next_seq=5, new=False)
+        writer.submit(PendingRecord(compacted_row.header.key, 5, payload(1, 5)))
+        writer.flush(WAIT)
+        writer.close()
+        row = reopened.row("a")
+        assert row is not None and row.last_seq == 5
+    finally:
+        reopened.close()
+
+
+# --------------------------------------------------------------------------- waking
+
+
+def test_blocking_flushers_are_woken_in_a_chain_that_skips_those_who_gave_up() -> None:
+    first, quitter, third = _Waiter(), _Waiter(), _Waiter()
+    assert not quitter.wait(0)  # gives up before the commit resolves it
+    called: list[BaseException | None] = []
+    end = _resolve([first, quitter, called.append, third], None)
+    assert called == [None]  # plain callbacks run at once, on the resolving thread
+    assert end is not None
+    assert not third._woken  # its turn comes when the first one runs
+    outcome: list[bool] = []
+    waiting = threading.Thread(target=lambda: outcome.append(third.wait(WAIT)))
+    waiting.start()
+    assert first.wait(WAIT)  # woken by the commit; wakes the next one still waiting
+    waiting.join(WAIT)
+    assert outcome == [True]
+    assert end.wait(WAIT)  # the last one woke the end of the chain (the writer's)
+
+
+def test_a_waiter_woken_while_giving_up_passes_the_turn_on() -> None:
+    first, second = _Waiter(), _Waiter()
+    error = StorageError("boom")
+    end = _resolve([first, second], error)
+    assert end is not None
+    assert first._give_up()  # woken before it gave up: counts as woken, wakes second
+    assert second.wait(WAIT)
+    assert second.error is error
+    assert end.wait(WAIT)
+
+
+def test_a_read_with_a_tail_taken_just_before_a_compaction_reads_the_compacted_records(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a compaction's commit and the writer dropping its in-memory tails, a
+    reader may hold a tail that ends before what the transaction shows compacted."""
+    monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 5)
+    rig.writer.track(header(1, "a"), next_seq=0, new=True)
+    rig.writer.submit(PendingRecord(1, 0, payload(1, 0)))
+    rig.writer.flush(WAIT)
+    stale = {1: Tail(1, [payload(1, 1), payload(1, 2)])}
+    for seq in range(1, 7):
+        rig.writer.submit(PendingRecord(1, seq, payload(1, seq)))
+    rig.writer.flush(WAIT)  # one compaction: 0..6 in ``events``
+    assert journal_size(rig) == 0
+    rig.store.tails = stale
+    row = rig.store.row("a")
+    assert row is not None and row.last_seq == 6
+    assert read_back(rig, "a") == [payload(1, seq) for seq in range(7)]
+
+
+def test_in_process_readers_never_see_a_gap_while_the_writer_compacts(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 7)
+    rig.writer.track(header(1, "a"), next_seq=0, new=True)
+    rig.writer.flush(WAIT)
+    done = threading.Event()
+    problems: list[BaseException] = []
+
+    def read_until_done() -> None:
+        try:
+            seen = 0
+            while not done.is_set():
+                records = read_back(rig, "a")
+                assert records == [payload(1, seq) for seq in range(len(records))]
+                assert len(records) >= seen, "went backwards"
+                seen = len(records)
+        except BaseException as err:
+            problems.append(err)
+
+    readers = [threading.Thread(target=read_until_done) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    try:
+        for seq in range(400):
+            rig.writer.submit(PendingRecord(1, seq, payload(1, seq)))
+            if seq % 3 == 0:
+                rig.writer.flush(WAIT)
+        rig.writer.flush(WAIT)
+    finally:
+        done.set()
+        for reader in readers:
+            reader.join(WAIT)
+    assert problems == []
+    assert rig.writer.statistics().compactions >= 20
+    assert read_back(rig, "a") == [payload(1, seq) for seq in range(400)]
