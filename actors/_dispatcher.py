@@ -93,7 +93,8 @@ class DeadLetters:
 @dataclass(frozen=True, slots=True)
 class DispatcherStatistics:
     name: str
-    workers: int
+    workers: int  # every worker thread, standby ones included
+    standby: int
     throughput: int
     run_queue_depth: int
     batches: int
@@ -118,6 +119,12 @@ class Dispatcher:
     messages one actor may handle before it yields its worker. Workers are daemon
     threads: call :meth:`shutdown` to stop them; messages still queued then are
     not handled.
+
+    ``standby`` workers take batches only while the others are stuck: when no worker
+    finished a batch for ``stall_s`` seconds although work is queued (a handler blocked,
+    e.g. a listener waiting on another actor), they run batches until a worker moves
+    again. Under a GIL, one worker plus a standby one runs Python actors faster than two
+    workers (no GIL contention between them) and still survives a blocking handler.
     """
 
     _default: ClassVar[Dispatcher | None] = None
@@ -130,10 +137,14 @@ class Dispatcher:
         throughput: int = 32,
         name: str | None = None,
         dead_letters: DeadLetters | None = None,
+        standby: int = 0,
+        stall_s: float = 0.005,
     ) -> None:
         size = default_worker_count() if workers is None else workers
         if size < 1:
             raise ValueError(f"a dispatcher needs at least one worker, got workers={size}")
+        if standby < 0 or stall_s <= 0:
+            raise ValueError(f"standby must be >= 0 and stall_s > 0, got {standby}, {stall_s}")
         if throughput < 1:
             raise ValueError(f"throughput must be at least 1, got {throughput}")
         self.name = name or f"corral-dispatcher-{next(_names)}"
@@ -141,12 +152,20 @@ class Dispatcher:
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
         self._run_queue: queue.SimpleQueue[Schedulable | None] = queue.SimpleQueue()
         self._closed = False
+        self._eager = size
+        self._stall_s = stall_s
         # Invariant: slot i is only written by worker i (exact counts without a lock).
-        self._batches = [0] * size
-        self._messages = [0] * size
+        self._batches = [0] * (size + standby)
+        self._messages = [0] * (size + standby)
         self._threads = [
             threading.Thread(target=self._work, args=(i,), name=f"{self.name}-{i}", daemon=True)
             for i in range(size)
+        ]
+        self._threads += [
+            threading.Thread(
+                target=self._stand_by, args=(i,), name=f"{self.name}-standby-{i}", daemon=True
+            )
+            for i in range(size, size + standby)
         ]
         for thread in self._threads:
             thread.start()
@@ -178,7 +197,7 @@ class Dispatcher:
     def shutdown(self, timeout: float | None = None) -> bool:
         """Stop the workers after the batches they are running; True if all joined."""
         self._closed = True
-        for _ in self._threads:
+        for _ in range(self._eager):  # standby workers see _closed within stall_s
             self._run_queue.put(_SHUTDOWN)
         me = threading.current_thread()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -192,6 +211,7 @@ class Dispatcher:
         return DispatcherStatistics(
             name=self.name,
             workers=len(self._threads),
+            standby=len(self._threads) - self._eager,
             throughput=self.throughput,
             run_queue_depth=self._run_queue.qsize(),
             batches=sum(self._batches),
@@ -203,22 +223,47 @@ class Dispatcher:
     def _work(self, index: int) -> None:
         mark_thread_nonblocking()
         get = self._run_queue.get
-        put = self._run_queue.put
-        throughput = self.throughput
-        batches = self._batches
-        messages = self._messages
         while True:
             runnable = get()
             if runnable is None:
                 return
-            try:
-                handled, more = runnable.run_batch(throughput)
-            except Exception:
-                # A mailbox contains every actor failure itself; reaching here is a bug,
-                # and the worker must survive it.
-                logger.exception("internal error while running %r", runnable)
+            self._run(index, runnable)
+
+    def _run(self, index: int, runnable: Schedulable) -> None:
+        try:
+            handled, more = runnable.run_batch(self.throughput)
+        except Exception:
+            # A mailbox contains every actor failure itself; reaching here is a bug, and
+            # the worker must survive it.
+            logger.exception("internal error while running %r", runnable)
+            return
+        self._batches[index] += 1
+        self._messages[index] += handled
+        if more:
+            self._run_queue.put(runnable)
+
+    def _eager_batches(self) -> int:
+        return sum(self._batches[: self._eager])
+
+    def _stand_by(self, index: int) -> None:
+        """A standby worker: look every ``stall_s``; while the eager workers finish no
+        batch although work is queued, run batches too."""
+        mark_thread_nonblocking()
+        run_queue, stall_s = self._run_queue, self._stall_s
+        seen = -1
+        while not self._closed:
+            time.sleep(stall_s)  # a look every stall_s is all it costs while they run
+            done = self._eager_batches()
+            if done != seen or run_queue.empty():
+                seen = done
                 continue
-            batches[index] += 1
-            messages[index] += handled
-            if more:
-                put(runnable)
+            while not self._closed and self._eager_batches() == done:
+                try:
+                    runnable = run_queue.get(timeout=stall_s)
+                except queue.Empty:
+                    continue
+                if runnable is None:  # a shutdown marker meant for an eager worker
+                    run_queue.put(runnable)
+                    return
+                self._run(index, runnable)
+            seen = self._eager_batches()

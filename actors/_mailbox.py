@@ -13,16 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pykka import ActorDeadError, ActorRef
+from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
 from actors._dispatcher import DeadLetters, Dispatcher, in_nonblocking_thread
 from actors.errors import DispatcherShutdownError, MailboxFullError
-
-if TYPE_CHECKING:
-    from pykka._envelope import Envelope
 
 __all__ = [
     "ActorDeath",
@@ -185,6 +183,11 @@ class Mailbox:
             return
         assert bound is not None
         bound.schedule(self)
+
+    def tell(self, message: object) -> None:
+        """``ActorRef.tell`` without its liveness check, for an actor's own completions:
+        a message that reaches a stopped actor is recorded as a dead letter here."""
+        self.put(Envelope(message))
 
     def get(self) -> Envelope[Any]:
         """Take the next envelope; only the thread running the actor may call this."""

@@ -162,16 +162,24 @@ class TurnMachine:
         self.turn_open = False
         self.draining = False
         self.latched_wake = False
+        # The session's latest request/header, read at each turn start and kept current
+        # by _write_header: only this machine appends headers to its session.
+        self._last_header: RequestHeader | None = None
 
     # ------------------------------------------------------------------ helpers
 
     def emit(self, name: str, payload: Any) -> None:
         self.bus.emit(name, payload, scope=self.agent.id)
 
+    def _listened(self, name: str) -> bool:
+        """Whether an event of ``name`` reaches a listener: if not, its payload is not built."""
+        return bool(self.bus.has_listeners(name, scope=self.agent.id))
+
     def _set_status(self, status: AgentStatus) -> None:
         if status != self.status:
             self.status = status
-            self.emit("agent/status", AgentStatusChanged(agent=self.agent, status=status))
+            if self._listened("agent/status"):
+                self.emit("agent/status", AgentStatusChanged(agent=self.agent, status=status))
 
     async def _waterfall(self, name: str, event: Any, default: Callable[[], Any]) -> Any:
         return await outcome_of(name, self.bus.waterfall(name, event, default, scope=self.agent.id))
@@ -225,7 +233,9 @@ class TurnMachine:
                 trigger = MessageTrigger()
             else:
                 return
-            turn = self.session.state.last_turn + 1
+            state = self.session.state  # one snapshot per turn: it is not free
+            turn = state.last_turn + 1
+            self._last_header = state.last_header
             signal = self.signal = TurnSignal()
             self.session.append_fact(TurnStart(turn=turn, trigger=trigger))
             self.turn_open = True
@@ -300,17 +310,20 @@ class TurnMachine:
             if self.max_steps is not None and step >= self.max_steps:
                 message = f"the turn reached its limit of {self.max_steps} steps"
                 return LimitExceeded(limit="max_steps", message=message), None
-            event = PreStep(
-                agent=self.agent, messages=proposal, turn=turn, step=step + 1, signal=signal
-            )
-            try:
-                decision = await self._waterfall(
-                    "agent/pre-step", event, partial(Enter, messages=proposal)
+            if self._listened("agent/pre-step"):
+                event = PreStep(
+                    agent=self.agent, messages=proposal, turn=turn, step=step + 1, signal=signal
                 )
-            except TurnAborted:
-                return self._aborted(signal), None
-            except Exception as err:  # noqa: BLE001 - a listener fault ends the turn
-                return self._error(turn, None, _listener_failure("agent/pre-step", err)), None
+                try:
+                    decision = await self._waterfall(
+                        "agent/pre-step", event, partial(Enter, messages=proposal)
+                    )
+                except TurnAborted:
+                    return self._aborted(signal), None
+                except Exception as err:  # noqa: BLE001 - a listener fault ends the turn
+                    return self._error(turn, None, _listener_failure("agent/pre-step", err)), None
+            else:
+                decision = Enter(messages=proposal)  # the waterfall's default
             if signal.aborted:
                 return self._aborted(signal), None
             if isinstance(decision, Reject):
@@ -405,11 +418,14 @@ class TurnMachine:
             for message in messages:
                 append(UserMessageData(message=message, turn=turn, step=step))
             try:
-                config = await self._waterfall(
-                    "agent/request",
-                    RequestEvent(agent=self.agent, turn=turn, step=step, signal=signal),
-                    self.default_config,
-                )
+                if self._listened("agent/request"):
+                    config = await self._waterfall(
+                        "agent/request",
+                        RequestEvent(agent=self.agent, turn=turn, step=step, signal=signal),
+                        self.default_config,
+                    )
+                else:
+                    config = self.default_config()  # the waterfall's default
             except TurnAborted:
                 return _StepResult()
             except Exception as err:  # noqa: BLE001 - request listener faults are not offered
@@ -444,7 +460,7 @@ class TurnMachine:
     def _write_header(
         self, turn: int, step: int, config: RequestConfig, specs: list[ToolSpec]
     ) -> None:
-        last = self.session.state.last_header
+        last = self._last_header
         if (
             last is not None
             and last.config == config
@@ -453,9 +469,9 @@ class TurnMachine:
         ):
             return
         msgspec.json.decode(_ENCODER.encode(config), type=RequestConfig)  # field types
-        self.session.append_fact(
-            RequestHeader(turn=turn, step=step, config=config, system=self.system, tools=specs)
-        )
+        header = RequestHeader(turn=turn, step=step, config=config, system=self.system, tools=specs)
+        self.session.append_fact(header)
+        self._last_header = header
 
     async def _exchange(
         self, turn: int, step: int, request: ModelRequest, signal: TurnSignal

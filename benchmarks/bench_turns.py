@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import median, parser, percentile, print_table, write_json
 
 
-def _drive(n: int, turns: int, send: Any, wait_s: float) -> tuple[float, list[float]]:
-    """Send T followups per agent back to back; returns wall seconds and latencies."""
+def _drive(n: int, turns: int, send: Any, wait_s: float) -> tuple[float, float, list[float]]:
+    """Send T followups per agent back to back; returns wall seconds, process CPU seconds
+    (every thread) and latencies."""
     lock = threading.Lock()
     remaining = [n * turns]
     done = threading.Event()
@@ -56,13 +57,13 @@ def _drive(n: int, turns: int, send: Any, wait_s: float) -> tuple[float, list[fl
     for key in keys:
         count[key] = 0
     send.on_settled(settled)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for key in keys:
         sent_at[key] = time.perf_counter()
         send(key)
     if not done.wait(wait_s):
         raise TimeoutError(f"{remaining[0]} of {n * turns} turns did not settle in {wait_s} s")
-    return time.perf_counter() - start, latencies
+    return time.perf_counter() - start, time.process_time() - cpu, latencies
 
 
 class _CorralSender:
@@ -108,9 +109,9 @@ def run_corral(
         model = ScriptedModel(reply)
         agents = [rt.spawn(model=model, tools=[noop] if tool else []) for _ in range(n)]
         sender = _CorralSender(rt, agents)
-        wall, latencies = _drive(n, turns, sender, wait_s=900)
+        wall, cpu, latencies = _drive(n, turns, sender, wait_s=900)
         events = sum(a.session.last_seq + 1 for a in agents)
-    return _report(wall, latencies, events, n, turns)
+    return _report(wall, cpu, latencies, events, n, turns)
 
 
 class _NaiveSender:
@@ -134,19 +135,22 @@ def run_naive(n: int, turns: int, tool: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         host = NaiveHost(Path(tmp) / "naive", n, tool=tool)
         try:
-            wall, latencies = _drive(n, turns, _NaiveSender(host, n), wait_s=900)
+            wall, cpu, latencies = _drive(n, turns, _NaiveSender(host, n), wait_s=900)
         finally:
             events = host.events
             host.close()
-    return _report(wall, latencies, events, n, turns)
+    return _report(wall, cpu, latencies, events, n, turns)
 
 
-def _report(wall: float, latencies: list[float], events: int, n: int, turns: int) -> dict[str, Any]:
+def _report(
+    wall: float, cpu: float, latencies: list[float], events: int, n: int, turns: int
+) -> dict[str, Any]:
     return {
         "agents": n,
         "turns": n * turns,
         "wall_s": wall,
         "turns_per_s": n * turns / wall,
+        "cpu_us_per_turn": cpu * 1e6 / (n * turns),  # every thread: steadier than wall time
         "events": events,
         "events_per_s": events / wall,
         "p50_ms": percentile(latencies, 50) * 1000,
@@ -223,6 +227,7 @@ def main() -> None:
                         label,
                         name,
                         r["turns_per_s"],
+                        r["cpu_us_per_turn"],
                         r["events_per_s"],
                         r["p50_ms"],
                         r["p99_ms"],
@@ -232,7 +237,18 @@ def main() -> None:
                 )
             results[label] = runs
     print_table(
-        ["case", "system", "turns/s", "events/s", "p50 ms", "p99 ms", "RSS MB", "vs baseline"], rows
+        [
+            "case",
+            "system",
+            "turns/s",
+            "CPU µs/turn",
+            "events/s",
+            "p50 ms",
+            "p99 ms",
+            "RSS MB",
+            "vs baseline",
+        ],
+        rows,
     )
     write_json(args.json, "bench_turns", results)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -82,6 +83,16 @@ def _resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool
     return out
 
 
+def _dispatcher(threads: int | None) -> Dispatcher:
+    """``threads`` workers; by default, under a GIL, one worker plus a standby one that
+    steps in while it is stuck in a blocking listener: two busy workers would only
+    contend for the GIL (bench_turns measures ~25% more turns/s with one)."""
+    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+    if threads is None and gil:
+        return Dispatcher(1, standby=1, name="corral")
+    return Dispatcher(threads, name="corral")
+
+
 class _Spec(NamedTuple):
     """What an agent was made of (to rebuild it after passivation)."""
 
@@ -129,7 +140,7 @@ class Runtime:
         self._tuned_gc = tune_gc
         if tune_gc:
             gctune.tune_gc()
-        self.dispatcher = Dispatcher(threads, name="corral")
+        self.dispatcher = _dispatcher(threads)
         self.io = IoSide(
             blocking_workers=blocking_workers, dead_letters=self.dispatcher.dead_letters
         )
@@ -140,6 +151,14 @@ class Runtime:
         self._refs: dict[str, ActorRef[Any]] = {}
         self._models: dict[int, Model] = {}
         self._session_listeners = 0  # session/event listeners: appends skip the bridge at 0
+        # Sessions get a session/event bridge (an observer called on every append) only
+        # once someone has listened to session/event: until then appends skip observers.
+        self._bridging = False
+        # Held while a bridge is registered, so that a bridge is never registered twice
+        # and an on() that finds it registered returns after it is. Lock order: this
+        # lock, then a session's lock (a session observer must not bridge: see _bridge).
+        self._bridge_lock = threading.Lock()
+        self._bridged: dict[str, Session] = {}  # agent id -> the session it bridges
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
@@ -198,6 +217,13 @@ class Runtime:
             return dispose
         with self._lock:
             self._session_listeners += 1
+            self._bridging = True  # every agent that goes live from now on is bridged
+            if scope is None:
+                handles = list(self._agents.values())
+            else:
+                handles = [h] if (h := self._agents.get(scope)) is not None else []
+        for handle in handles:  # before returning: the listener sees every later append
+            self._bridge(handle)
         done = False
 
         def dispose_session_listener() -> None:
@@ -347,7 +373,6 @@ class Runtime:
             meters=self._meters_for(agent_id, spec.limits),
             admission=self._admission,
         )
-        session.on_event(self._session_bridge(handle))
 
         def start() -> ActorRef[Any]:
             return AgentActor.start(
@@ -379,6 +404,9 @@ class Runtime:
         )
         with self._lock:
             self._refs[handle.id] = ref
+            bridging = self._bridging  # read after _bind: see _listen
+        if bridging:
+            self._bridge(handle)
         agent_id = handle.id
         watch(ref, lambda _ref, death: self._on_death(agent_id, death))
 
@@ -400,6 +428,8 @@ class Runtime:
             except ActorDeadError:
                 return False
             handle._unbind()
+            with self._lock:
+                self._bridged.pop(handle.id, None)
             return True
 
     def passivate_idle(self, timeout: float | None = 10.0) -> int:
@@ -438,6 +468,21 @@ class Runtime:
             meters.insert(0, UsageMeter(own, f"agent {agent_id}"))
         return meters
 
+    def _bridge(self, handle: Agent) -> None:
+        """Mirror the agent's session appends as live ``session/event`` events (once per
+        session; a passivated agent is bridged when it goes live again).
+
+        A session that is already bridged is not touched, so the session's own observers
+        (which run under its lock) may register listeners. The session's lock is never
+        taken under ``self._lock``: its observers call back into the runtime."""
+        with self._bridge_lock:
+            session = handle._session
+            if session is None or self._bridged.get(handle.id) is session:
+                return
+            session.on_event(self._session_bridge(handle))
+            with self._lock:
+                self._bridged[handle.id] = session
+
     def _session_bridge(self, handle: Agent) -> Callable[[Any], None]:
         bus, scope = self.bus, handle.id
 
@@ -455,6 +500,7 @@ class Runtime:
         with self._lock:
             handle = self._agents.pop(agent_id, None)
             self._refs.pop(agent_id, None)
+            self._bridged.pop(agent_id, None)
         if handle is None:
             return
         self.bus.emit("agent/disposed", AgentDisposed(agent=handle), scope=agent_id)

@@ -152,7 +152,7 @@ class ScriptedModel:
                 out += [ToolCallDelta(index=index, arguments_delta=p) for p in pieces[1:]]
             finish = "tool-calls"
             produced = sum(len(c.name) for c in item)
-        prompt = sum(1 for _ in request.messages)
+        prompt = len(request.messages)
         out.append(
             UsageChunk(usage=Usage(input_tokens=prompt, output_tokens=max(1, produced // 4)))
         )

@@ -411,3 +411,30 @@ def test_the_stopped_event_behaves_like_a_threading_event() -> None:
     assert late.wait(WAIT) is True
     late.clear()
     assert not late.is_set()
+
+
+def test_a_standby_worker_runs_other_actors_while_the_only_worker_is_blocked() -> None:
+    d = Dispatcher(1, standby=1, stall_s=0.002, name="with-standby")
+    try:
+        log: list[tuple[str, Any]] = []
+        gate, entered = threading.Event(), threading.Event()
+        blocker = Log.start(d, log, "blocker", gate, entered)
+        other = Log.start(d, log, "other")
+        blocker.tell("hold")
+        assert entered.wait(WAIT)
+        # The only eager worker waits on the gate: without the standby this would time out.
+        assert other.ask("ping", timeout=WAIT) == "ping"
+        gate.set()
+        assert blocker.ask("after", timeout=WAIT) == "after"
+        stats = d.statistics()
+        assert (stats.workers, stats.standby) == (2, 1)
+    finally:
+        ActorRegistry.stop_all(timeout=WAIT)
+        assert d.shutdown(timeout=WAIT)  # the standby worker stops too
+
+
+def test_standby_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="standby"):
+        Dispatcher(1, standby=-1)
+    with pytest.raises(ValueError, match="stall_s"):
+        Dispatcher(1, standby=1, stall_s=0)

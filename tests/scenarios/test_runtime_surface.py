@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,50 @@ def test_status_changes_are_announced_only_on_real_changes(rt: Runtime) -> None:
     statuses = [e.status for e in timeline.of("agent/status")]
     assert all(x != y for x, y in itertools.pairwise(statuses))
     assert statuses[0] == "running" and statuses[-1] == "idle"
+
+
+def _seqs_by_agent(events: list[Any]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for event in events:
+        out.setdefault(event.agent.id, []).append(event.event.seq)
+    return out
+
+
+def test_a_session_event_listener_added_after_turns_sees_every_later_fact_once(
+    rt: Runtime,
+) -> None:
+    a = rt.spawn(model=ScriptedModel.echo())
+    b = rt.spawn(model=ScriptedModel.echo())
+    a.followup("before anyone listened")
+    assert a.wait_idle(WAIT)
+    first_new = {a.id: a.session.last_seq + 1, b.id: b.session.last_seq + 1}
+    seen: list[Any] = []
+    scoped: list[int] = []
+    rt.on("session/event", seen.append)
+    a.on("session/event", lambda e: scoped.append(e.event.seq))
+    for agent in (a, b):
+        agent.followup("after")
+        assert agent.wait_idle(WAIT)
+    by_agent = _seqs_by_agent(seen)
+    for agent in (a, b):
+        assert by_agent[agent.id] == list(range(first_new[agent.id], agent.session.last_seq + 1))
+    assert scoped == by_agent[a.id]
+
+
+def test_a_session_event_listener_keeps_seeing_an_agent_after_it_is_passivated(
+    rt: Runtime,
+) -> None:
+    seen: list[Any] = []
+    rt.on("session/event", seen.append)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("one")
+    assert agent.wait_idle(WAIT)
+    assert agent.passivate()
+    agent.followup("two")  # rehydrates the agent from its log
+    assert agent.wait_idle(WAIT)
+    assert _seqs_by_agent(seen)[agent.id] == list(range(agent.session.last_seq + 1))
+
+
+def test_the_default_runtime_has_one_worker_and_a_standby_one(rt: Runtime) -> None:
+    stats = rt.dispatcher.statistics()
+    assert (stats.workers, stats.standby) == (2, 1)
