@@ -75,7 +75,9 @@ def test_a_small_load_with_tools_and_failures_reports_counts_its_logs_confirm(
     assert starts.count("message") == report["settled"]
     assert starts.count("retry") == report["retried"]
     assert error_ends - report["retried"] == report["errored"]
-    assert sum(1 for e in events if e.type == "tool/call") >= report["settled"]
+    # A chain whose every request failed ended errored before its first tool call.
+    tool_calls = sum(1 for e in events if e.type == "tool/call")
+    assert tool_calls >= report["settled"] - report["errored"]
     assert len(events) == report["events"]
 
 
