@@ -190,17 +190,26 @@ class PooledActor(pykka.Actor):
                 )
                 envelope.reply_to.set_exception()
             else:
-                self._handle_failure(*sys.exc_info())
-                try:
-                    self.on_failure(*sys.exc_info())
-                except Exception:  # noqa: BLE001
-                    self._handle_failure(*sys.exc_info())
+                self._told_failed()
         except BaseException as error:  # noqa: BLE001
-            pykka_logger.debug(f"{error!r} in {self}. Stopping all actors.")
-            self._actor_failed = True
-            self._actor_error = error
-            self._stop()
-            ActorRegistry.stop_all(block=False)
+            self._fatal(error)
+
+    def _told_failed(self) -> None:
+        """A told message's handler raised the ``Exception`` being handled: the actor
+        fails through ``on_failure``, as pykka's loop does (call from the except block)."""
+        self._handle_failure(*sys.exc_info())
+        try:
+            self.on_failure(*sys.exc_info())
+        except Exception:  # noqa: BLE001
+            self._handle_failure(*sys.exc_info())
+
+    def _fatal(self, error: BaseException) -> None:
+        """A handler raised a ``BaseException``: stop this actor and ask every other to."""
+        pykka_logger.debug(f"{error!r} in {self}. Stopping all actors.")
+        self._actor_failed = True
+        self._actor_error = error
+        self._stop()
+        ActorRegistry.stop_all(block=False)
 
 
 def watch(ref: ActorRef[Any], callback: DeathWatcher) -> Callable[[], None]:

@@ -16,6 +16,7 @@ from itertools import count
 from typing import Any, Literal
 
 import msgspec
+from pykka._envelope import Envelope
 
 from storage.events import CancelCause, InboxLane, MessageId, UserMessage
 
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("corral.agent")
+_get_ident = threading.get_ident
 
 _PENDING: Any = object()
 
@@ -198,6 +200,7 @@ class AgentActor(PooledActor):
         mailbox = self.actor_inbox
         assert isinstance(mailbox, AgentMailbox)
         mailbox.lanes = inbox
+        machine.quiet = mailbox.empty  # a Checkpoint with nothing queued is not awaited
         self.session = session
         self.model = model
         self._immediate = is_immediate(model)
@@ -215,12 +218,52 @@ class AgentActor(PooledActor):
         # the log writer thread): straight into the mailbox, which records one that
         # reaches a stopped actor as a dead letter instead of raising in the I/O side.
         self._post: Callable[[object], None] = mailbox.tell
+        self._put = mailbox.put  # _post(m) is _put(Envelope(m)): one call less
+
+        def stream_ready(stream: StreamHandle, upto: int) -> None:  # on the I/O loop
+            mailbox.put(Envelope(_StreamReady(stream, upto)))
+
+        self._stream_ready = stream_ready  # one closure per actor, not one per stream
 
     # ------------------------------------------------------------------ envelopes
 
+    def _actor_handle(self, envelope: Envelope[Any]) -> None:
+        """``PooledActor._actor_handle`` with the per-turn envelopes (told, of a type in
+        ``_HANDLERS``) sent straight to their handler: two calls less per message."""
+        message = envelope.message
+        handler = _HANDLERS.get(message.__class__)
+        if handler is None or envelope.reply_to is not None:
+            super()._actor_handle(envelope)
+            return
+        inbox = self.inbox
+        inbox.owner = _get_ident()  # listeners run here may edit the inbox inline
+        try:
+            try:
+                handler(self, message)
+            finally:
+                inbox.owner = None
+        except Exception:  # noqa: BLE001 - a told message's failure fails the actor
+            self._told_failed()
+        except BaseException as error:  # noqa: BLE001 - pykka's loop: stop everything
+            self._fatal(error)
+
+    def _handle_receive(self, message: Any) -> Any:
+        # The envelopes of every turn (completions, inserts) go straight to their handler
+        # by exact type: no pass through pykka's proxy checks and the isinstance chain.
+        handler = _HANDLERS.get(message.__class__)
+        if handler is None:
+            return super()._handle_receive(message)
+        inbox = self.inbox
+        inbox.owner = _get_ident()  # listeners run here may edit the inbox inline
+        try:
+            handler(self, message)
+        finally:
+            inbox.owner = None
+        return None
+
     def on_receive(self, message: Any) -> Any:
         inbox = self.inbox
-        inbox.owner = threading.get_ident()  # listeners run here may edit the inbox inline
+        inbox.owner = _get_ident()  # listeners run here may edit the inbox inline
         try:
             return self._receive(message)
         finally:
@@ -228,15 +271,11 @@ class AgentActor(PooledActor):
 
     def _receive(self, message: Any) -> Any:
         if isinstance(message, _Resume):
-            if message.token == self._waiting_token and self._waiting is not None:
-                self._advance(message.value, message.error)
+            self._on_resume(message)
         elif isinstance(message, _StreamReady):
             self._on_stream_ready(message.stream, message.upto)
         elif isinstance(message, _ToolDone):
-            message.handle.delivered = True  # visible to the turn only now, in mailbox order
-            waiting = self._waiting
-            if isinstance(waiting, JoinTool) and waiting.handle is message.handle:
-                self._advance(message.handle.run)
+            self._on_tool_done(message)
         elif isinstance(message, Insert):
             self._insert(message)
         elif isinstance(message, Cancel):
@@ -256,6 +295,19 @@ class AgentActor(PooledActor):
             return super().on_receive(message)
         return None
 
+    def _on_resume(self, message: _Resume) -> None:
+        if message.token == self._waiting_token and self._waiting is not None:
+            self._advance(message.value, message.error)
+
+    def _on_stream_ready_message(self, message: _StreamReady) -> None:
+        self._on_stream_ready(message.stream, message.upto)
+
+    def _on_tool_done(self, message: _ToolDone) -> None:
+        message.handle.delivered = True  # visible to the turn only now, in mailbox order
+        waiting = self._waiting
+        if isinstance(waiting, JoinTool) and waiting.handle is message.handle:
+            self._advance(message.handle.run)
+
     def _insert(self, message: Insert) -> None:
         lane, wake = message.lane, message.wake
         if wake and message.unwinding and self.machine.unwinding:
@@ -270,7 +322,8 @@ class AgentActor(PooledActor):
             )
             return
         if wake and self._coro is None:
-            self._start_drain()
+            self._coro = self.machine.drain()  # start a drain
+            self._advance(None)
 
     def _edit(self, edit: Edit) -> Any:
         return apply_edit(self.inbox, edit)
@@ -297,10 +350,6 @@ class AgentActor(PooledActor):
 
     # ------------------------------------------------------------------ stepping
 
-    def _start_drain(self) -> None:
-        self._coro = self.machine.drain()
-        self._advance(None)
-
     def _advance(self, value: Any, error: BaseException | None = None) -> None:
         coro = self._coro
         assert coro is not None
@@ -312,7 +361,11 @@ class AgentActor(PooledActor):
             except StopIteration:
                 self._drained()
                 return
-            result = self._start(effect)
+            # Start the effect: (value, error) if it resolved at once, else _PENDING.
+            start = _STARTERS.get(effect.__class__)
+            if start is None:
+                raise TypeError(f"the turn awaited an unknown effect {effect!r}")
+            result = start(self, effect)
             if result is _PENDING:
                 self._waiting = effect
                 return
@@ -320,9 +373,10 @@ class AgentActor(PooledActor):
 
     def _drained(self) -> None:
         self._coro = None
-        waiters, self._idle_waiters = self._idle_waiters, []
-        for callback in waiters:
-            callback()
+        if self._idle_waiters:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for callback in waiters:
+                callback()
 
     def _wait(
         self, effect: Effect[Any], cancel: Callable[[], None] | None = None
@@ -330,13 +384,6 @@ class AgentActor(PooledActor):
         token = self._waiting_token = next(self._tokens)
         self._cancel_waiting = cancel
         return token, _PENDING
-
-    def _start(self, effect: Effect[Any]) -> Any:
-        """Start ``effect``; return ``(value, error)`` if it resolved at once, else pending."""
-        start = _STARTERS.get(type(effect))
-        if start is None:
-            raise TypeError(f"the turn awaited an unknown effect {effect!r}")
-        return start(self, effect)
 
     def _start_next_batch(self, effect: NextBatch) -> Any:
         stream: StreamHandle = effect.stream
@@ -346,14 +393,15 @@ class AgentActor(PooledActor):
         return self._wait(effect, stream.cancel)[1]
 
     def _start_flush(self, effect: Flush) -> Any:
-        token, pending = self._wait(effect)
-        post = self._post
+        token = self._waiting_token = next(self._tokens)  # _wait, inline
+        self._cancel_waiting = None
+        put = self._put
 
         def flushed(error: BaseException | None) -> None:  # on the log writer thread
-            post(_Resume(token=token, error=error))
+            put(Envelope(_Resume(token, error)))
 
         self.session.flush_async(flushed)
-        return pending
+        return _PENDING
 
     def _start_admit(self, effect: Admit) -> Any:
         token, pending = self._wait(effect)
@@ -373,13 +421,8 @@ class AgentActor(PooledActor):
         return pending
 
     def _start_open_stream(self, effect: OpenStream) -> Any:
-        post = self._post
         stream = open_stream(
-            self.model,
-            effect.request,
-            self.io,
-            lambda s, upto: post(_StreamReady(s, upto)),
-            immediate=self._immediate,
+            self.model, effect.request, self.io, self._stream_ready, immediate=self._immediate
         )
         return stream, None
 
@@ -460,4 +503,13 @@ _STARTERS: dict[type[Any], Callable[[AgentActor, Any], Any]] = {
     JoinTool: AgentActor._start_join_tool,
     RunAsync: AgentActor._start_run_async,
     Sleep: AgentActor._start_sleep,
+}
+
+# The per-turn envelopes, by exact type (anything else, subclasses included, goes
+# through pykka's checks and on_receive).
+_HANDLERS: dict[type[Any], Callable[[AgentActor, Any], None]] = {
+    _Resume: AgentActor._on_resume,
+    _StreamReady: AgentActor._on_stream_ready_message,
+    _ToolDone: AgentActor._on_tool_done,
+    Insert: AgentActor._insert,
 }

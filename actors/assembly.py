@@ -77,6 +77,8 @@ class Assembler:
     def calls(self) -> list[ToolCallBlock]:
         """Complete tool calls in model order; a missing id is derived from the position."""
         calls: list[ToolCallBlock] = []
+        if not self._calls:
+            return calls
         for index in sorted(self._calls):
             call = self._calls[index]
             call_id = call.call_id or f"call_{self._turn}_{self._step}_{index}"
@@ -87,9 +89,15 @@ class Assembler:
             )
         return calls
 
-    def message(self, *, with_calls: bool) -> AssistantMessage:
+    def message(
+        self, *, with_calls: bool = False, calls: list[ToolCallBlock] | None = None
+    ) -> AssistantMessage:
+        """The visible parts, then the complete calls if ``with_calls`` (or ``calls``,
+        when the caller already has them)."""
         parts = self.visible()
-        if with_calls:
+        if calls is not None:
+            parts += calls
+        elif with_calls:
             parts += self.calls()
         return AssistantMessage(content=parts)
 

@@ -158,6 +158,10 @@ class Bus:
         self._seq = count()
         # Invariant: a name is present only while it has at least one listener.
         self._topics: dict[str, _Topic] = {}
+        self.maybe_listened: Callable[[str], bool] = self._topics.__contains__
+        """``maybe_listened(name)``: False when no listener of any scope has ``name`` (then
+        an event of that name reaches nobody and its payload need not be built); True
+        when one might. A C-level membership test, cheaper than :meth:`has_listeners`."""
 
     # -- registration ----------------------------------------------------------------
 

@@ -52,9 +52,13 @@ class Inbox:
         emit: Callable[[str, Any], None],
         agent: AgentLike,
         limit: int | None = None,
+        listened: Callable[[str], bool] | None = None,
     ) -> None:
         self._append = append_fact
         self._emit = emit
+        # ``listened(name)`` False: no listener could see an event of ``name``, so its
+        # payload is not built (e.g. ``Bus.maybe_listened``); None: always emit.
+        self._listened: Callable[[str], bool] = listened or _always
         self._agent = agent
         self._limit = limit
         self._lock = threading.Lock()
@@ -137,20 +141,35 @@ class Inbox:
             if outcome is not None:
                 for message in removed:
                     self._reserved.discard(message.id)
-        if outcome is not None:
+        if outcome is not None and removed and self._listened("agent/inbox/discarded"):
             for message in removed:
                 self._emit(
                     "agent/inbox/discarded", InboxDiscarded(agent=self._agent, message=message)
                 )
-        for message in inserted:
+        if inserted and self._listened("agent/inbox/inserted"):
+            for message in inserted:
+                self._emit(
+                    "agent/inbox/inserted",
+                    InboxInserted(agent=self._agent, message=message, target=lane),
+                )
+        return removed
+
+    def insert(self, lane: InboxLane, message: UserMessage) -> None:
+        """``splice`` at the end of ``lane`` (the path of every send), without its
+        coordinate arithmetic."""
+        items = self._lanes[lane]
+        self._append(
+            AgentInboxSpliced(
+                target=lane, start=len(items), removed_count=0, inserted=[message], outcome=None
+            )
+        )
+        with self._lock:
+            items.append(message)
+        if self._listened("agent/inbox/inserted"):
             self._emit(
                 "agent/inbox/inserted",
                 InboxInserted(agent=self._agent, message=message, target=lane),
             )
-        return removed
-
-    def insert(self, lane: InboxLane, message: UserMessage) -> None:
-        self.splice(lane, len(self._lanes[lane]), 0, [message], outcome=None)
 
     def find(self, message_id: MessageId) -> tuple[InboxLane, int] | None:
         for lane in LANES:
@@ -184,15 +203,35 @@ class Inbox:
         """Atomically take the batch of ``turn``: for a new turn the first ``next-turn``
         message, then the whole ``next-step`` lane. Pure deletion: no ``outcome``."""
         batch: list[UserMessage] = []
-        if new_turn and self._lanes["next-turn"]:
-            batch += self.splice("next-turn", 0, 1, [], outcome=None)
-        if self._lanes["next-step"]:
-            batch += self.splice("next-step", 0, len(self._lanes["next-step"]), [], outcome=None)
-        with self._lock:
+        lanes = self._lanes
+        if new_turn and lanes["next-turn"]:
+            batch += self._take("next-turn", 1)
+        if lanes["next-step"]:
+            batch += self._take("next-step", len(lanes["next-step"]))
+        if batch and self._listened("agent/inbox/claimed"):
             for message in batch:
-                self._reserved.discard(message.id)
-        for message in batch:
-            self._emit(
-                "agent/inbox/claimed", InboxClaimed(agent=self._agent, message=message, turn=turn)
-            )
+                self._emit(
+                    "agent/inbox/claimed",
+                    InboxClaimed(agent=self._agent, message=message, turn=turn),
+                )
         return batch
+
+    def _take(self, lane: InboxLane, count: int) -> list[UserMessage]:
+        """Claim's pure deletion of the first ``count`` (>= 1) messages of ``lane``: a
+        durable splice without ``outcome``; their ids are released with them."""
+        items = self._lanes[lane]
+        taken = items[:count]
+        self._append(
+            AgentInboxSpliced(
+                target=lane, start=0, removed_count=len(taken), inserted=[], outcome=None
+            )
+        )
+        with self._lock:
+            del items[:count]
+            for message in taken:
+                self._reserved.discard(message.id)
+        return taken
+
+
+def _always(_name: str) -> bool:
+    return True

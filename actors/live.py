@@ -117,16 +117,17 @@ class TurnSignal:
     changes.
     """
 
-    __slots__ = ("_callbacks", "_lock", "_reason")
+    __slots__ = ("_callbacks", "_reason", "aborted")
+
+    # One lock for every signal (aborts and abort callbacks are rare): a turn does not
+    # allocate one.
+    _lock = threading.Lock()
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._reason: CancelCause | None = None
         self._callbacks: list[Callable[[CancelCause], None]] = []
-
-    @property
-    def aborted(self) -> bool:
-        return self._reason is not None
+        # A plain attribute (read several times per step): set once, with ``_reason``.
+        self.aborted = False
 
     @property
     def reason(self) -> CancelCause | None:
@@ -138,6 +139,7 @@ class TurnSignal:
             if self._reason is not None:
                 return False
             self._reason = cause
+            self.aborted = True
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(cause)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from storage.events import StreamChunk
 
@@ -124,12 +124,12 @@ def open_stream(
     handle = StreamHandle(notify)
     if immediate:
         try:
-            answer = cast(ImmediateModel, model).answer_now(request)
+            answer = model.answer_now(request)  # type: ignore[attr-defined]
         except ModelError as err:
             handle.prefill([_Failure(err)])
             return handle
         if answer is not None:
-            handle.prefill([*answer, StreamEnd()])
+            handle.prefill([*answer, _END])
             return handle
 
     async def pump() -> None:
@@ -150,6 +150,9 @@ def open_stream(
 
     handle._effect = io.start(pump, on_done=_ignore)
     return handle
+
+
+_END = StreamEnd()  # stateless: the end of every inline answer
 
 
 def _ignore(_outcome: Outcome[Any]) -> None:

@@ -75,6 +75,7 @@ from .live import (
     TurnStopping,
 )
 from .model import ModelError, ModelRequest
+from .streams import StreamHandle
 from .toolphase import ToolPhase
 
 __all__ = ["Durability", "TurnMachine"]
@@ -94,6 +95,8 @@ class _StepResult(msgspec.Struct, frozen=True):
     offer: bool = True
 
 
+_FLUSH: Final = Flush()  # stateless: one instance serves every wait
+_DONE: Final = _StepResult()  # a step that ended normally, nothing more to do
 _ENCODER: Final = msgspec.json.Encoder()
 _MAX_FAILURE_CHARS: Final = 16_384
 _MESSAGES: Final = msgspec.json.Decoder(list[UserMessage])
@@ -106,6 +109,23 @@ def _checked(messages: Sequence[UserMessage], proposal: Sequence[UserMessage]) -
     if messages is not proposal:
         _MESSAGES.decode(_ENCODER.encode(batch))  # raises on a field of the wrong type
     return batch
+
+
+def _always(_name: str) -> bool:
+    return True
+
+
+def _announced(stream: Any) -> Sequence[Any] | None:
+    """What ``await NextBatch(stream)`` would resolve to at once (chunks already
+    announced, in mailbox order, or their failure raised), without the round trip
+    through the stepper; None when the batch must be awaited (or ``stream`` is not a
+    :class:`StreamHandle`, e.g. a test's stand-in)."""
+    if stream.__class__ is not StreamHandle:
+        return None
+    items, error = stream.take()
+    if error is not None:
+        raise error
+    return items or None
 
 
 def _bounded(failure: LlmFailure) -> LlmFailure:
@@ -146,6 +166,7 @@ class TurnMachine:
         on_request: Callable[[ModelRequest], None] | None = None,
     ) -> None:
         self.agent = agent
+        self._scope = agent.id  # the bus scope of every event of this agent
         self.session = session
         self.inbox = inbox
         self.bus = bus
@@ -162,35 +183,47 @@ class TurnMachine:
         self.turn_open = False
         self.draining = False
         self.latched_wake = False
-        # The session's latest request/header, read at each turn start and kept current
-        # by _write_header: only this machine appends headers to its session.
+        # The session's last turn number and latest request/header, read from its state
+        # once (at the first turn) and kept current by _chain and _write_header: only this
+        # machine appends turns and headers to its session (resume repairs before it runs).
+        self._last_turn: int | None = None
         self._last_header: RequestHeader | None = None
+        # ``maybe(name)`` False: no listener of any scope has ``name`` (its payload is not
+        # built); a bus without ``maybe_listened`` is always asked.
+        self._maybe: Callable[[str], bool] = getattr(bus, "maybe_listened", None) or _always
+        # Set by the stepper: True when nothing is queued for it, so a Checkpoint would
+        # resolve at once (it is then not awaited). None: every Checkpoint is awaited.
+        self.quiet: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ helpers
 
     def emit(self, name: str, payload: Any) -> None:
-        self.bus.emit(name, payload, scope=self.agent.id)
+        self.bus.emit(name, payload, scope=self._scope)
 
     def _listened(self, name: str) -> bool:
         """Whether an event of ``name`` reaches a listener: if not, its payload is not built."""
-        return bool(self.bus.has_listeners(name, scope=self.agent.id))
+        return self._maybe(name) and bool(self.bus.has_listeners(name, scope=self._scope))
 
     def _set_status(self, status: AgentStatus) -> None:
         if status != self.status:
             self.status = status
-            if self._listened("agent/status"):
+            if self._maybe("agent/status") and self._listened("agent/status"):
                 self.emit("agent/status", AgentStatusChanged(agent=self.agent, status=status))
 
     async def _waterfall(self, name: str, event: Any, default: Callable[[], Any]) -> Any:
-        return await outcome_of(name, self.bus.waterfall(name, event, default, scope=self.agent.id))
+        return await outcome_of(name, self.bus.waterfall(name, event, default, scope=self._scope))
 
     async def _serial(self, name: str, event: Any) -> None:
-        await outcome_of(name, self.bus.serial(name, event, scope=self.agent.id))
+        await outcome_of(name, self.bus.serial(name, event, scope=self._scope))
 
     @property
     def unwinding(self) -> bool:
         """An aborted turn's chain has not converged yet: a wake now is forced to
         ``next-turn`` and latched (it runs once the aborted turn has settled)."""
+        return self.is_unwinding()
+
+    def is_unwinding(self) -> bool:
+        """:attr:`unwinding` as a method (a bound method is one call, a property two)."""
         signal = self.signal
         return self.draining and signal is not None and signal.aborted
 
@@ -207,7 +240,7 @@ class TurnMachine:
             except TurnAborted:
                 return
         try:
-            if not len(self.inbox):
+            if admission is not None and not len(self.inbox):  # changed while it waited
                 return
             self._set_status("running")
             self.draining = True
@@ -233,11 +266,15 @@ class TurnMachine:
                 trigger = MessageTrigger()
             else:
                 return
-            state = self.session.state  # one snapshot per turn: it is not free
-            turn = state.last_turn + 1
-            self._last_header = state.last_header
+            last_turn = self._last_turn
+            if last_turn is None:  # a snapshot of the session's state is not free
+                state = self.session.state
+                last_turn = state.last_turn
+                self._last_header = state.last_header
+            turn = last_turn + 1
             signal = self.signal = TurnSignal()
             self.session.append_fact(TurnStart(turn=turn, trigger=trigger))
+            self._last_turn = turn
             self.turn_open = True
             batch = self.inbox.claim(turn, new_turn=retry is None)
             reason, retry = await self._turn(turn, trigger, batch, signal, prior)
@@ -274,8 +311,9 @@ class TurnMachine:
 
     async def _settle(self, turn: int, reason: TurnEndReason) -> None:
         if self.durability != "none":
-            await Flush()
-        self.emit("agent/settled", AgentSettled(agent=self.agent, turn=turn, reason=reason))
+            await _FLUSH
+        if self._maybe("agent/settled"):
+            self.emit("agent/settled", AgentSettled(agent=self.agent, turn=turn, reason=reason))
 
     def _aborted(self, signal: TurnSignal) -> Aborted:
         assert signal.reason is not None
@@ -296,8 +334,10 @@ class TurnMachine:
     ) -> tuple[TurnEndReason, Retry | None]:
         step = 0
         proposal: Sequence[UserMessage] = batch
+        quiet = self.quiet
         try:
-            await Checkpoint()
+            if quiet is None or not quiet():  # else it would resolve at once
+                await Checkpoint()
         except TurnAborted:
             return self._aborted(signal), None
         while True:
@@ -310,7 +350,7 @@ class TurnMachine:
             if self.max_steps is not None and step >= self.max_steps:
                 message = f"the turn reached its limit of {self.max_steps} steps"
                 return LimitExceeded(limit="max_steps", message=message), None
-            if self._listened("agent/pre-step"):
+            if self._maybe("agent/pre-step") and self._listened("agent/pre-step"):
                 event = PreStep(
                     agent=self.agent, messages=proposal, turn=turn, step=step + 1, signal=signal
                 )
@@ -322,24 +362,26 @@ class TurnMachine:
                     return self._aborted(signal), None
                 except Exception as err:  # noqa: BLE001 - a listener fault ends the turn
                     return self._error(turn, None, _listener_failure("agent/pre-step", err)), None
+                if signal.aborted:
+                    return self._aborted(signal), None
+                if isinstance(decision, Reject):
+                    return Blocked(), None
+                if not isinstance(decision, Enter):
+                    failure = LlmFailure(
+                        message=f"agent/pre-step must return Enter or Reject, got {decision!r}"
+                    )
+                    return self._error(turn, None, failure), None
+                try:
+                    messages = _checked(decision.messages, proposal)
+                except (TypeError, ValueError, msgspec.MsgspecError) as err:
+                    failure = LlmFailure(
+                        message=f"agent/pre-step returned messages that are not UserMessages: {err}"
+                    )
+                    return self._error(turn, None, failure), None
             else:
-                decision = Enter(messages=proposal)  # the waterfall's default
-            if signal.aborted:
-                return self._aborted(signal), None
-            if isinstance(decision, Reject):
-                return Blocked(), None
-            if not isinstance(decision, Enter):
-                failure = LlmFailure(
-                    message=f"agent/pre-step must return Enter or Reject, got {decision!r}"
-                )
-                return self._error(turn, None, failure), None
-            try:
-                messages = _checked(decision.messages, proposal)
-            except (TypeError, ValueError, msgspec.MsgspecError) as err:
-                failure = LlmFailure(
-                    message=f"agent/pre-step returned messages that are not UserMessages: {err}"
-                )
-                return self._error(turn, None, failure), None
+                if signal.aborted:
+                    return self._aborted(signal), None
+                messages = list(proposal)  # the waterfall's default: Enter(messages=proposal)
             if not messages and step == 0 and isinstance(trigger, MessageTrigger):
                 return Completed(), None
             step += 1
@@ -353,7 +395,7 @@ class TurnMachine:
             proposal = self.inbox.claim(turn, new_turn=False)
             if result.more or proposal:
                 continue
-            if not self.bus.has_listeners("agent/turn-stopping", scope=self.agent.id):
+            if not self._listened("agent/turn-stopping"):
                 return Completed(), None
             try:
                 await self._serial(
@@ -418,7 +460,7 @@ class TurnMachine:
             for message in messages:
                 append(UserMessageData(message=message, turn=turn, step=step))
             try:
-                if self._listened("agent/request"):
+                if self._maybe("agent/request") and self._listened("agent/request"):
                     config = await self._waterfall(
                         "agent/request",
                         RequestEvent(agent=self.agent, turn=turn, step=step, signal=signal),
@@ -442,7 +484,7 @@ class TurnMachine:
                 failure = LlmFailure(message=f"the request cannot be logged: {err}")
                 return _StepResult(failure=failure, offer=False)
             if self.durability == "write-ahead":
-                await Flush()
+                await _FLUSH
             if signal.aborted:
                 return _StepResult()
             request = ModelRequest(
@@ -484,7 +526,10 @@ class TurnMachine:
             stream = await OpenStream(request)
             done = False
             while not done:
-                for item in await NextBatch(stream):
+                batch = _announced(stream)
+                if batch is None:
+                    batch = await NextBatch(stream)
+                for item in batch:
                     if isinstance(item, StreamEnd):
                         done = True
                         break
@@ -524,7 +569,7 @@ class TurnMachine:
                 AssistantMessageData(
                     turn=turn,
                     step=step,
-                    message=assembler.message(with_calls=not truncated),
+                    message=assembler.message(calls=calls),
                     usage=assembler.usage,
                     finish_reason=assembler.finish,
                     source_event_seqs=assembler.chunk_seqs,
@@ -544,8 +589,8 @@ class TurnMachine:
         if truncated:
             return _StepResult(end=MaxTokens())
         if not calls:
-            return _StepResult()
+            return _DONE
         if self.durability == "write-ahead":
-            await Flush()
+            await _FLUSH
         concluded = await self.tools.run(turn, step, calls, call_seqs, signal)
         return _StepResult(more=not concluded)

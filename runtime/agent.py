@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from pykka import ActorDeadError, ActorRef
+from pykka._envelope import Envelope
 
 from actors.agent import AwaitIdle, Cancel, Edit, Insert, Kill, apply_edit
 from actors.errors import AgentDisposedError, AgentStateError, InvalidMessageError
@@ -43,6 +44,12 @@ MessageLike = str | UserMessage | Sequence[ContentBlock]
 _BLOCKS = (TextBlock, ReasoningBlock, ImageBlock, ToolCallBlock, ToolResultBlock)
 _CAUSES = ("user", "parent", "hook", "disposed")
 _message_decoder = msgspec.json.Decoder(UserMessage)
+# The encoded size of a text message with empty strings: an ASCII string adds at most 6
+# bytes per character (``\u00XX`` escapes), so a short ASCII text message is known to
+# fit without encoding it.
+_EMPTY_TEXT_BYTES = len(
+    msgspec.json.encode(UserMessage(id="", content=[TextBlock(text="")], source=""))
+)
 
 
 def _check_id(message_id: object) -> None:
@@ -155,6 +162,19 @@ class Agent:
     # ------------------------------------------------------------------ messages
 
     def _message(self, value: object, message_id: MessageId | None, source: str) -> UserMessage:
+        if (
+            type(value) is str
+            and message_id is None
+            and type(source) is str
+            and value.isascii()
+            and source.isascii()
+        ):
+            # The common send: its fields are right by construction and ASCII always
+            # encodes; only the size is left to check, by a bound when it is far below.
+            message_id = self._new_id()
+            size = len(value) + len(source) + len(message_id)
+            if _EMPTY_TEXT_BYTES + 6 * size <= self._max_bytes:
+                return UserMessage(id=message_id, content=[TextBlock(text=value)], source=source)
         if isinstance(value, UserMessage):
             if message_id is not None and message_id != value.id:
                 raise InvalidMessageError("give the id inside the UserMessage, or pass a str")
@@ -195,14 +215,16 @@ class Agent:
         self, value: object, lane: InboxLane, wake: bool, message_id: MessageId | None, source: str
     ) -> MessageId:
         message = self._message(value, message_id, source)
-        self._check_open(wake)
+        if self._disposing:
+            self._check_open(wake)
         with self._live_lock:
-            self._live()
+            if self._passive:
+                self._live()
             assert self._inbox is not None
             self._inbox.reserve(message.id)
             try:
                 unwinding = wake and self._unwinding()
-                self._tell(Insert(lane=lane, message=message, wake=wake, unwinding=unwinding))
+                self._tell_live(Insert(lane=lane, message=message, wake=wake, unwinding=unwinding))
             except BaseException:
                 self._inbox.release(message.id)
                 raise
@@ -212,6 +234,14 @@ class Agent:
         if self._disposing:
             what = "wake" if wake else "message"
             raise AgentDisposedError(f"agent {self.id} is disposed; a {what} sent to it is refused")
+
+    def _tell_live(self, message: object) -> None:
+        """``_tell`` for a caller that made the agent live (``ActorRef.tell``, inline)."""
+        ref = self._ref
+        assert ref is not None
+        if ref.actor_stopped._flag:  # type: ignore[attr-defined]
+            raise AgentDisposedError(f"agent {self.id} is no longer running")
+        ref.actor_inbox.put(Envelope(message))
 
     def _tell(self, message: object) -> None:
         self._live()

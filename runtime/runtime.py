@@ -346,7 +346,11 @@ class Runtime:
             self.bus.emit(name, payload, scope=agent_id)
 
         inbox = Inbox(
-            append_fact=session.append_fact, emit=emit, agent=handle, limit=self.inbox_limit
+            append_fact=session.append_fact,
+            emit=emit,
+            agent=handle,
+            limit=self.inbox_limit,
+            listened=self.bus.maybe_listened,
         )
         inbox.load(*session.pending_inbox())
 
@@ -400,7 +404,7 @@ class Runtime:
             parts.inbox,
             lambda: machine.status,
             active_signal,
-            lambda: machine.unwinding,
+            machine.is_unwinding,
         )
         with self._lock:
             self._refs[handle.id] = ref

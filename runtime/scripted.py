@@ -90,6 +90,7 @@ class ScriptedModel:
         self._chunks = chunks
         self._name = name
         self.requests = 0
+        self._last_text: tuple[str, list[TextDelta]] | None = None
 
     @classmethod
     def echo(cls, *, latency: Latency = 0.0, chunks: int = 1) -> ScriptedModel:
@@ -133,7 +134,11 @@ class ScriptedModel:
             raise ModelError(item)
         out: list[StreamChunk] = []
         if isinstance(item, str):
-            out += [TextDelta(text=piece) for piece in _split(item, self._chunks)]
+            cached = self._last_text  # the same reply again (a load's usual script)
+            if cached is None or cached[0] != item:
+                deltas = [TextDelta(text=piece) for piece in _split(item, self._chunks)]
+                cached = self._last_text = (item, deltas)
+            out += cached[1]  # frozen chunks: shared between replies
             finish = "stop"
             produced = len(item)
         else:
