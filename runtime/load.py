@@ -127,7 +127,8 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     agents: int
     turns: int
     durability: str
-    threads: int
+    threads: int  # dispatcher workers
+    standby: int  # standby workers (they run only while the others are stuck)
     model: str
     wall_s: float  # first follow-up to the last settled turn, plus the final flush
     spawn_s: float
@@ -373,11 +374,13 @@ class LoadDriver:
             settled, errored = self._done, self._errored
             latencies = list(self.samples.latencies_ms)
         model = f"{self.model.provider}:{self.model.name}"
+        dispatcher = self.rt.dispatcher.statistics()
         return LoadReport(
             agents=self.spec.agents,
             turns=self.spec.turns,
             durability=self.rt.durability,
-            threads=self.rt.dispatcher.statistics().workers,
+            threads=dispatcher.workers - dispatcher.standby,
+            standby=dispatcher.standby,
             model=model,
             wall_s=round(wall_s, 4),
             spawn_s=round(spawn_s, 4),

@@ -335,7 +335,7 @@ def bench(
         )
     out.print(
         f"corral bench: {report.agents:,} agents x {report.turns:,} turns, {report.durability}, "
-        f"{report.threads} threads, {report.model}",
+        f"{_threads(report.threads, report.standby)}, {report.model}",
         style="bold",
         markup=False,
     )
@@ -366,3 +366,9 @@ def _finish(out: Console, report: LoadReport) -> None:
             f"invariants: {len(report.violations):,} violation(s) over "
             f"{report.sessions_checked or 0:,} sessions"
         )
+
+
+def _threads(workers: int, standby: int) -> str:
+    """``1 thread + 1 standby``, ``2 threads``."""
+    text = f"{workers} thread{'s' if workers != 1 else ''}"
+    return f"{text} + {standby} standby" if standby else text

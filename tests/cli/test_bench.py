@@ -14,6 +14,7 @@ REPORT_FIELDS = {
     "turns",
     "durability",
     "threads",
+    "standby",
     "wall_s",
     "turns_per_s",
     "events",
@@ -82,7 +83,7 @@ def test_a_small_load_with_tools_and_failures_reports_counts_its_logs_confirm(
 
 
 def test_durability_and_threads_are_reported(tmp_path: Path) -> None:
-    _, report = _bench(
+    result, report = _bench(
         tmp_path,
         "--agents",
         "5",
@@ -95,7 +96,8 @@ def test_durability_and_threads_are_reported(tmp_path: Path) -> None:
         "--quiet",
     )
     assert report["durability"] == "none"
-    assert report["threads"] == 1
+    assert report["threads"] == 1 and report["standby"] == 0  # explicit: no standby
+    assert "1 thread, " in result.stdout  # type: ignore[attr-defined]
     assert report["settled"] == 10
 
 
