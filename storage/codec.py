@@ -16,7 +16,8 @@ instance are trusted (msgspec does not check them at construction; mypy does).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -189,6 +190,7 @@ class _RawRecord(msgspec.Struct):
 
 
 _ENCODER: Final = msgspec.json.Encoder()
+_IGNORABLE: Final = attrgetter("ignorable")
 _RAW_DECODER: Final = msgspec.json.Decoder(_RawRecord)
 
 
@@ -272,12 +274,30 @@ class Codec:
                 f"{event.type!r} event seq {event.seq}: data cannot be encoded as JSON ({err})"
             ) from err
         if len(payload) > self._max:
-            raise EventTooLargeError(
-                f"{event.type!r} event seq {event.seq} is {len(payload)} bytes encoded, over "
-                f"the limit of {self._max} bytes; store large content elsewhere and log a "
-                "reference, or raise max_event_bytes"
-            )
+            raise self._too_large(event, len(payload))
         return payload
+
+    def encode_many(self, kinds: Sequence[EventKind], events: Sequence[Event]) -> list[bytes]:
+        """:meth:`encode_as` of each event (``kinds[i]`` is the kind of ``events[i]``):
+        the same bytes and, for the first bad event in order, the same error; faster.
+        """
+        try:
+            if any(map(_IGNORABLE, kinds)):
+                payloads = [kind.encode(event) for kind, event in zip(kinds, events, strict=True)]
+            else:  # every record is the plain envelope: one loop in C
+                payloads = list(map(_ENCODER.encode, events))
+        except (TypeError, ValueError, OverflowError):
+            payloads = []  # some data cannot be encoded: encode_as says which, below
+        if len(payloads) == len(events) and (not payloads or max(map(len, payloads)) <= self._max):
+            return payloads
+        return [self.encode_as(kind, event) for kind, event in zip(kinds, events, strict=True)]
+
+    def _too_large(self, event: Event, size: int) -> EventTooLargeError:
+        return EventTooLargeError(
+            f"{event.type!r} event seq {event.seq} is {size} bytes encoded, over the limit "
+            f"of {self._max} bytes; store large content elsewhere and log a reference, or "
+            "raise max_event_bytes"
+        )
 
     def decode(self, payload: bytes, *, session_id: str) -> Event | None:
         """Read a record back. ``None`` means an unknown but ignorable type: skip it."""

@@ -117,6 +117,9 @@ class _ReadOnlySink:
     def submit(self, record: PendingRecord) -> None:
         raise StorageError("this store was opened read-only: open it writable to append")
 
+    def submit_many(self, session_key: int, first_seq: int, payloads: Sequence[bytes]) -> None:
+        raise StorageError("this store was opened read-only: open it writable to append")
+
     def flush_async(self, callback: FlushCallback) -> None:
         callback(None)
 

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from storage.errors import StoreClosedError
 from storage.session import PendingRecord
 
 __all__ = ["MemorySink"]
+
+
+class _Batch(NamedTuple):
+    session_key: int
+    first_seq: int
+    payloads: list[bytes]
 
 
 class MemorySink:
@@ -21,7 +28,10 @@ class MemorySink:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._records: list[PendingRecord] = []
+        # Single records and whole batches (a list of payloads from a first seq), in
+        # submission order: a batch is kept as it came, without a tuple per record for
+        # the cyclic GC to walk, and expanded when read.
+        self._records: list[PendingRecord | _Batch] = []
         self._closed = False
         self.flushes = 0
         """How many flushes (sync or async) were requested."""
@@ -30,22 +40,34 @@ class MemorySink:
     def records(self) -> list[PendingRecord]:
         """A copy of the submitted records, in submission order."""
         with self._lock:
-            return list(self._records)
+            entries = list(self._records)
+        records: list[PendingRecord] = []
+        for entry in entries:
+            if isinstance(entry, _Batch):
+                key, first, payloads = entry
+                records += (PendingRecord(key, seq, p) for seq, p in enumerate(payloads, first))
+            else:
+                records.append(entry)
+        return records
 
     def payloads(self, session_key: int | None = None) -> list[bytes]:
         """The submitted payloads, optionally of one session only."""
-        with self._lock:
-            return [
-                r.payload
-                for r in self._records
-                if session_key is None or r.session_key == session_key
-            ]
+        return [
+            r.payload for r in self.records if session_key is None or r.session_key == session_key
+        ]
 
     def submit(self, record: PendingRecord) -> None:
         with self._lock:
             if self._closed:
                 raise self._refusal()
             self._records.append(record)
+
+    def submit_many(self, session_key: int, first_seq: int, payloads: Sequence[bytes]) -> None:
+        batch = _Batch(session_key, first_seq, list(payloads))
+        with self._lock:
+            if self._closed:
+                raise self._refusal()
+            self._records.append(batch)
 
     def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:
         with self._lock:

@@ -12,6 +12,11 @@ The record is handed to the sink *before* the in-memory commit (the order of CON
 then leaves nothing behind, and an observer that calls :meth:`Session.flush` waits for
 the event it is observing.
 
+:meth:`Session.extend` appends a batch of facts the same way, all or nothing: every fact
+is validated (surface rules also against the batch's earlier facts) and encoded before
+any is handed to the sink, in one :meth:`LogSink.submit_many`; the events are then
+committed together and the observers called once per event, after the whole batch.
+
 Memory stays bounded for a long-lived session: given a :data:`DurableReader` (the store
 passes one), a session keeps its projections and only the *tail* of events not yet
 known to be durable. A successful flush through the session acknowledges everything
@@ -29,15 +34,16 @@ import sys
 import threading
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from operator import attrgetter
 from typing import Final, NamedTuple, Protocol
 
 import msgspec
 
-from storage.codec import Codec
+from storage.codec import Codec, EventKind
 from storage.errors import InvalidEventError, LogCorruptError, ReentrantAppendError
-from storage.events import SURFACE_TYPES, Event, Message, UserMessage
+from storage.events import SURFACE_TYPES, Event, Message, SurfaceReplace, UserMessage
 from storage.lossless import run_check
 from storage.projections import (
     TURN_TYPES,
@@ -51,6 +57,7 @@ from storage.projections import (
 __all__ = [
     "TAIL_BOUND",
     "DurableReader",
+    "Fact",
     "LogSink",
     "Observer",
     "PendingRecord",
@@ -62,6 +69,11 @@ __all__ = [
 _log = logging.getLogger("corral.session")
 _SEQ: Final = attrgetter("seq")
 _INBOX: Final = "agent/inbox/spliced"
+# The types an append feeds to the inbox or turn projections (the surface ones aside).
+_TRACKED: Final = TURN_TYPES | {_INBOX}
+
+Fact = tuple[str, object]
+"""A fact to append: its event type and its data (see :meth:`Session.append`)."""
 
 TAIL_BOUND: Final = 64
 """Default ``tail_bound``: how many events a store-backed session holds before it asks
@@ -98,11 +110,29 @@ class PendingRecord(NamedTuple):
 _new_record: Final = tuple.__new__
 
 
+class _Checked(NamedTuple):
+    """A batch of facts validated by :meth:`Session.extend`, in parallel lists."""
+
+    names: list[str]
+    datas: list[object]
+    kinds: list[EventKind]
+    surfaces: list[int]
+    """The indexes of the surface facts."""
+    tracked: list[int]
+    """The indexes of the facts that the inbox or turn projection takes."""
+
+
 class LogSink(Protocol):
     """Where a session hands its encoded records for durable writing."""
 
     def submit(self, record: PendingRecord) -> None:
         """Hand over a record for durable write; never blocks long. May refuse (raise)."""
+        ...
+
+    def submit_many(self, session_key: int, first_seq: int, payloads: Sequence[bytes]) -> None:
+        """Hand over the records of seqs ``first_seq``, ``first_seq + 1``, ... of one
+        session at once: all are accepted or none (raise). The sink may keep
+        ``payloads`` (the caller gives it away)."""
         ...
 
     def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:
@@ -124,6 +154,52 @@ class DurableReader(Protocol):
     def __call__(self, *, lower: int, upper: int) -> list[Event]:
         """The durable events with ``lower <= seq <= upper`` (inclusive), in seq order."""
         ...
+
+
+def _blame(err: InvalidEventError, index: int, type: str) -> None:
+    """Prefix ``err``'s message with the batch position of the fact it refuses (the
+    caller re-raises it: same class, traceback and cause)."""
+    err.args = (f"facts[{index}] ({type!r}): {err}", *err.args[1:])
+
+
+class _BatchSurface(SurfaceProjection):
+    """The surface projection as it will be once a batch's surface events are applied,
+    for checking them in order without applying any (a refused batch changes nothing).
+
+    Only :meth:`slot_of` is answered (from the base projection and the batch's earlier
+    events), which is all :meth:`SurfaceProjection.check` consults.
+    """
+
+    __slots__ = ("_base", "_batch", "_length")
+
+    def __init__(self, base: SurfaceProjection) -> None:
+        super().__init__()
+        self._base = base
+        self._batch: dict[int, int] = {}  # seq of a batch surface event -> its slot
+        self._length = len(base)
+
+    def slot_of(self, seq: int) -> int | None:
+        slot = self._batch.get(seq)
+        return slot if slot is not None else self._base.slot_of(seq)
+
+    def check_all(self, events: list[Event], surfaces: list[int]) -> None:
+        """Check ``events[i]`` for each ``i`` of ``surfaces`` (increasing), as if the
+        earlier ones were applied; an error names the index."""
+        for index in surfaces:
+            event = events[index]
+            try:
+                self.check(event)
+            except InvalidEventError as err:
+                _blame(err, index, event.type)
+                raise
+            op = event.data.surface_op
+            if type(op) is SurfaceReplace:
+                slot = self.slot_of(op.seq)
+                assert slot is not None  # Invariant: check() found the target
+                self._batch[event.seq] = slot
+            else:
+                self._batch[event.seq] = self._length
+                self._length += 1
 
 
 def epoch_ms() -> int:
@@ -283,6 +359,98 @@ class Session:
         kind = self._kinds_by_class.get(data.__class__) or self._codec.kind_of(data)
         return self.append(kind.name, data)
 
+    def extend(self, facts: Iterable[Fact]) -> list[Event]:
+        """Append several facts at once, all or nothing; return their events.
+
+        Each ``(type, data)`` is validated as by :meth:`append` (known type, lossless
+        JSON, surface rules, size limit); the surface rules see the batch's earlier
+        facts too, so a replace may cite one of them. If any fact is refused nothing is
+        written and the error (the same class :meth:`append` raises) starts with its
+        index: ``facts[3] ('user/message'): ...``. Otherwise the events get the next
+        seqs and one ``time`` (a single clock reading), go to the sink in one
+        :meth:`LogSink.submit_many`, and are committed to the log and projections
+        together; only then are the observers called, once per event in seq order
+        (holding the lock, as for :meth:`append`): an observer never sees a batch half
+        committed. Raises :class:`ReentrantAppendError` when called from an observer
+        and whatever the sink raises if it refuses the batch; then nothing changed.
+        """
+        if self._notifying is not None:
+            self._refuse_reentry("a batch of facts")
+        names, datas, kinds, surfaces, tracked = self._validate(facts)
+        if not kinds:
+            return []
+        with self._lock:
+            first = self._last_seq + 1
+            now = self._clock()
+            if now < self._last_time:  # noqa: PLR1730 -- as in append
+                now = self._last_time
+            last = first + len(kinds) - 1
+            events = list(map(Event, names, range(first, last + 1), repeat(now), datas))
+            if surfaces:
+                _BatchSurface(self._surface).check_all(events, surfaces)
+            payloads = self._encode_all(kinds, events)
+            self._sink.submit_many(self._key, first, payloads)
+            # Commit: cannot fail from here on.
+            tail = self._tail
+            tail.extend(events)
+            self._last_seq = last
+            self._last_time = now
+            for index in surfaces:
+                self._surface.apply(events[index])
+            for index in tracked:  # in seq order: tool/result (a surface fact) too
+                event = events[index]
+                if event.type == _INBOX:
+                    self._inbox.apply(event)
+                else:
+                    self._turns.apply(event)
+            if len(tail) >= self._room_at:
+                self._make_room()
+            if self._observers:
+                for event in events:
+                    self._notify(event)
+        return events
+
+    def _validate(self, facts: Iterable[Fact]) -> _Checked:
+        """``facts`` checked (and converted) one by one as :meth:`append` does; an
+        error names the index of the first bad fact."""
+        batch = _Checked([], [], [], [], [])
+        names, datas, kinds, surfaces, tracked = batch
+        known = self._kinds
+        for index, (name, data) in enumerate(facts):
+            kind = known.get(name)
+            try:
+                if kind is not None and data.__class__ is kind.data_type:  # as in append
+                    if kind.check is not None:
+                        run_check(name, kind.check, data)
+                    datas.append(data)
+                else:
+                    datas.append(self._codec.prepare(name, data))
+                    kind = known[name]
+            except InvalidEventError as err:
+                _blame(err, index, name)
+                raise
+            names.append(name)
+            kinds.append(kind)
+            if kind.surface:
+                surfaces.append(index)
+            if name in _TRACKED:
+                tracked.append(index)
+        return batch
+
+    def _encode_all(self, kinds: list[EventKind], events: list[Event]) -> list[bytes]:
+        """The records of ``events``; an error names the index of the first bad one."""
+        try:
+            return self._codec.encode_many(kinds, events)
+        except InvalidEventError:
+            pass  # which one? encode them one by one (a failure is rare: take the slow path)
+        for index, (kind, event) in enumerate(zip(kinds, events, strict=True)):
+            try:
+                self._codec.encode_as(kind, event)
+            except InvalidEventError as err:
+                _blame(err, index, event.type)
+                raise
+        raise AssertionError("encode_many refused events that encode_as accepts")
+
     def _refuse_reentry(self, what: str) -> None:
         if self._notifying == threading.get_ident():
             raise ReentrantAppendError(
@@ -333,7 +501,8 @@ class Session:
 
         Observers run in the appending thread, in registration order, while the append
         holds the session lock: keep them short. They may read the session but not
-        append to it.
+        append to it. For a batch (:meth:`extend`) they are called once per event, in
+        seq order, after the whole batch is committed.
         """
         with self._lock:
             self._observers = (*self._observers, observer)
@@ -355,8 +524,7 @@ class Session:
             start = self._turns.open_turn_seq
             if start is None:
                 return []
-            plan = repair_plan(self.events(start))
-            return [self.append(kind, data) for kind, data in plan]
+            return self.extend(repair_plan(self.events(start)))
 
     # ------------------------------------------------------------------ durability
 

@@ -1,12 +1,14 @@
 """The child process of ``test_crash``: appends to several sessions until it is killed.
 
-Usage: ``python crash_child.py STORE_PATH SESSIONS DURABILITY [JOURNAL_MAX_RECORDS]``
-(a small journal threshold makes the writer compact often, so kills land during
-compactions too).
+Usage: ``python crash_child.py STORE_PATH SESSIONS DURABILITY [JOURNAL_MAX_RECORDS
+[DIRECT_MIN_BYTES]]`` (a small journal threshold makes the writer compact often, so
+kills land during compactions too; a small direct threshold makes it write runs of
+sessions with nothing in the journal straight to ``events``).
 
 It opens (or creates) sessions ``s0..s{N-1}``, prints ``loaded <id> <last seq>`` for
 each, repairs any turn a previous kill left open, then loops forever: every session
-gets the first half of a turn, then a flush, then the second half, then a flush. After
+gets the first half of a turn (one append per fact), then a flush, then the second half
+(one ``Session.extend``: durable whole or not at all), then a flush. After
 each flush returns it prints ``ack <id> <last seq>`` for every session (stdout is
 line-buffered), so the parent knows exactly which seqs a flush acknowledged.
 
@@ -38,11 +40,13 @@ from storage.events import (
 )
 
 
+def chunk_at(session: Session, turn: int, seq: int) -> AssistantChunk:
+    return AssistantChunk(turn=turn, step=1, chunk=TextDelta(text=f"{session.id}@{seq}"))
+
+
 def chunk(session: Session, turn: int) -> int:
     seq = session.last_seq + 1
-    text = f"{session.id}@{seq}"
-    data = AssistantChunk(turn=turn, step=1, chunk=TextDelta(text=text))
-    return session.append("assistant/chunk", data).seq
+    return session.append("assistant/chunk", chunk_at(session, turn, seq)).seq
 
 
 def first_half(session: Session) -> None:
@@ -56,12 +60,17 @@ def first_half(session: Session) -> None:
 
 def second_half(session: Session) -> None:
     turn = session.state.last_turn
-    cited = [chunk(session, turn) for _ in range(2)]
+    cited = [session.last_seq + 1, session.last_seq + 2]
     reply = AssistantMessage(content=[TextBlock(text="done")])
     data = AssistantMessageData(turn=turn, step=1, message=reply, source_event_seqs=cited)
-    session.append("assistant/message", data)
-    session.append("step/end", StepEnd(turn=turn, step=1))
-    session.append("turn/end", TurnEnd(turn=turn, reason=Completed()))
+    session.extend(
+        [
+            *(("assistant/chunk", chunk_at(session, turn, seq)) for seq in cited),
+            ("assistant/message", data),
+            ("step/end", StepEnd(turn=turn, step=1)),
+            ("turn/end", TurnEnd(turn=turn, reason=Completed())),
+        ]
+    )
 
 
 def acknowledge(store: Store, sessions: list[Session]) -> None:
@@ -76,6 +85,8 @@ def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     if len(sys.argv) > 4:
         writer_module.JOURNAL_MAX_RECORDS = int(sys.argv[4])  # type: ignore[misc]
+    if len(sys.argv) > 5:
+        writer_module.DIRECT_MIN_BYTES = int(sys.argv[5])  # type: ignore[misc]
     store = Store.open(path, durability=durability)
     sessions: list[Session] = []
     for index in range(count):

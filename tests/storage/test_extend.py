@@ -1,0 +1,353 @@
+"""Session.extend: a batch of facts validated like single appends, written all or nothing,
+handed to the sink at once (LogSink.submit_many), observers after the whole batch."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from storage import (
+    Codec,
+    Event,
+    EventTooLargeError,
+    EventTypes,
+    InvalidEventError,
+    MemorySink,
+    ReentrantAppendError,
+    Session,
+    SessionHeader,
+    StorageError,
+    Store,
+    StoreClosedError,
+    UnknownEventTypeError,
+    derive_messages,
+)
+from storage import writer as writer_module
+from storage.events import (
+    AssistantChunk,
+    AssistantMessage,
+    AssistantMessageData,
+    MessageTrigger,
+    StepEnd,
+    StepStart,
+    SurfaceReplace,
+    TextBlock,
+    TextDelta,
+    TurnStart,
+    UserMessageData,
+)
+from storage.lmdb_env import LmdbEnv
+from storage.session import Fact
+from storage.writer import LogWriter
+from tests.storage import builders
+from tests.storage.builders import START_TIME, user_message
+from tests.storage.test_session_memory import DurableSink, durable_session
+
+TURN_1 = TurnStart(turn=1, trigger=MessageTrigger())
+
+
+class Note(msgspec.Struct, frozen=True):
+    text: str
+
+
+def codec() -> Codec:
+    types = EventTypes.default()
+    types.register("plugin")
+    types.register("test/note", Note, ignorable=True)
+    return Codec(types, max_event_bytes=1000)
+
+
+def new_session(**kwargs: Any) -> Session:
+    return builders.new_session(codec=codec(), **kwargs)
+
+
+def one_turn(turn: int = 1) -> list[Fact]:
+    """A turn's facts for a session at seq 0: the reply cites the chunks (seqs 3, 4)."""
+    reply = AssistantMessage(content=[TextBlock(text="hello")])
+    return [
+        ("turn/start", TurnStart(turn=turn, trigger=MessageTrigger())),
+        ("step/start", StepStart(turn=turn, step=1)),
+        ("user/message", UserMessageData(message=user_message("hi"), turn=turn, step=1)),
+        ("assistant/chunk", AssistantChunk(turn=turn, step=1, chunk=TextDelta(text="hel"))),
+        ("assistant/chunk", AssistantChunk(turn=turn, step=1, chunk=TextDelta(text="lo"))),
+        (
+            "assistant/message",
+            AssistantMessageData(turn=turn, step=1, message=reply, source_event_seqs=[3, 4]),
+        ),
+        ("step/end", StepEnd(turn=turn, step=1)),
+    ]
+
+
+def test_extend_appends_every_fact_in_order_with_one_hand_over_and_one_time() -> None:
+    sink = MemorySink()
+    session = new_session(sink=sink)
+    session.append("plugin", {"before": True})
+    events = session.extend(one_turn())
+    assert [e.seq for e in events] == list(range(1, 8))
+    assert [e.type for e in events] == [kind for kind, _ in one_turn()]
+    assert len({e.time for e in events}) == 1  # one clock reading for the batch
+    assert events[0].time >= session.events(0, 0)[0].time
+    assert session.events() == [*session.events(0, 0), *events]
+    payloads = sink.payloads()
+    assert payloads[1:] == [session.codec.encode(e) for e in events]  # as append writes them
+    assert session.state.open_step is None
+    assert session.state.open_turn == 1
+
+
+def test_extend_takes_mappings_and_plugin_types_as_append_does() -> None:
+    session = new_session()
+    facts: list[Fact] = [("turn/start", {"turn": 1, "trigger": {"kind": "message"}})]
+    facts += [("plugin", {"n": 1}), ("test/note", Note(text="x"))]
+    events = session.extend(facts)
+    assert events[0].data == TURN_1
+    assert events[1].data == {"n": 1}
+    assert b'"ignorable":true' in session.codec.encode(events[2])
+    reference = new_session()
+    expected = [reference.append(kind, data) for kind, data in facts]
+    assert [e.data for e in events] == [e.data for e in expected]
+
+
+def test_an_empty_batch_writes_nothing() -> None:
+    sink = MemorySink()
+    session = new_session(sink=sink)
+    assert session.extend([]) == []
+    assert session.extend(iter(())) == []
+    assert sink.records == []
+    assert session.last_seq == -1
+
+
+REPLACE_0 = UserMessageData(message=user_message("x"), surface_op=SurfaceReplace(seq=0))
+
+
+@pytest.mark.parametrize(
+    ("type", "data", "error"),
+    [
+        ("nope", {}, UnknownEventTypeError),
+        ("plugin", {"x": math.nan}, InvalidEventError),
+        ("plugin", {"surfaceOp": {"kind": "append"}}, InvalidEventError),
+        ("plugin", {"x": "y" * 2000}, EventTooLargeError),
+        ("turn/start", StepStart(turn=1, step=1), InvalidEventError),
+        ("test/note", Note(text="y" * 2000), EventTooLargeError),  # the ignorable encoder
+        ("user/message", REPLACE_0, InvalidEventError),  # seq 0 is not a surface fact
+        (
+            "user/message",
+            UserMessageData(message=user_message("x"), source_event_seqs=[9]),  # a later seq
+            InvalidEventError,
+        ),
+    ],
+)
+def test_a_bad_fact_in_the_middle_writes_nothing_and_the_error_names_it(
+    type: str, data: object, error: type[Exception]
+) -> None:
+    sink = MemorySink()
+    session = new_session(sink=sink)
+    kept = session.append("turn/start", TURN_1)
+    seen: list[Event] = []
+    session.on_event(seen.append)
+    facts: list[Fact] = [("plugin", {"n": 1}), ("plugin", {"n": 2}), (type, data)]
+    facts += [("plugin", {"n": 4})]
+    with pytest.raises(error, match=rf"^facts\[2\] \({type!r}\): "):
+        session.extend(facts)
+    assert session.last_seq == 0
+    assert session.events() == [kept]
+    assert len(sink.records) == 1
+    assert seen == []
+    assert session.append("plugin", {}).seq == 1  # the session goes on as before
+
+
+def test_a_replace_may_cite_a_surface_fact_earlier_in_the_same_batch() -> None:
+    session = new_session()
+    facts = one_turn()
+    corrected = UserMessageData(message=user_message("hi!"), surface_op=SurfaceReplace(seq=2))
+    again = UserMessageData(message=user_message("hi!!"), surface_op=SurfaceReplace(seq=7))
+    facts += [("user/message", corrected), ("user/message", again)]
+    events = session.extend(facts)
+    assert session.messages() == derive_messages(events)
+    assert [m.content[0].text for m in session.messages()] == ["hi!!", "hello"]  # type: ignore[union-attr]
+
+
+def test_a_replace_citing_a_non_surface_fact_of_the_batch_is_refused() -> None:
+    session = new_session()
+    facts = [*one_turn(), ("user/message", REPLACE_0)]  # seq 0 is the turn/start
+    with pytest.raises(InvalidEventError, match=r"^facts\[7\] \('user/message'\): "):
+        session.extend(facts)
+    assert session.last_seq == -1
+    assert session.messages() == []
+
+
+def test_observers_see_each_event_once_after_the_whole_batch_is_committed() -> None:
+    session = new_session()
+    seen: list[tuple[int, int, int]] = []
+    session.on_event(lambda e: seen.append((e.seq, session.last_seq, len(session.events()))))
+    session.extend(one_turn())
+    assert seen == [(seq, 6, 7) for seq in range(7)]
+
+
+def test_an_observer_cannot_extend(caplog: pytest.LogCaptureFixture) -> None:
+    session = new_session()
+    refused: list[BaseException] = []
+
+    def reenter(event: Event) -> None:
+        try:
+            session.extend([("plugin", {})])
+        except ReentrantAppendError as err:
+            refused.append(err)
+
+    session.on_event(reenter)
+    session.extend(one_turn())
+    session.append("plugin", {"n": 1})
+    assert len(refused) == 8
+    assert "observers may not append" in str(refused[0])
+    assert session.last_seq == 7
+
+
+def test_a_failing_observer_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    session = new_session()
+    seen: list[int] = []
+
+    def fail(event: Event) -> None:
+        raise RuntimeError("observer bug")
+
+    session.on_event(fail)
+    session.on_event(lambda e: seen.append(e.seq))
+    with caplog.at_level(logging.ERROR, logger="corral.session"):
+        session.extend(one_turn())
+    assert seen == list(range(7))
+    assert len(caplog.records) == 7
+
+
+def test_a_refusing_sink_leaves_nothing_behind() -> None:
+    sink = MemorySink()
+    session = new_session(sink=sink)
+    session.append("turn/start", TURN_1)
+    sink.close()
+    with pytest.raises(StoreClosedError):
+        session.extend([("plugin", {"n": 1}), ("plugin", {"n": 2})])
+    assert session.last_seq == 0
+    assert len(session.events()) == 1
+
+
+def test_a_batch_refused_by_a_closed_store_leaves_nothing(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "s")
+    session = store.create_session("s")
+    session.append("turn/start", TURN_1)
+    store.close()
+    with pytest.raises(StoreClosedError):
+        session.extend([("step/start", StepStart(turn=1, step=1))])
+    assert session.last_seq == 0
+    assert session.state.open_step is None
+    assert [e.seq for e in session.events()] == [0]  # still in memory (never flushed)
+
+
+def chunks(count: int) -> list[Fact]:
+    return [
+        ("assistant/chunk", AssistantChunk(turn=1, step=1, chunk=TextDelta(text=f"{n}")))
+        for n in range(count)
+    ]
+
+
+def test_the_memory_tail_stays_bounded_after_a_large_batch() -> None:
+    sink = DurableSink()
+    session = durable_session(sink, tail_bound=8)
+    session.extend(chunks(100))
+    assert session.resident_events <= 8
+    assert [e.data for e in session.events()] == [data for _, data in chunks(100)]
+
+
+def test_a_batch_of_a_durability_none_session_asks_its_sink_once() -> None:
+    sink = DurableSink(manual=True)
+    session = durable_session(sink, tail_bound=8)
+    session.extend(chunks(100))
+    assert sink.flushes == 1
+    assert session.resident_events == 100  # nothing is known durable yet
+    sink.resolve()
+    session.extend(chunks(1))
+    assert session.resident_events <= 8
+
+
+@pytest.mark.parametrize("direct", [1, 1 << 62])
+def test_a_batch_is_stored_and_read_back_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: int
+) -> None:
+    """Straight to ``events`` (``direct=1``) or through the journal, interleaved with
+    single appends and another session's records."""
+    monkeypatch.setattr(writer_module, "DIRECT_MIN_BYTES", direct)
+    path = tmp_path / "s"
+    types = codec().types
+    with Store.open(path, event_types=types) as store:
+        session = store.create_session("s")
+        other = store.create_session("o")
+        written = [session.append("plugin", {"first": True})]
+        for turn in range(1, 4):
+            other.append("plugin", {"turn": turn})
+            written += session.extend([(kind, data) for kind, data in one_turn()][:1])
+            written += session.extend(
+                ("plugin", {"turn": turn, "n": n, "pad": "x" * 100}) for n in range(50)
+            )
+        session.flush()
+        assert session.resident_events == 0
+        assert session.events() == written
+    with Store.open(path, readonly=True, event_types=types) as store:
+        assert store.read("s") == written
+        assert [e.data for e in store.read("o")] == [{"turn": t} for t in (1, 2, 3)]
+
+
+def test_the_writer_refuses_a_batch_out_of_order_and_queues_none_of_it(tmp_path: Path) -> None:
+    env = LmdbEnv(tmp_path / "env", readonly=False, map_size=1 << 20, sync=True)
+    writer = LogWriter(env, sync_on_flush=False)
+    try:
+        writer.track(SessionHeader(id="w", key=1, created=START_TIME), next_seq=0, new=True)
+        with pytest.raises(StorageError, match="out of order"):
+            writer.submit_many(1, 1, [b"{}", b"{}"])
+        with pytest.raises(StorageError, match="unknown session key 2"):
+            writer.submit_many(2, 0, [b"{}"])
+        writer.submit_many(1, 0, [b'{"a":0}', b'{"a":1}'])
+        writer.submit_many(1, 2, [])  # nothing to queue: accepted
+        with pytest.raises(StorageError, match="expects seq 2"):
+            writer.submit_many(1, 0, [b"{}"])
+        writer.flush()
+        assert writer.statistics().events_written == 2
+    finally:
+        writer.close()
+    with pytest.raises(StoreClosedError):
+        writer.submit_many(1, 2, [b"{}"])
+    env.close()
+
+
+def journal_entries(env: LmdbEnv) -> int:
+    assert env.dbs.journal is not None
+    with env.reading() as txn:
+        return int(txn.stat(env.dbs.journal)["entries"])
+
+
+def test_a_large_run_of_a_session_with_nothing_in_the_journal_goes_straight_to_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "JOURNAL_IDLE_S", 3600.0)  # no compaction meanwhile
+    env = LmdbEnv(tmp_path / "env", readonly=False, map_size=1 << 20, sync=True)
+    writer = LogWriter(env, sync_on_flush=False)
+    big = [b'{"pad":"%s"}' % (b"x" * 1000)] * (writer_module.DIRECT_MIN_BYTES // 1000 + 1)
+    try:
+        for key in (1, 2):
+            writer.track(
+                SessionHeader(id=f"w{key}", key=key, created=START_TIME), next_seq=0, new=True
+            )
+        writer.submit_many(1, 0, big)  # large, nothing journaled: straight to events
+        writer.submit_many(2, 0, [b"{}"])  # small: the journal
+        writer.flush()
+        assert set(env.tails) == {2}
+        assert journal_entries(env) == 1
+        writer.submit_many(2, 1, big)  # large, but behind journaled records: the journal
+        writer.flush()
+        assert journal_entries(env) == 1 + len(big)
+        assert env.rows()[0].last_seq == len(big) - 1  # its row says where it ends
+        assert env.tails[2].first == 0
+        assert len(env.tails[2].records) == 1 + len(big)
+    finally:
+        writer.close()
+    env.close()
