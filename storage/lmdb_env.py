@@ -18,7 +18,9 @@ session-major, each record dirties its own ``events`` leaf page (plus its sessio
 row), and a commit costs a page write per session. Appended to the journal, the same
 records share a page or two. The writer compacts the whole journal into ``events``
 (and the session rows) in one transaction once it is large or idle, where a session's
-many records share pages. A session's records are therefore seqs ``0..k`` in
+many records share pages. A large run of one session that has nothing in the journal
+(a bulk append, a ``Session.extend``) skips the journal: it goes straight to ``events``
+with its session row. A session's records are therefore seqs ``0..k`` in
 ``events`` (``k`` = its row's last seq) and ``k + 1..m`` in the journal, never both in
 one snapshot, and readers merge the two:
 
