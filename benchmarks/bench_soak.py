@@ -118,6 +118,7 @@ def run(
     count = [0]
     outstanding = [0]
     passivated = 0
+    round_ends: list[dict[str, int]] = []
     rt = Runtime.open(store)
     try:
         handles = [rt.spawn(model=ScriptedModel.echo()) for _ in range(agents)]
@@ -167,7 +168,20 @@ def run(
                 raise TimeoutError(f"only {count[0]} of {total} turns settled")
             if case == "passivated":
                 passivated += rt.passivate_idle()
-                gc.collect()
+            gc.collect()
+            # What the round left behind (after passivation, in that case): Python's
+            # allocated blocks and the resident histories, free of in-flight turns.
+            memory = process.memory_info()
+            round_ends.append(
+                {
+                    "turns": count[0],
+                    "blocks": sys.getallocatedblocks(),
+                    "heap": memory.rss - memory.shared,
+                    "history_bytes": sum(
+                        deep_size(a.session.messages()) for a in handles if not a.passive
+                    ),
+                }
+            )
             if count[0] % every:
                 sample(count[0])
         wall = time.perf_counter() - start
@@ -217,6 +231,7 @@ def run(
         "store_bytes": disk,
         "verdict": "bounded" if bounded else "linear (not bounded)",
         "samples": [asdict(s) for s in samples],
+        "round_ends": round_ends,
     }
 
 
@@ -306,6 +321,18 @@ def report(result: dict[str, Any]) -> None:
         "bytes per turn (Python object sizes)"
     )
     print(f"verdict: {result['verdict']}")
+    ends = result["round_ends"]
+    print("at each round's end (after gc.collect(); after passivate_idle() when passivating):")
+    print_table(
+        ["turns", "k blocks", "heap MB", "histories MB"],
+        [
+            [e["turns"], e["blocks"] / 1000, e["heap"] / MB, e["history_bytes"] / MB]
+            for e in ends
+        ],
+    )
+    if len(ends) > 1:
+        blocks = (ends[-1]["blocks"] - ends[0]["blocks"]) / (ends[-1]["turns"] - ends[0]["turns"])
+        print(f"allocated blocks from the first round's end to the last: {blocks:+.2f} per turn")
 
 
 def main() -> None:
