@@ -43,7 +43,8 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from itertools import islice
+from itertools import islice, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -59,12 +60,14 @@ __all__ = [
     "LmdbEnv",
     "ResizeLock",
     "SessionRow",
+    "Span",
     "Tail",
     "compact",
     "decode_row",
     "encode_row",
     "encode_u64",
     "event_key",
+    "put_spans",
 ]
 
 SCHEMA_VERSION: Final = 2
@@ -85,6 +88,7 @@ _READ_CHUNK: Final = 4096  # records copied per read transaction, so readers sta
 _EVENT_KEY: Final = struct.Struct(">QQ")
 _U64: Final = struct.Struct(">Q")
 _ROW_PREFIX: Final = struct.Struct(">q")
+_SESSION: Final = itemgetter(0)
 _header_decoder: Final = msgspec.json.Decoder(SessionHeader)
 # LMDB's errors for pages that are not what they should be (a damaged file).
 _DAMAGE: Final = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)
@@ -150,17 +154,48 @@ class Databases(NamedTuple):
     journal: lmdb._Database | None  # None: a version 1 store opened read-only
 
 
-def compact(
-    txn: lmdb.Transaction[bytes],
-    dbs: Databases,
-    events: list[tuple[bytes, bytes]],
-    rows: list[tuple[bytes, bytes]],
-) -> None:
-    """Write ``events`` (every record of the journal, plus any others) and the session
-    ``rows`` that now end there, and empty the journal, in the caller's transaction."""
+Span = tuple[int, int, list[bytes]]
+"""One session's records of seqs ``first``, ``first + 1``, ...: (session key, first, records)."""
+
+
+def put_spans(
+    txn: lmdb.Transaction[bytes], events: lmdb._Database, spans: list[Span]
+) -> dict[int, int]:
+    """Write ``spans`` (each session's in seq order) to the ``events`` database; return
+    the last seq written of each session. Raises :class:`StorageError` if a record is
+    stored already (a damaged store): nothing is overwritten."""
+    spans = sorted(spans, key=_SESSION)  # stable: a session's spans stay in seq order
+    cursor = txn.cursor(db=events)
+    end = cursor.key() if cursor.last() else b""  # the highest key stored
+    for key, first, payloads in spans:
+        count = len(payloads)
+        # Keys past the end are appended (no search for their place, full pages).
+        append = _EVENT_KEY.pack(key, first) > end
+        # putmulti drops each pair before it takes the next, so zip reuses one tuple:
+        # no allocation per record for the cyclic GC to count and collect.
+        pairs = zip(_event_keys(key, first, count), payloads, strict=True)
+        _, added = cursor.putmulti(pairs, append=append)
+        if added != count:
+            raise StorageError(
+                f"events refused records of session key {key} from seq {first} on: "
+                "they are stored already (the store is damaged?)"
+            )
+        end = max(end, _EVENT_KEY.pack(key, first + count - 1))
+    return {key: first + len(payloads) - 1 for key, first, payloads in spans}  # last wins
+
+
+def _event_keys(key: int, first: int, count: int) -> Iterator[bytes]:
+    """The ``events`` keys of seqs ``first .. first + count - 1`` of session ``key``
+    (packed in C, without a Python frame per record)."""
+    return map(_EVENT_KEY.pack, repeat(key, count), range(first, first + count))
+
+
+def compact(txn: lmdb.Transaction[bytes], dbs: Databases, rows: list[tuple[bytes, bytes]]) -> None:
+    """Finish a compaction in the caller's transaction, once every journal record is in
+    ``events`` (:func:`put_spans`): write the session ``rows`` that now end there and
+    empty the journal."""
     if dbs.journal is None:
         raise StorageError("a version 1 store opened read-only has no journal to compact")
-    txn.cursor(db=dbs.events).putmulti(events)
     rows.sort()  # one call, in key order: no GIL round trip per session
     txn.cursor(db=dbs.sessions).putmulti(rows)
     txn.drop(dbs.journal, delete=False)
@@ -340,9 +375,9 @@ class LmdbEnv:
         tails = scan_journal(txn, dbs.journal, None)
         if not tails:
             return
-        events: list[tuple[bytes, bytes]] = []
+        last = put_spans(txn, dbs.events, [(k, t.first, t.records) for k, t in tails.items()])
         rows: list[tuple[bytes, bytes]] = []
-        for key, tail in tails.items():
+        for key, seq in last.items():
             session_id = txn.get(encode_u64(key), db=dbs.order)
             raw = txn.get(session_id, db=dbs.sessions) if session_id is not None else None
             if session_id is None or raw is None:
@@ -350,12 +385,8 @@ class LmdbEnv:
                     f"the journal of {self.path} holds records of session key {key}, "
                     "which has no session row: restore the store from a backup or an export"
                 )
-            last = tail.first + len(tail.records) - 1
-            rows.append((session_id, encode_row(raw[_ROW_PREFIX.size :], last)))
-            events += [
-                (event_key(key, seq), value) for seq, value in enumerate(tail.records, tail.first)
-            ]
-        compact(txn, dbs, events, rows)
+            rows.append((session_id, encode_row(raw[_ROW_PREFIX.size :], seq)))
+        compact(txn, dbs, rows)
 
     def close(self) -> None:
         """Close the environment once no reader is inside a transaction. Idempotent."""

@@ -45,10 +45,8 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
 from typing import Final, NamedTuple
 
 import lmdb
@@ -58,11 +56,13 @@ from storage.errors import StorageError, StoreClosedError
 from storage.lmdb_env import (
     NEXT_KEY_KEY,
     LmdbEnv,
+    Span,
     Tail,
     compact,
     decode_u64,
     encode_row,
     encode_u64,
+    put_spans,
 )
 from storage.session import PendingRecord, SessionHeader
 
@@ -85,10 +85,6 @@ _EVENT_KEY: Final = struct.Struct(">QQ")  # see storage.lmdb_env.event_key
 _COUNTER: Final = struct.Struct(">Q")  # a journal key
 _header_encoder: Final = msgspec.json.Encoder()
 
-# One session's records of seqs ``first``, ``first + 1``, ...: (session key, first, payloads).
-_Run = tuple[int, int, list[bytes]]
-_SESSION: Final = itemgetter(0)
-
 
 class _Batch(NamedTuple):
     """The records of one group commit, routed.
@@ -101,8 +97,8 @@ class _Batch(NamedTuple):
     builds no in-memory tail. Other runs are ``journaled``.
     """
 
-    direct: list[_Run]
-    journaled: list[_Run]
+    direct: list[Span]
+    journaled: list[Span]
     records: int
     size: int
     journal_records: int
@@ -160,7 +156,7 @@ class LogWriter:
         # Invariant: every queued record of a session has seq == the previous one + 1,
         # starting at the durable last seq + 1 given to ``track``.
         self._next_seq: dict[int, int] = {}
-        self._runs: list[_Run] = []  # in submission order; the writer owns the lists it drains
+        self._runs: list[Span] = []  # in submission order; the writer owns the lists it drains
         self._headers: list[SessionHeader] = []
         self._callbacks: list[FlushCallback] = []
         self._tracked: dict[int, _Tracked] = {}
@@ -387,12 +383,12 @@ class LogWriter:
             self._headers = []
         return failure, late
 
-    def _route(self, runs: list[_Run]) -> _Batch:
+    def _route(self, runs: list[Span]) -> _Batch:
         """Split ``runs`` into those written straight to ``events`` and those appended
         to the journal (see :class:`_Batch`)."""
         tails = self._store.tails
-        direct: list[_Run] = []
-        journaled: list[_Run] = []
+        direct: list[Span] = []
+        journaled: list[Span] = []
         journaled_keys: set[int] = set()
         records = size = journal_records = journal_bytes = 0
         for run in runs:
@@ -454,7 +450,7 @@ class LogWriter:
             if compacting:
                 spans = [(key, tail.first, tail.records) for key, tail in self._store.tails.items()]
                 rows = self._put_events(txn, spans + batch.direct + batch.journaled)
-                compact(txn, dbs, [], rows)  # the records are written: the rows, the journal
+                compact(txn, dbs, rows)
                 return
             if batch.direct:
                 rows = self._put_events(txn, batch.direct)
@@ -477,34 +473,16 @@ class LogWriter:
                     raise StorageError(f"the journal refused keys from {first} on (damaged?)")
 
     def _put_events(
-        self, txn: lmdb.Transaction[bytes], spans: list[_Run]
+        self, txn: lmdb.Transaction[bytes], spans: list[Span]
     ) -> list[tuple[bytes, bytes]]:
-        """Write ``spans`` (each session's in seq order) to ``events``; return the
-        session rows that now end there, sorted."""
-        spans = sorted(spans, key=_SESSION)  # stable: a session's spans stay in seq order
-        cursor = txn.cursor(db=self._dbs.events)
-        end = cursor.key() if cursor.last() else b""  # the highest key stored
-        for key, first, payloads in spans:
-            count = len(payloads)
-            # Keys past the end are appended (no search for their place, full pages).
-            append = _EVENT_KEY.pack(key, first) > end
-            # putmulti drops each pair before it takes the next, so zip reuses one
-            # tuple: no allocation per record for the cyclic GC to count and collect.
-            pairs = zip(_event_keys(key, first, count), payloads, strict=True)
-            _, added = cursor.putmulti(pairs, append=append)
-            if added != count:
-                raise StorageError(
-                    f"events refused records of session key {key} from seq {first} on: "
-                    "they are stored already (the store is damaged?)"
-                )
-            end = max(end, _EVENT_KEY.pack(key, first + count - 1))
+        """Write ``spans`` to ``events`` (:func:`put_spans`); return the session rows
+        that now end there, sorted (one putmulti in key order)."""
         tracked = self._tracked
-        last = {key: first + len(payloads) - 1 for key, first, payloads in spans}  # last wins
         rows = [
             (tracked[key].id_bytes, encode_row(tracked[key].header_json, seq))
-            for key, seq in last.items()
+            for key, seq in put_spans(txn, self._dbs.events, spans).items()
         ]
-        rows.sort()  # one putmulti in key order
+        rows.sort()
         return rows
 
     def _grow(self) -> None:
@@ -596,12 +574,6 @@ def _resolve(callbacks: list[FlushCallback], error: BaseException | None) -> _Wa
     for callback in others:
         _call(callback, error)
     return end
-
-
-def _event_keys(key: int, first: int, count: int) -> Iterator[bytes]:
-    """The ``events`` keys of seqs ``first .. first + count - 1`` of session ``key``
-    (packed in C, without a Python frame per record)."""
-    return map(_EVENT_KEY.pack, repeat(key, count), range(first, first + count))
 
 
 def _call(callback: FlushCallback, error: BaseException | None) -> None:
