@@ -17,8 +17,9 @@ instance are trusted (msgspec does not check them at construction; mypy does).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import msgspec
 
@@ -37,7 +38,8 @@ DEFAULT_MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
 _SURFACE_KEYS: Final = ("surfaceOp", "sourceEventSeqs")
 
 
-class EventKind(NamedTuple):
+@dataclass(frozen=True, slots=True)  # slots: an attribute read costs a third of a NamedTuple's
+class EventKind:
     """What a registry knows of one event type: everything an append looks up, at once."""
 
     name: str

@@ -41,7 +41,7 @@ from storage.errors import (
 from storage.events import Event, SessionEndSeed
 from storage.lmdb_env import SCHEMA_VERSION, LmdbEnv, SessionRow
 from storage.projections import fork_prefix
-from storage.session import PendingRecord, Session, SessionHeader
+from storage.session import Record, Session, SessionHeader
 from storage.writer import FlushCallback, LogWriter
 
 __all__ = ["SCHEMA_VERSION", "InvalidSessionIdError", "SessionStats", "Store", "StoreStatistics"]
@@ -114,7 +114,7 @@ def check_session_id(session_id: object, *, max_key_bytes: int = 511) -> str:
 class _ReadOnlySink:
     """The sink of sessions opened from a read-only store: appending is refused."""
 
-    def submit(self, record: PendingRecord) -> None:
+    def submit(self, record: Record) -> None:
         raise StorageError("this store was opened read-only: open it writable to append")
 
     def submit_many(self, session_key: int, first_seq: int, payloads: Sequence[bytes]) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from storage.errors import StoreClosedError
-from storage.session import PendingRecord
+from storage.session import PendingRecord, Record
 
 __all__ = ["MemorySink"]
 
@@ -56,11 +56,11 @@ class MemorySink:
             r.payload for r in self.records if session_key is None or r.session_key == session_key
         ]
 
-    def submit(self, record: PendingRecord) -> None:
+    def submit(self, record: Record) -> None:
         with self._lock:
             if self._closed:
                 raise self._refusal()
-            self._records.append(record)
+            self._records.append(PendingRecord._make(record))  # a session passes a plain tuple
 
     def submit_many(self, session_key: int, first_seq: int, payloads: Sequence[bytes]) -> None:
         batch = _Batch(session_key, first_seq, list(payloads))

@@ -13,7 +13,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from types import MappingProxyType
+from types import MappingProxyType, MethodType
 from typing import Final, NamedTuple
 
 import msgspec
@@ -122,7 +122,12 @@ class TurnTracker:
         handler = _TURN_HANDLERS.get(event.type)
         if handler is not None:
             handler(self, event)
-            self._snapshot = None
+
+    def handler(self, type: str) -> Callable[[Event], None] | None:
+        """:meth:`apply` for events of ``type`` only, one call less (``None``: such
+        events change nothing)."""
+        handler = _TURN_HANDLERS.get(type)
+        return None if handler is None else MethodType(handler, self)
 
     def snapshot(self) -> TurnState:
         """The current state; cached until the next state-changing event."""
@@ -138,7 +143,10 @@ class TurnTracker:
             )
         return self._snapshot
 
+    # The handlers: each one changes the state (and drops the cached snapshot).
+
     def _turn_start(self, event: Event) -> None:
+        self._snapshot = None
         data: TurnStart = event.data
         self.last_turn = max(self.last_turn, data.turn)
         self.open_turn = data.turn
@@ -148,27 +156,33 @@ class TurnTracker:
         self.open_calls = {}
 
     def _turn_end(self, event: Event) -> None:
+        self._snapshot = None
         self.open_turn = self.open_turn_seq = self.open_step = None
         self.last_step = 0
         self.open_calls = {}
 
     def _step_start(self, event: Event) -> None:
+        self._snapshot = None
         data: StepStart = event.data
         self.open_step = data.step
         self.last_step = max(self.last_step, data.step)
         self.open_calls = {}
 
     def _step_end(self, event: Event) -> None:
+        self._snapshot = None
         self.open_step = None
         self.open_calls = {}
 
     def _tool_call(self, event: Event) -> None:
+        self._snapshot = None
         self.open_calls[event.data.call_id] = event.seq
 
     def _tool_result(self, event: Event) -> None:
+        self._snapshot = None
         self.open_calls.pop(event.data.message.call_id, None)
 
     def _header(self, event: Event) -> None:
+        self._snapshot = None
         self.last_header = event.data
 
 

@@ -30,6 +30,7 @@ from storage.events import (
     UserMessage,
     UserMessageData,
 )
+from storage.projections import TurnTracker
 from tests.storage.builders import (
     LogBuilder,
     completed_turn,
@@ -260,3 +261,21 @@ def test_the_turn_state_snapshot_is_read_only() -> None:
     state = turn_state(log.events)
     with pytest.raises(TypeError):
         state.open_calls["x"] = 1  # type: ignore[index]
+
+
+def test_the_per_type_handlers_of_the_turn_tracker_agree_with_apply() -> None:
+    log = LogBuilder()
+    completed_turn(log)
+    tool_turn(log)
+    open_turn_with_pending_call(log)
+    by_apply, by_handler = TurnTracker(), TurnTracker()
+    for event in log.events:
+        by_apply.apply(event)
+        handler = by_handler.handler(event.type)
+        if handler is not None:
+            before = by_handler.snapshot()
+            handler(event)
+            assert by_handler.snapshot() is not before  # the cached snapshot is dropped
+        assert by_handler.snapshot() == by_apply.snapshot()
+    assert by_handler.snapshot() == turn_state(log.events)
+    assert TurnTracker().handler("assistant/chunk") is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from storage import (
     assert_invariants,
     derive_messages,
 )
+from storage.events import AssistantChunk, TextDelta
 from storage.lmdb_store import Store
 from storage.session import TAIL_BOUND
 from tests.storage.builders import (
@@ -323,3 +325,34 @@ def test_acknowledgements_racing_appends_lose_nothing(tmp_path: Path) -> None:
         for writer in range(3):
             mine = [e.data["n"] for e in events if e.data["writer"] == writer]
             assert mine == list(range(500))
+
+
+def test_acknowledgements_interleaved_with_appends_and_batches_keep_exactly_the_tail() -> None:
+    sink = DurableSink(manual=True)
+    session = durable_session(sink, tail_bound=1000)
+    appended: list[Event] = []
+    marks: list[int] = []
+    for n in range(6):
+        appended += two_turns(session)
+        session.flush_async(lambda error: None)
+        marks.append(session.last_seq)
+        chunk = AssistantChunk(turn=1, step=1, chunk=TextDelta(text=f"{n}"))
+        appended += session.extend([("assistant/chunk", chunk)] * (n + 1))
+        if n % 2:
+            sink.resolve()  # acknowledges every flush requested so far
+            durable = marks[-1]
+            held = [e for e in appended if e.seq > durable]
+            assert session.resident_events == len(held)
+            assert session.events(durable + 1) == held
+    assert session.events() == appended
+
+
+def test_the_default_clock_reads_wall_clock_epoch_milliseconds() -> None:
+    sink = MemorySink()
+    session = Session(SessionHeader(id="s", key=1, created=START_TIME), sink=sink, codec=CODEC)
+    before = time.time_ns() // 1_000_000
+    events = two_turns(session)
+    after = time.time_ns() // 1_000_000
+    times = [e.time for e in events]
+    assert before <= times[0] and times[-1] <= after
+    assert times == sorted(times)
