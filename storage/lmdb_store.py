@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-import time
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -41,7 +40,7 @@ from storage.errors import (
 from storage.events import Event, SessionEndSeed
 from storage.lmdb_env import SCHEMA_VERSION, LmdbEnv, SessionRow
 from storage.projections import fork_prefix
-from storage.session import Record, Session, SessionHeader
+from storage.session import Record, Session, SessionHeader, epoch_ms
 from storage.writer import FlushCallback, LogWriter
 
 __all__ = ["SCHEMA_VERSION", "InvalidSessionIdError", "SessionStats", "Store", "StoreStatistics"]
@@ -78,11 +77,7 @@ class SessionStats(msgspec.Struct, frozen=True):
     last_seq: int | None
 
 
-def _epoch_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def new_session_id(clock: Callable[[], int] = _epoch_ms) -> str:
+def new_session_id(clock: Callable[[], int] = epoch_ms) -> str:
     """A fresh id that sorts by creation time: 11 hex digits of epoch ms + 12 random."""
     return f"{clock():011x}{secrets.token_hex(6)}"
 
@@ -188,7 +183,7 @@ class Store:
         where = Path(path if path is not None else DEFAULT_PATH)
         lmdb_env = LmdbEnv(where, readonly=readonly, map_size=map_size, sync=durability != "none")
         try:
-            return cls(lmdb_env, durability=durability, codec=codec, clock=clock or _epoch_ms)
+            return cls(lmdb_env, durability=durability, codec=codec, clock=clock or epoch_ms)
         except BaseException:
             lmdb_env.close()
             raise
