@@ -123,6 +123,16 @@ class _Resume(msgspec.Struct, frozen=True):
     value: Any = None
 
 
+class _Flushed(msgspec.Struct, frozen=True):
+    """A Flush effect's completion. Flush is not abortable and the turn awaits one
+    effect at a time, so a completion always answers the Flush being waited for."""
+
+    error: BaseException | None = None
+
+
+_FLUSHED = _Flushed()
+
+
 class _StreamReady(msgspec.Struct, frozen=True):
     stream: StreamHandle
     upto: int
@@ -214,16 +224,24 @@ class AgentActor(PooledActor):
         self._cancel_waiting: Callable[[], None] | None = None
         self._idle_waiters: list[Callable[[], None]] = []
         self._mailbox = mailbox
-        # A thread-safe "tell myself" for completions (every flush completion takes it, on
-        # the log writer thread): straight into the mailbox, which records one that
-        # reaches a stopped actor as a dead letter instead of raising in the I/O side.
+        # A thread-safe "tell myself" for completions (admissions, tools, async work; a
+        # flush's completion takes _flushed below): straight into the mailbox, which records
+        # one that reaches a stopped actor as a dead letter instead of raising there.
         self._post: Callable[[object], None] = mailbox.tell
-        self._put = mailbox.put  # _post(m) is _put(Envelope(m)): one call less
 
         def stream_ready(stream: StreamHandle, upto: int) -> None:  # on the I/O loop
             mailbox.put(Envelope(_StreamReady(stream, upto)))
 
         self._stream_ready = stream_ready  # one closure per actor, not one per stream
+        put = mailbox.put
+        flushed_envelope = Envelope(_FLUSHED)
+
+        def flushed(error: BaseException | None) -> None:  # on the log writer thread
+            # One envelope serves every successful flush: at most one is in flight (the
+            # turn awaits one effect at a time) and the mailbox drops it once handled.
+            put(flushed_envelope if error is None else Envelope(_Flushed(error)))
+
+        self._flushed = flushed  # one closure per actor, not one per flush
 
     # ------------------------------------------------------------------ envelopes
 
@@ -272,6 +290,8 @@ class AgentActor(PooledActor):
     def _receive(self, message: Any) -> Any:
         if isinstance(message, _Resume):
             self._on_resume(message)
+        elif isinstance(message, _Flushed):
+            self._on_flushed(message)
         elif isinstance(message, _StreamReady):
             self._on_stream_ready(message.stream, message.upto)
         elif isinstance(message, _ToolDone):
@@ -393,15 +413,13 @@ class AgentActor(PooledActor):
         return self._wait(effect, stream.cancel)[1]
 
     def _start_flush(self, effect: Flush) -> Any:
-        token = self._waiting_token = next(self._tokens)  # _wait, inline
         self._cancel_waiting = None
-        put = self._put
-
-        def flushed(error: BaseException | None) -> None:  # on the log writer thread
-            put(Envelope(_Resume(token, error)))
-
-        self.session.flush_async(flushed)
+        self.session.flush_async(self._flushed)  # answered by a _Flushed message
         return _PENDING
+
+    def _on_flushed(self, message: _Flushed) -> None:
+        if self._waiting.__class__ is Flush:
+            self._advance(None, message.error)
 
     def _start_admit(self, effect: Admit) -> Any:
         token, pending = self._wait(effect)
@@ -509,6 +527,7 @@ _STARTERS: dict[type[Any], Callable[[AgentActor, Any], Any]] = {
 # through pykka's checks and on_receive).
 _HANDLERS: dict[type[Any], Callable[[AgentActor, Any], None]] = {
     _Resume: AgentActor._on_resume,
+    _Flushed: AgentActor._on_flushed,
     _StreamReady: AgentActor._on_stream_ready_message,
     _ToolDone: AgentActor._on_tool_done,
     Insert: AgentActor._insert,

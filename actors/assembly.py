@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from storage.events import (
     AssistantMessage,
     AssistantPart,
@@ -47,23 +50,45 @@ class Assembler:
 
     def add(self, chunk: StreamChunk, seq: int) -> None:
         self.chunk_seqs.append(seq)
+        take = _TAKERS.get(chunk.__class__)
+        if take is None:
+            self._take(chunk)  # a subclass of a chunk type: the general dispatch
+        else:
+            take(self, chunk)
+
+    def _text_delta(self, chunk: TextDelta) -> None:
+        self._text.append(chunk.text)
+
+    def _reasoning_delta(self, chunk: ReasoningDelta) -> None:
+        self._reasoning.append(chunk.text)
+        if chunk.signature is not None:
+            self._signature = chunk.signature
+
+    def _tool_call_delta(self, chunk: ToolCallDelta) -> None:
+        call = self._calls.setdefault(chunk.index, _PartialCall())
+        if chunk.call_id:
+            call.call_id = chunk.call_id
+        if chunk.name and call.name is None:
+            call.name = chunk.name
+        call.arguments.append(chunk.arguments_delta)
+
+    def _usage(self, chunk: UsageChunk) -> None:
+        self.usage = chunk.usage
+
+    def _finish(self, chunk: FinishChunk) -> None:
+        self.finish = chunk.reason
+
+    def _take(self, chunk: StreamChunk) -> None:
         if isinstance(chunk, TextDelta):
-            self._text.append(chunk.text)
+            self._text_delta(chunk)
         elif isinstance(chunk, ReasoningDelta):
-            self._reasoning.append(chunk.text)
-            if chunk.signature is not None:
-                self._signature = chunk.signature
+            self._reasoning_delta(chunk)
         elif isinstance(chunk, ToolCallDelta):
-            call = self._calls.setdefault(chunk.index, _PartialCall())
-            if chunk.call_id:
-                call.call_id = chunk.call_id
-            if chunk.name and call.name is None:
-                call.name = chunk.name
-            call.arguments.append(chunk.arguments_delta)
+            self._tool_call_delta(chunk)
         elif isinstance(chunk, UsageChunk):
-            self.usage = chunk.usage
+            self._usage(chunk)
         elif isinstance(chunk, FinishChunk):
-            self.finish = chunk.reason
+            self._finish(chunk)
 
     def visible(self) -> list[AssistantPart]:
         """Reasoning and text streamed so far (what a cancel keeps)."""
@@ -110,3 +135,13 @@ class Assembler:
         if not self._text and not self._reasoning and not self._calls:
             return LlmFailure(message="the model returned an empty response", code="EMPTY_RESPONSE")
         return None
+
+
+# How :meth:`Assembler.add` takes each chunk type: one dict lookup, not an isinstance chain.
+_TAKERS: dict[type, Callable[[Assembler, Any], None]] = {
+    TextDelta: Assembler._text_delta,
+    ReasoningDelta: Assembler._reasoning_delta,
+    ToolCallDelta: Assembler._tool_call_delta,
+    UsageChunk: Assembler._usage,
+    FinishChunk: Assembler._finish,
+}

@@ -63,6 +63,9 @@ class Inbox:
         self._limit = limit
         self._lock = threading.Lock()
         self._lanes: dict[InboxLane, list[UserMessage]] = {"next-turn": [], "next-step": []}
+        # The two lanes themselves (never replaced: changed in place), for __len__.
+        self._next_turn = self._lanes["next-turn"]
+        self._next_step = self._lanes["next-step"]
         self._reserved: set[MessageId] = set()
         # The thread handling one of the owning actor's messages right now, if any: a
         # listener running there may edit the inbox inline instead of asking the actor.
@@ -94,7 +97,7 @@ class Inbox:
             return InboxView(tuple(self._lanes["next-turn"]), tuple(self._lanes["next-step"]))
 
     def __len__(self) -> int:
-        return len(self._lanes["next-turn"]) + len(self._lanes["next-step"])
+        return len(self._next_turn) + len(self._next_step)
 
     def lane_size(self, lane: InboxLane) -> int:
         return len(self._lanes[lane])
@@ -104,7 +107,8 @@ class Inbox:
     def load(self, next_turn: Sequence[UserMessage], next_step: Sequence[UserMessage]) -> None:
         """Restore lanes replayed from a session's splices (resume); no fact is written."""
         with self._lock:
-            self._lanes = {"next-turn": list(next_turn), "next-step": list(next_step)}
+            self._next_turn[:] = next_turn
+            self._next_step[:] = next_step
             self._reserved = {m.id for m in (*next_turn, *next_step)}
 
     def splice(

@@ -44,7 +44,16 @@ class StreamHandle:
     Invariant: ``_taken <= _announced <= len(_items)``; at most one notification in flight.
     """
 
-    __slots__ = ("_announced", "_effect", "_items", "_lock", "_notified", "_notify", "_taken")
+    __slots__ = (
+        "_announced",
+        "_effect",
+        "_failed",
+        "_items",
+        "_lock",
+        "_notified",
+        "_notify",
+        "_taken",
+    )
 
     def __init__(self, notify: Callable[[StreamHandle, int], None]) -> None:
         self._lock = threading.Lock()
@@ -53,6 +62,7 @@ class StreamHandle:
         self._announced = 0
         self._notify = notify
         self._notified = False
+        self._failed = False  # a _Failure is among the items: take() must look for it
         self._effect: EffectHandle[Any] | None = None
 
     def _append(self, item: StreamChunk | StreamEnd | _Failure) -> None:
@@ -68,12 +78,17 @@ class StreamHandle:
         self._append(item)
 
     def fail(self, error: BaseException) -> None:
+        self._failed = True  # before the failure is appended: take() then looks for it
         self._append(_Failure(error))
 
-    def prefill(self, items: list[StreamChunk | StreamEnd | _Failure]) -> None:
-        """Answer inline (before the handle is shared): everything is announced at once."""
+    def prefill(
+        self, items: list[StreamChunk | StreamEnd | _Failure], *, failed: bool = False
+    ) -> None:
+        """Answer inline (before the handle is shared): everything is announced at once.
+        ``failed``: a :class:`_Failure` is among ``items``."""
         self._items = items
         self._announced = len(items)
+        self._failed = failed
 
     def announce(self, upto: int) -> None:
         """The owning actor handled the notification ``upto`` (in its mailbox order)."""
@@ -92,6 +107,9 @@ class StreamHandle:
         with self._lock:
             start, stop = self._taken, self._announced
             batch = self._items[start:stop]
+            if not self._failed:  # the usual stream: no failure to look for
+                self._taken = stop
+                return batch, None  # type: ignore[return-value]
             for index, item in enumerate(batch):
                 if isinstance(item, _Failure):
                     if index == 0:
@@ -126,7 +144,7 @@ def open_stream(
         try:
             answer = model.answer_now(request)  # type: ignore[attr-defined]
         except ModelError as err:
-            handle.prefill([_Failure(err)])
+            handle.prefill([_Failure(err)], failed=True)
             return handle
         if answer is not None:
             handle.prefill([*answer, _END])

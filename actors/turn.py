@@ -95,6 +95,7 @@ class _StepResult(msgspec.Struct, frozen=True):
     offer: bool = True
 
 
+_GO_ON: Final = (Completed, MaxTokens)  # turn ends after which queued work starts at once
 _FLUSH: Final = Flush()  # stateless: one instance serves every wait
 _DONE: Final = _StepResult()  # a step that ended normally, nothing more to do
 _ENCODER: Final = msgspec.json.Encoder()
@@ -295,7 +296,7 @@ class TurnMachine:
             self.turn_open = False
             await self._settle(turn, reason)
             prior.clear()
-            if isinstance(reason, Completed | MaxTokens):
+            if isinstance(reason, _GO_ON):
                 continue
             if isinstance(reason, Aborted) and self.latched_wake:
                 self.latched_wake = False

@@ -14,6 +14,7 @@ from actors.inbox import Inbox
 from actors.live import InboxClaimed, InboxInserted
 from actors.turn import TurnMachine
 from runtime import InvalidMessageError, Runtime, ScriptedModel
+from storage.errors import StorageError
 from storage.events import AgentInboxSpliced, TextBlock, UserMessage
 
 from .conftest import WAIT, check_store
@@ -149,4 +150,39 @@ def test_an_unexpected_fault_in_a_turn_crashes_the_agent(
         revived = rt.resume("faulty", model=ScriptedModel(lambda r: "ok"))
         ends = [e.data.reason.kind for e in revived.session.events() if e.type == "turn/end"]
         assert ends == ["interrupted"]
+    check_store(store_path)
+
+
+def test_a_flush_that_fails_reaches_the_turn_and_crashes_the_agent_before_the_request(
+    store_path: Path,
+) -> None:
+    requests: list[Any] = []
+
+    def reply(request: Any) -> str:
+        requests.append(request)
+        return "ok"
+
+    with Runtime.open(store_path) as rt:
+        disposed = threading.Event()
+        rt.on("agent/disposed", lambda _e: disposed.set())
+        agent = rt.spawn(model=ScriptedModel(reply), session_id="unflushable")
+        for text in ("one", "two", "three"):  # successive flushes answer the right wait
+            agent.followup(text)
+            assert agent.wait_idle(WAIT)
+        assert len(requests) == 3
+        session = agent.session
+
+        def failing(callback: Any) -> None:
+            callback(StorageError("the disk is gone"))
+
+        session.flush_async = failing  # type: ignore[method-assign]
+        agent.followup("four")
+        assert disposed.wait(WAIT)
+        # write-ahead: the request of turn 4 was never sent, its facts not being durable
+        assert len(requests) == 3
+        assert isinstance(agent.crash, StorageError) and "the disk is gone" in str(agent.crash)
+        rt.flush()
+        revived = rt.resume("unflushable", model=ScriptedModel(lambda r: "ok"))
+        ends = [e.data.reason.kind for e in revived.session.events() if e.type == "turn/end"]
+        assert ends == ["completed", "completed", "completed", "interrupted"]
     check_store(store_path)
