@@ -205,6 +205,11 @@ class _BatchSurface(SurfaceProjection):
                 self._length += 1
 
 
+_SMALL_BATCH: Final = 16
+"""The most facts :meth:`Session.extend` appends in one Python loop, as ``_commit`` does
+(larger batches take ``_extend_bulk``, whose loops run in C; the crossover is not tuned:
+a turn's batches hold 2-5 facts, a bulk append thousands)."""
+
 _time_ns: Final = time.time_ns
 # type(x), for where a parameter named ``type`` hides it (cheaper than ``x.__class__``).
 _class: Final = type
@@ -424,6 +429,100 @@ class Session:
         """
         if self._notifying is not None:
             self._refuse_reentry("a batch of facts")
+        cls = _class(facts)
+        # A list or tuple as is (no copy): the general path may have to read it again.
+        batch: Sequence[Fact] = facts if cls is list or cls is tuple else list(facts)  # type: ignore[assignment]
+        if len(batch) > _SMALL_BATCH:
+            return self._extend_bulk(batch)
+        if not batch:
+            return []
+        # A small batch (a turn's back-to-back facts): _commit's tricks, one frame, one
+        # loop. Anything but typed facts of known types takes the general path.
+        known = self._kinds
+        lock = self._lock
+        lock.acquire()  # not `with`: as in _commit
+        try:
+            seq = first = self._last_seq + 1
+            clock = self._clock
+            now = _time_ns() // 1_000_000 if clock is None else clock()  # as in _commit
+            if now < self._last_time:  # noqa: PLR1730 -- as in _commit
+                now = self._last_time
+            events: list[Event] = []
+            payloads: list[bytes] = []
+            surface = -1  # the index of the first surface fact
+            surfaces = 0
+            bad = False  # a fact cannot be encoded, or is too large: which? see below
+            limit = self._max_bytes
+            for name, data in batch:
+                kind = known.get(name)
+                if kind is None or _class(data) is not kind.data_type:
+                    # The general path converts, or raises the right error (the lock is
+                    # reentrant; it gets the clock reading: one per batch).
+                    return self._extend_bulk(batch, now)
+                if kind.check is not None:  # validation errors first, in order, as _validate
+                    try:
+                        run_check(name, kind.check, data)
+                    except InvalidEventError as err:
+                        _blame(err, seq - first, name)
+                        raise
+                event = Event(name, seq, now, data)
+                events.append(event)
+                try:  # Codec.encode_as, inline (as in _commit)
+                    payload = kind.encode(event)
+                except (TypeError, ValueError, OverflowError):
+                    bad = True
+                    payload = b""
+                if len(payload) > limit:
+                    bad = True
+                payloads.append(payload)
+                if kind.surface:
+                    if not surfaces:
+                        surface = seq - first
+                    surfaces += 1
+                seq += 1
+            # Surface rules before the size and encoding errors, as in _extend_bulk.
+            if surfaces == 1:  # nothing earlier in the batch to cite: the projection says
+                try:
+                    self._surface.check(events[surface])
+                except InvalidEventError as err:
+                    _blame(err, surface, events[surface].type)
+                    raise
+            elif surfaces:
+                cited = [index for index, event in enumerate(events) if known[event.type].surface]
+                _BatchSurface(self._surface).check_all(events, cited)
+            if bad:  # raises, naming the fact
+                payloads = self._encode_all([known[event.type] for event in events], events)
+            self._sink.submit_many(self._key, first, payloads)
+            # Commit: cannot fail from here on.
+            tail = self._tail
+            tail.extend(events)
+            self._last_seq = seq - 1
+            self._last_time = now
+            appliers = self._appliers
+            for event in events:  # in seq order
+                apply = appliers.get(event.type)
+                if apply is not None:
+                    apply(event)
+            if len(tail) >= self._room_at:
+                self._make_room()
+            if self._observers:  # _notify per event, inline
+                self._notifying = threading.get_ident()
+                try:
+                    for event in events:
+                        for observer in self._observers:  # read per event, as _notify does
+                            try:
+                                observer(event)
+                            except Exception:  # noqa: BLE001 -- contained, as in _notify
+                                self._observer_failed(observer, event)
+                finally:
+                    self._notifying = None
+        finally:
+            lock.release()
+        return events
+
+    def _extend_bulk(self, facts: Sequence[Fact], now: int | None = None) -> list[Event]:
+        """:meth:`extend` of a large batch, or of one with mappings or plugin types (loops
+        in C where it can). ``now``: the batch's time, already read (the lock is held)."""
         names, datas, kinds, surfaces, tracked = self._validate(facts)
         if not kinds:
             return []
@@ -431,10 +530,11 @@ class Session:
         lock.acquire()  # not `with`: as in _commit
         try:
             first = self._last_seq + 1
-            clock = self._clock
-            now = _time_ns() // 1_000_000 if clock is None else clock()  # as in _commit
-            if now < self._last_time:  # noqa: PLR1730 -- as in _commit
-                now = self._last_time
+            if now is None:
+                clock = self._clock
+                now = _time_ns() // 1_000_000 if clock is None else clock()  # as in _commit
+                if now < self._last_time:  # noqa: PLR1730 -- as in _commit
+                    now = self._last_time
             last = first + len(kinds) - 1
             events = list(map(Event, names, range(first, last + 1), repeat(now), datas))
             if surfaces:

@@ -242,17 +242,33 @@ class LogWriter:
     def submit_many(self, session_key: int, first_seq: int, payloads: Sequence[bytes]) -> None:
         """Queue the records of seqs ``first_seq``, ``first_seq + 1``, ... of one session,
         all or none: raises, queueing nothing, if ``first_seq`` is out of order or the
-        writer is down. They commit in one transaction (unless the map must grow)."""
+        writer is down. They commit in one transaction (unless the map must grow).
+
+        A list is kept, not copied (the caller gives it away, see :class:`LogSink`);
+        records that continue the session's pending run join it, as in :meth:`submit`
+        (a turn hands over its facts in small batches: one run each would cost the
+        writer a run's work per batch)."""
         if not payloads:
             return
-        run = (session_key, first_seq, list(payloads))  # ours: the caller may reuse its list
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: as in submit (a turn's facts come in small batches)
+        try:
             if self._state or self._next_seq.get(session_key) != first_seq:
                 raise self._rejection(session_key, first_seq)
             self._next_seq[session_key] = first_seq + len(payloads)
-            if not self._runs:
+            runs = self._runs
+            if not runs:
                 self._wake.notify()
-            self._runs.append(run)
+            else:
+                last = runs[-1]
+                if last[0] == session_key and last[1] + len(last[2]) == first_seq:
+                    last[2].extend(payloads)  # the session's run goes on
+                    return
+            runs.append(
+                (session_key, first_seq, payloads if type(payloads) is list else list(payloads))
+            )
+        finally:
+            lock.release()
 
     def flush_async(self, callback: FlushCallback) -> None:
         """Call ``callback(None)`` once everything submitted so far is durable, or

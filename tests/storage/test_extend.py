@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from storage.events import (
     AssistantMessage,
     AssistantMessageData,
     MessageTrigger,
+    RequestConfig,
+    RequestHeader,
     StepEnd,
     StepStart,
     SurfaceReplace,
@@ -180,6 +183,117 @@ def test_a_replace_citing_a_non_surface_fact_of_the_batch_is_refused() -> None:
     assert session.messages() == []
 
 
+# Small batches of typed facts (a turn's back-to-back facts) take a fast path of their own.
+
+
+def test_a_small_typed_batch_is_written_as_append_writes_it() -> None:
+    sink = MemorySink()
+    session = new_session(sink=sink)
+    reference = new_session()
+    facts = one_turn()
+    events: list[Event] = []
+    for group in (facts[:1], facts[1:3], facts[3:5], facts[5:]):  # the turn machine's shapes
+        events += session.extend(iter(group))  # any iterable
+    expected = [reference.append(kind, data) for kind, data in facts]
+    assert [(e.type, e.seq, e.data) for e in events] == [(e.type, e.seq, e.data) for e in expected]
+    assert len({e.time for e in events[1:3]}) == 1
+    assert sink.payloads() == [session.codec.encode(e) for e in events]
+    assert session.events() == events
+    assert session.messages() == reference.messages()
+    assert session.state == reference.state
+
+
+def test_a_small_batch_may_cite_a_surface_fact_earlier_in_the_batch() -> None:
+    session = new_session()
+    session.extend(one_turn()[:2])
+    asked = UserMessageData(message=user_message("hi"), turn=1, step=1)
+    fixed = UserMessageData(message=user_message("hi!"), surface_op=SurfaceReplace(seq=2))
+    again = UserMessageData(message=user_message("hi!!"), surface_op=SurfaceReplace(seq=3))
+    events = session.extend(
+        [("user/message", asked), ("user/message", fixed), ("user/message", again)]
+    )
+    assert [e.seq for e in events] == [2, 3, 4]
+    assert [m.content[0].text for m in session.messages()] == ["hi!!"]  # type: ignore[union-attr]
+    with pytest.raises(InvalidEventError, match=r"^facts\[1\] \('user/message'\): "):
+        session.extend([("step/end", StepEnd(turn=1, step=1)), ("user/message", REPLACE_0)])
+    assert session.last_seq == 4
+
+
+NAN_HEADER = RequestHeader(turn=1, step=1, config=RequestConfig("p", "m", temperature=math.nan))
+
+
+@pytest.mark.parametrize(
+    ("type", "data", "error"),
+    [
+        ("request/header", NAN_HEADER, InvalidEventError),  # the type's check
+        ("user/message", REPLACE_0, InvalidEventError),  # seq 0 is not a surface fact
+        (  # a later seq
+            "user/message",
+            UserMessageData(message=user_message("x"), source_event_seqs=[9]),
+            InvalidEventError,
+        ),
+        ("test/note", Note(text="y" * 2000), EventTooLargeError),  # the ignorable encoder
+        (
+            "assistant/chunk",
+            AssistantChunk(turn=1, step=1, chunk=TextDelta(text="y" * 2000)),
+            EventTooLargeError,
+        ),
+        ("step/start", TURN_1, InvalidEventError),  # the wrong struct: the general path
+        ("nope", TURN_1, UnknownEventTypeError),
+    ],
+)
+def test_an_error_in_the_2nd_of_3_typed_facts_leaves_nothing(
+    type: str, data: object, error: type[Exception]
+) -> None:
+    sink = MemorySink()
+    session = new_session(sink=sink)
+    kept = session.append("turn/start", TURN_1)
+    seen: list[Event] = []
+    session.on_event(seen.append)
+    facts: list[Fact] = [("step/start", StepStart(turn=1, step=1)), (type, data)]
+    facts.append(("assistant/chunk", AssistantChunk(turn=1, step=1, chunk=TextDelta(text="x"))))
+    with pytest.raises(error, match=rf"^facts\[1\] \({type!r}\): "):
+        session.extend(facts)
+    assert session.last_seq == 0
+    assert session.events() == [kept]
+    assert session.state.open_step is None
+    assert session.messages() == []
+    assert len(sink.records) == 1
+    assert seen == []
+    assert session.extend(facts[:1])[0].seq == 1  # the session goes on as before
+
+
+def test_a_small_batch_reports_a_surface_error_before_an_earlier_fact_too_large() -> None:
+    """As the general path: every fact's surface rules, then the encoding and size."""
+    session = new_session()
+    facts: list[Fact] = [("test/note", Note(text="y" * 2000)), ("user/message", REPLACE_0)]
+    with pytest.raises(InvalidEventError, match=r"^facts\[1\] ") as refused:
+        session.extend(facts)
+    assert not isinstance(refused.value, EventTooLargeError)
+    assert session.last_seq == -1
+
+
+def test_a_small_batch_with_a_mapping_reads_the_clock_once() -> None:
+    session = new_session()  # a ticking clock: START_TIME, START_TIME + 1, ...
+    events = session.extend([("step/start", StepStart(turn=1, step=1)), ("plugin", {"n": 1})])
+    events += session.extend([("turn/start", {"turn": 1, "trigger": {"kind": "message"}})])
+    assert [e.time for e in events] == [START_TIME, START_TIME, START_TIME + 1]
+    assert events[2].data == TURN_1
+
+
+def test_an_observer_that_disposes_itself_misses_the_rest_of_a_small_batch() -> None:
+    session = new_session()
+    seen: list[int] = []
+
+    def once(event: Event) -> None:
+        seen.append(event.seq)
+        dispose()
+
+    dispose = session.on_event(once)
+    session.extend(one_turn()[:3])
+    assert seen == [0]
+
+
 def test_observers_see_each_event_once_after_the_whole_batch_is_committed() -> None:
     session = new_session()
     seen: list[tuple[int, int, int]] = []
@@ -316,6 +430,42 @@ def test_the_writer_refuses_a_batch_out_of_order_and_queues_none_of_it(tmp_path:
         writer.close()
     with pytest.raises(StoreClosedError):
         writer.submit_many(1, 2, [b"{}"])
+    env.close()
+
+
+def test_the_writer_joins_a_batch_to_the_pending_run_of_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = threading.Event()
+    run = LogWriter._run
+
+    def gated(writer: LogWriter) -> None:  # the writer thread drains nothing until the gate
+        gate.wait()
+        run(writer)
+
+    monkeypatch.setattr(LogWriter, "_run", gated)
+    env = LmdbEnv(tmp_path / "env", readonly=False, map_size=1 << 20, sync=True)
+    writer = LogWriter(env, sync_on_flush=False)
+    try:
+        for key in (1, 2):
+            header = SessionHeader(id=f"w{key}", key=key, created=START_TIME)
+            writer.track(header, next_seq=0, new=True)
+        writer.submit((1, 0, b'{"a":0}'))
+        writer.submit_many(1, 1, [b'{"a":1}', b'{"a":2}'])
+        writer.submit_many(2, 0, (b'{"b":0}',))  # another session: a run of its own
+        writer.submit_many(1, 3, [b'{"a":3}'])
+        writer.submit((1, 4, b'{"a":4}'))
+        assert [(key, first, list(payloads)) for key, first, payloads in writer._runs] == [
+            (1, 0, [b'{"a":%d}' % n for n in range(3)]),
+            (2, 0, [b'{"b":0}']),
+            (1, 3, [b'{"a":3}', b'{"a":4}']),
+        ]
+        gate.set()
+        writer.flush()
+        assert writer.statistics().events_written == 6
+    finally:
+        gate.set()
+        writer.close()
     env.close()
 
 
