@@ -16,10 +16,10 @@ instance are trusted (msgspec does not check them at construction; mypy does).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Final
+from typing import Any, Final, Union
 
 import msgspec
 
@@ -66,6 +66,7 @@ class EventTypes:
     def __init__(self) -> None:
         self._entries: dict[str, EventKind] = {}
         self._by_class: dict[type, EventKind | None] = {}  # None: class used by two types
+        self._record_decoder: tuple[int, msgspec.json.Decoder[Any]] | None = None
 
     @classmethod
     def default(cls) -> EventTypes:
@@ -132,6 +133,20 @@ class EventTypes:
         registered under several types."""
         return self._by_class
 
+    def record_decoder(self) -> msgspec.json.Decoder[Any]:
+        """A decoder of whole records of every registered type in one pass: a tagged
+        union (tag ``type``) of one envelope struct per type, ``data`` typed. Rebuilt
+        after a registration (types are only ever added). A record of an unknown type
+        fails to decode with it; :meth:`Codec.decode` then takes the two-pass path.
+        (Two msgspec decodes per record, envelope then data, made replay half as fast.)"""
+        cached = self._record_decoder
+        if cached is not None and cached[0] == len(self._entries):
+            return cached[1]
+        envelopes = [_envelope(entry) for entry in self._entries.values()]
+        decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Union[tuple(envelopes)])  # noqa: UP007 -- built at run time
+        self._record_decoder = (len(self._entries), decoder)
+        return decoder
+
     def is_known(self, name: str) -> bool:
         return name in self._entries
 
@@ -169,6 +184,19 @@ class EventTypes:
                 "use append(type, data) to say which"
             )
         return entry
+
+
+def _envelope(entry: EventKind) -> type[msgspec.Struct]:
+    """The record struct of one event type, for :meth:`EventTypes.record_decoder`."""
+    data: Any = dict[str, Any] if entry.data_type is None else entry.data_type
+    return msgspec.defstruct(
+        "Record",
+        [("seq", int), ("time", int), ("data", data), ("ignorable", bool, False)],
+        tag_field="type",
+        tag=entry.name,
+        namespace={"name": entry.name},  # the tag is no field: the event type, as a class attribute
+        gc=False,
+    )
 
 
 def _type_name(data_type: type | None) -> str:
@@ -303,6 +331,60 @@ class Codec:
 
     def decode(self, payload: bytes, *, session_id: str) -> Event | None:
         """Read a record back. ``None`` means an unknown but ignorable type: skip it."""
+        decoder = self._types.record_decoder()
+        try:  # one pass: the envelope and its typed data (see EventTypes.record_decoder)
+            record = decoder.decode(payload)
+        except msgspec.DecodeError:
+            return self._decode_slowly(payload, session_id)  # says what is wrong, or skips
+        return Event(record.name, record.seq, record.time, record.data)
+
+    def decode_run(
+        self, payloads: Iterable[bytes], *, first_seq: int, session_id: str
+    ) -> list[Event]:
+        """:meth:`decode` of the records stored at seqs ``first_seq``, ``first_seq + 1``,
+        ... of one session (unknown ignorable types skipped). Raises
+        :class:`LogCorruptError` naming the seq of a record that does not decode or that
+        says another seq than the one it is stored at."""
+        decoder = self._types.record_decoder()
+        events: list[Event] = []
+        append = events.append
+        seq = first_seq
+        for payload in payloads:
+            try:
+                record = decoder.decode(payload)
+            except msgspec.DecodeError:
+                event = self._decode_at(payload, session_id, seq)
+                if event is not None:
+                    append(event)
+                seq += 1
+                continue
+            if record.seq != seq:
+                raise self._misplaced(session_id, seq, record.seq)
+            append(Event(record.name, seq, record.time, record.data))
+            seq += 1
+        return events
+
+    def _decode_at(self, payload: bytes, session_id: str, seq: int) -> Event | None:
+        """:meth:`decode` of the record stored at ``seq``, its errors naming that seq."""
+        try:
+            event = self._decode_slowly(payload, session_id)
+        except LogCorruptError as err:
+            if f"seq {seq}" in str(err):
+                raise
+            raise LogCorruptError(f"{err} (the record at seq {seq})") from err
+        if event is not None and event.seq != seq:
+            raise self._misplaced(session_id, seq, event.seq)
+        return event
+
+    @staticmethod
+    def _misplaced(session_id: str, stored: int, says: int) -> LogCorruptError:
+        return LogCorruptError(
+            f"session {session_id!r}: the record stored at seq {stored} says seq {says}"
+        )
+
+    def _decode_slowly(self, payload: bytes, session_id: str) -> Event | None:
+        """:meth:`decode` in two passes (the envelope, then its data by type): for a
+        record of an unknown type, or one that does not decode (the error says why)."""
         try:
             record = _RAW_DECODER.decode(payload)
         except msgspec.DecodeError as err:

@@ -32,7 +32,6 @@ from storage.codec import Codec, EventTypes
 from storage.errors import (
     DuplicateSessionError,
     InvalidEventError,
-    LogCorruptError,
     StorageError,
     StoreClosedError,
     UnknownSessionError,
@@ -483,25 +482,9 @@ class Store:
         return windows(last), last
 
     def _decode(self, row: SessionRow, lower: int = 0, upper: int | None = None) -> list[Event]:
-        decode = self.codec.decode
+        decode_run = self.codec.decode_run
         session_id = row.header.id
         events: list[Event] = []
-        append = events.append
         for first, values in self._db.chunks(row, lower, upper):
-            seq = first
-            for value in values:
-                try:
-                    event = decode(value, session_id=session_id)
-                except LogCorruptError as err:
-                    if f"seq {seq}" in str(err):
-                        raise
-                    raise LogCorruptError(f"{err} (the record at seq {seq})") from err
-                if event is not None:
-                    if event.seq != seq:
-                        raise LogCorruptError(
-                            f"session {session_id!r}: the record stored at seq {seq} "
-                            f"says seq {event.seq}"
-                        )
-                    append(event)
-                seq += 1
+            events += decode_run(values, first_seq=first, session_id=session_id)
         return events

@@ -343,3 +343,61 @@ def test_a_mapping_for_a_typed_fact_is_checked_before_conversion() -> None:
         "config": {"provider": "p", "model": "m", "temperature": math.nan},
     }
     assert "$.data.config.temperature" in error_of("request/header", data)
+
+
+# --------------------------------------------------------------------------- decode_run
+
+
+def test_decode_run_reads_what_decode_reads_one_record_at_a_time() -> None:
+    c = codec()
+    events = every_kind_of_event()
+    payloads = [c.encode(event) for event in events]
+    assert c.decode_run(payloads, first_seq=0, session_id="s") == events
+    assert [c.decode(p, session_id="s") for p in payloads] == events
+
+
+def test_decode_run_skips_unknown_ignorable_records_and_refuses_unknown_others() -> None:
+    writer = codec()
+    plain = Codec(EventTypes.default())  # knows neither plugin/trace nor plugin/note
+    turn = writer.encode(Event("turn/start", 0, 1, TurnStart(turn=1, trigger=MessageTrigger())))
+    trace = writer.encode(Event("plugin/trace", 1, 1, {"span": 1}))
+    note = writer.encode(Event("plugin/note", 2, 1, Note(text="n")))
+    decoded = plain.decode_run([turn, trace], first_seq=0, session_id="s")
+    assert [e.type for e in decoded] == ["turn/start"]
+    with pytest.raises(UnknownEventTypeError, match=r"session 's' seq 2: unknown event type"):
+        plain.decode_run([turn, trace, note], first_seq=0, session_id="s")
+
+
+def test_a_type_registered_after_the_first_decode_is_decoded_too() -> None:
+    types = EventTypes.default()
+    c = Codec(types)
+    start = Event("step/start", 0, 1, StepStart(turn=1, step=1))
+    assert c.decode(c.encode(start), session_id="s") == start  # builds the one-pass decoder
+    types.register("plugin/note", Note)
+    note = Event("plugin/note", 1, 1, Note(text="later", score=2.5))
+    assert c.decode_run([c.encode(note)], first_seq=1, session_id="s") == [note]
+
+
+def test_decode_run_names_the_seq_of_a_record_stored_at_another_seq() -> None:
+    c = codec()
+    payload = c.encode(Event("step/start", 7, 1, StepStart(turn=1, step=1)))
+    with pytest.raises(LogCorruptError, match="the record stored at seq 3 says seq 7"):
+        c.decode_run([payload], first_seq=3, session_id="s")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"type":"step/start","seq":0,"time":1,"data":{"turn":"one","step":1}}',
+        b'{"type":"step/start","seq":0,"time":1}',
+        b'{"type":"step/start","seq":0,',
+        b"[]",
+    ],
+    ids=["data-off-schema", "no-data", "truncated", "not-an-object"],
+)
+def test_decode_run_names_the_seq_of_a_record_that_does_not_decode(payload: bytes) -> None:
+    c = codec()
+    good = c.encode(Event("turn/start", 4, 1, TurnStart(turn=1, trigger=MessageTrigger())))
+    with pytest.raises(LogCorruptError, match=r"seq 5") as caught:
+        c.decode_run([good, payload], first_seq=4, session_id="s")
+    assert "'s'" in str(caught.value)
