@@ -397,17 +397,8 @@ class Session:
                 apply(event)
             if len(tail) >= self._room_at:
                 self._make_room()
-            observers = self._observers
-            if observers:  # _notify, inline (hot path: a runtime session has an observer)
-                self._notifying = threading.get_ident()
-                try:
-                    for observer in observers:
-                        try:
-                            observer(event)
-                        except Exception:  # noqa: BLE001 -- contained, as in _notify
-                            self._observer_failed(observer, event)
-                finally:
-                    self._notifying = None
+            if self._observers:  # a runtime bridges sessions only once someone listens
+                self._notify(event)
         finally:
             lock.release()
         return event
@@ -492,30 +483,7 @@ class Session:
                 _BatchSurface(self._surface).check_all(events, cited)
             if bad:  # raises, naming the fact
                 payloads = self._encode_all([known[event.type] for event in events], events)
-            self._sink.submit_many(self._key, first, payloads)
-            # Commit: cannot fail from here on.
-            tail = self._tail
-            tail.extend(events)
-            self._last_seq = seq - 1
-            self._last_time = now
-            appliers = self._appliers
-            for event in events:  # in seq order
-                apply = appliers.get(event.type)
-                if apply is not None:
-                    apply(event)
-            if len(tail) >= self._room_at:
-                self._make_room()
-            if self._observers:  # _notify per event, inline
-                self._notifying = threading.get_ident()
-                try:
-                    for event in events:
-                        for observer in self._observers:  # read per event, as _notify does
-                            try:
-                                observer(event)
-                            except Exception:  # noqa: BLE001 -- contained, as in _notify
-                                self._observer_failed(observer, event)
-                finally:
-                    self._notifying = None
+            self._commit_batch(events, payloads, None)
         finally:
             lock.release()
         return events
@@ -539,24 +507,38 @@ class Session:
             events = list(map(Event, names, range(first, last + 1), repeat(now), datas))
             if surfaces:
                 _BatchSurface(self._surface).check_all(events, surfaces)
-            payloads = self._encode_all(kinds, events)
-            self._sink.submit_many(self._key, first, payloads)
-            # Commit: cannot fail from here on.
-            tail = self._tail
-            tail.extend(events)
-            self._last_seq = last
-            self._last_time = now
-            appliers = self._appliers
-            for index in tracked:  # in seq order
-                appliers[names[index]](events[index])
-            if len(tail) >= self._room_at:
-                self._make_room()
-            if self._observers:
-                for event in events:
-                    self._notify(event)
+            self._commit_batch(events, self._encode_all(kinds, events), tracked)
         finally:
             lock.release()
         return events
+
+    def _commit_batch(
+        self, events: list[Event], payloads: list[bytes], tracked: list[int] | None
+    ) -> None:
+        """Hand a checked, encoded batch to the sink, then commit it to the log, the
+        projections (``tracked``: the indexes of the events a projection takes; None:
+        look each one up) and the observers. The lock is held."""
+        self._sink.submit_many(self._key, events[0].seq, payloads)
+        # Commit: cannot fail from here on.
+        tail = self._tail
+        tail.extend(events)
+        self._last_seq = events[-1].seq
+        self._last_time = events[0].time  # Invariant: a batch has one time
+        appliers = self._appliers
+        if tracked is None:
+            for event in events:  # in seq order
+                apply = appliers.get(event.type)
+                if apply is not None:
+                    apply(event)
+        else:
+            for index in tracked:  # in seq order
+                event = events[index]
+                appliers[event.type](event)
+        if len(tail) >= self._room_at:
+            self._make_room()
+        if self._observers:
+            for event in events:
+                self._notify(event)
 
     def _validate(self, facts: Iterable[Fact]) -> _Checked:
         """``facts`` checked (and converted) one by one as :meth:`append` does; an
