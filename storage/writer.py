@@ -166,7 +166,10 @@ class LogWriter:
         # Invariant: every queued record of a session has seq == the previous one + 1,
         # starting at the durable last seq + 1 given to ``track``.
         self._next_seq: dict[int, int] = {}
-        self._runs: list[Span] = []  # in submission order; the writer owns the lists it drains
+        # In submission order; the writer owns the lists it drains. Invariant: a session's
+        # newest run ends at its _next_seq - 1 (every record passes that check), so a
+        # record of the session of the last run continues that run.
+        self._runs: list[Span] = []
         self._headers: list[SessionHeader] = []
         self._callbacks: list[FlushCallback] = []
         self._tracked: dict[int, _Tracked] = {}
@@ -232,9 +235,11 @@ class LogWriter:
             runs = self._runs
             if not runs:
                 self._wake.notify()
-            elif runs[-1][0] == key and runs[-1][1] + len(runs[-1][2]) == seq:
-                runs[-1][2].append(payload)  # the session's run goes on
-                return
+            else:
+                last = runs[-1]
+                if last[0] == key:  # the session's run goes on (it ends at seq - 1: see _runs)
+                    last[2].append(payload)
+                    return
             runs.append((key, seq, [payload]))
         finally:
             lock.release()
@@ -261,8 +266,8 @@ class LogWriter:
                 self._wake.notify()
             else:
                 last = runs[-1]
-                if last[0] == session_key and last[1] + len(last[2]) == first_seq:
-                    last[2].extend(payloads)  # the session's run goes on
+                if last[0] == session_key:  # the session's run goes on (see _runs)
+                    last[2].extend(payloads)
                     return
             runs.append(
                 (session_key, first_seq, payloads if type(payloads) is list else list(payloads))
