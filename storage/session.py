@@ -420,9 +420,8 @@ class Session:
         """
         if self._notifying is not None:
             self._refuse_reentry("a batch of facts")
-        cls = _class(facts)
         # A list or tuple as is (no copy): the general path may have to read it again.
-        batch: Sequence[Fact] = facts if cls is list or cls is tuple else list(facts)  # type: ignore[assignment]
+        batch = facts if isinstance(facts, list | tuple) else list(facts)
         if len(batch) > _SMALL_BATCH:
             return self._extend_bulk(batch)
         if not batch:
@@ -434,10 +433,7 @@ class Session:
         lock.acquire()  # not `with`: as in _commit
         try:
             seq = first = self._last_seq + 1
-            clock = self._clock
-            now = _time_ns() // 1_000_000 if clock is None else clock()  # as in _commit
-            if now < self._last_time:  # noqa: PLR1730 -- as in _commit
-                now = self._last_time
+            now = self._now()
             events: list[Event] = []
             payloads: list[bytes] = []
             surface = -1  # the index of the first surface fact
@@ -499,10 +495,7 @@ class Session:
         try:
             first = self._last_seq + 1
             if now is None:
-                clock = self._clock
-                now = _time_ns() // 1_000_000 if clock is None else clock()  # as in _commit
-                if now < self._last_time:  # noqa: PLR1730 -- as in _commit
-                    now = self._last_time
+                now = self._now()
             last = first + len(kinds) - 1
             events = list(map(Event, names, range(first, last + 1), repeat(now), datas))
             if surfaces:
@@ -511,6 +504,13 @@ class Session:
         finally:
             lock.release()
         return events
+
+    def _now(self) -> int:
+        """A batch's time: one clock reading, never before the log's last time (the lock
+        is held; ``_commit`` reads the clock inline, as its hot path)."""
+        clock = self._clock
+        now = _time_ns() // 1_000_000 if clock is None else clock()  # None: epoch_ms
+        return max(now, self._last_time)  # Invariant: time never goes backwards in a log
 
     def _commit_batch(
         self, events: list[Event], payloads: list[bytes], tracked: list[int] | None
@@ -630,19 +630,16 @@ class Session:
                 try:
                     observer(event)
                 except Exception:  # noqa: BLE001 -- containment is the contract (CONTRACT 7)
-                    self._observer_failed(observer, event)
+                    _log.exception(
+                        "session %r: session/event observer %r failed on %r seq %d; "
+                        "the failure is contained and the event stays committed",
+                        self.id,
+                        observer,
+                        event.type,
+                        event.seq,
+                    )
         finally:
             self._notifying = None
-
-    def _observer_failed(self, observer: Observer, event: Event) -> None:
-        _log.exception(
-            "session %r: session/event observer %r failed on %r seq %d; "
-            "the failure is contained and the event stays committed",
-            self.id,
-            observer,
-            event.type,
-            event.seq,
-        )
 
     def on_event(self, observer: Observer) -> Callable[[], None]:
         """Call ``observer(event)`` after every future append; returns a disposer.

@@ -127,6 +127,26 @@ def test_an_empty_batch_writes_nothing() -> None:
 REPLACE_0 = UserMessageData(message=user_message("x"), surface_op=SurfaceReplace(seq=0))
 
 
+def refused_batch_leaves_nothing(
+    facts: list[Fact], index: int, type: str, error: type[Exception]
+) -> Session:
+    """Extend a session holding one event (observed) with ``facts``, of which
+    ``facts[index]`` is refused with ``error``: the error names it, and nothing was
+    written, handed to the sink or observed. Returns the session."""
+    sink = MemorySink()
+    session = new_session(sink=sink)
+    kept = session.append("turn/start", TURN_1)
+    seen: list[Event] = []
+    session.on_event(seen.append)
+    with pytest.raises(error, match=rf"^facts\[{index}\] \({type!r}\): "):
+        session.extend(facts)
+    assert session.last_seq == 0
+    assert session.events() == [kept]
+    assert len(sink.records) == 1
+    assert seen == []
+    return session
+
+
 @pytest.mark.parametrize(
     ("type", "data", "error"),
     [
@@ -147,19 +167,9 @@ REPLACE_0 = UserMessageData(message=user_message("x"), surface_op=SurfaceReplace
 def test_a_bad_fact_in_the_middle_writes_nothing_and_the_error_names_it(
     type: str, data: object, error: type[Exception]
 ) -> None:
-    sink = MemorySink()
-    session = new_session(sink=sink)
-    kept = session.append("turn/start", TURN_1)
-    seen: list[Event] = []
-    session.on_event(seen.append)
     facts: list[Fact] = [("plugin", {"n": 1}), ("plugin", {"n": 2}), (type, data)]
     facts += [("plugin", {"n": 4})]
-    with pytest.raises(error, match=rf"^facts\[2\] \({type!r}\): "):
-        session.extend(facts)
-    assert session.last_seq == 0
-    assert session.events() == [kept]
-    assert len(sink.records) == 1
-    assert seen == []
+    session = refused_batch_leaves_nothing(facts, 2, type, error)
     assert session.append("plugin", {}).seq == 1  # the session goes on as before
 
 
@@ -245,21 +255,11 @@ NAN_HEADER = RequestHeader(turn=1, step=1, config=RequestConfig("p", "m", temper
 def test_an_error_in_the_2nd_of_3_typed_facts_leaves_nothing(
     type: str, data: object, error: type[Exception]
 ) -> None:
-    sink = MemorySink()
-    session = new_session(sink=sink)
-    kept = session.append("turn/start", TURN_1)
-    seen: list[Event] = []
-    session.on_event(seen.append)
     facts: list[Fact] = [("step/start", StepStart(turn=1, step=1)), (type, data)]
     facts.append(("assistant/chunk", AssistantChunk(turn=1, step=1, chunk=TextDelta(text="x"))))
-    with pytest.raises(error, match=rf"^facts\[1\] \({type!r}\): "):
-        session.extend(facts)
-    assert session.last_seq == 0
-    assert session.events() == [kept]
+    session = refused_batch_leaves_nothing(facts, 1, type, error)
     assert session.state.open_step is None
     assert session.messages() == []
-    assert len(sink.records) == 1
-    assert seen == []
     assert session.extend(facts[:1])[0].seq == 1  # the session goes on as before
 
 
