@@ -79,16 +79,11 @@ class Assembler:
         self.finish = chunk.reason
 
     def _take(self, chunk: StreamChunk) -> None:
-        if isinstance(chunk, TextDelta):
-            self._text_delta(chunk)
-        elif isinstance(chunk, ReasoningDelta):
-            self._reasoning_delta(chunk)
-        elif isinstance(chunk, ToolCallDelta):
-            self._tool_call_delta(chunk)
-        elif isinstance(chunk, UsageChunk):
-            self._usage(chunk)
-        elif isinstance(chunk, FinishChunk):
-            self._finish(chunk)
+        """:meth:`add` for a subclass of a chunk type: the table's entry of its base."""
+        for chunk_type, take in _TAKERS.items():
+            if isinstance(chunk, chunk_type):
+                take(self, chunk)
+                return
 
     def visible(self) -> list[AssistantPart]:
         """Reasoning and text streamed so far (what a cancel keeps)."""
