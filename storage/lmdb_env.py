@@ -4,9 +4,10 @@ One environment directory (``subdir=True``) holds five named databases:
 
 - ``events``: key = 8-byte big-endian session key + 8-byte big-endian seq, so a
   session's records sort by seq; value = the codec-encoded record bytes.
-- ``journal``: key = 8-byte big-endian append counter; value = 8-byte big-endian
-  session key + 8-byte big-endian seq + the record bytes. Records committed but not
-  yet *compacted* into ``events``.
+- ``journal``: key = 8-byte big-endian counter, one per group commit; value = a
+  *frame*: the commit's runs of records not yet *compacted* into ``events``, as the
+  msgpack array of ``[session key, first seq, [record bytes, ...]]`` runs, in commit
+  order (a session may have several runs in one frame, in seq order).
 - ``sessions``: key = session id (UTF-8); value = 8-byte signed big-endian last
   compacted seq (``-1``: none) + the :class:`~storage.session.SessionHeader` as JSON.
 - ``session-order``: key = 8-byte big-endian session key; value = session id: the
@@ -16,13 +17,14 @@ One environment directory (``subdir=True``) holds five named databases:
 Why a journal: a group commit carries one record each of many sessions. Written
 session-major, each record dirties its own ``events`` leaf page (plus its session
 row), and a commit costs a page write per session. Appended to the journal, the same
-records share a page or two. The writer compacts the whole journal into ``events``
-(and the session rows) in one transaction once it is large or idle, where a session's
-many records share pages. A large run of one session that has nothing in the journal
-(a bulk append, a ``Session.extend``) skips the journal: it goes straight to ``events``
-with its session row. A session's records are therefore seqs ``0..k`` in
-``events`` (``k`` = its row's last seq) and ``k + 1..m`` in the journal, never both in
-one snapshot, and readers merge the two:
+records share a page or two, written as one value: the writer packs a commit's
+records in one C call instead of a key and an LMDB put per record. The writer compacts
+the whole journal into ``events`` (and the session rows) in one transaction once it
+is large or idle, where a session's many records share pages. A large run of one
+session that has nothing in the journal (a bulk append, a ``Session.extend``) skips
+the journal: it goes straight to ``events`` with its session row. A session's records
+are therefore seqs ``0..k`` in ``events`` (``k`` = its row's last seq) and ``k + 1..m``
+in the journal, never both in one snapshot, and readers merge the two:
 
 - in the writing process, from :attr:`LmdbEnv.tails`, an in-memory copy of the
   journal that the writer updates after each commit (before acknowledging it);
@@ -64,16 +66,20 @@ __all__ = [
     "Tail",
     "compact",
     "decode_row",
+    "encode_frame",
     "encode_row",
     "encode_u64",
     "event_key",
     "put_spans",
 ]
 
-SCHEMA_VERSION: Final = 2
-# Version 1 is version 2 without the journal: a writable open adds it, a read-only one
-# reads it as it is.
-_UPGRADABLE: Final = b"1"
+SCHEMA_VERSION: Final = 3
+# Older versions this one opens: version 1 has no journal; version 2 journals one
+# record per value (8-byte session key + 8-byte seq + the record bytes). A writable
+# open compacts what such a journal holds and stamps version 3 in one transaction; a
+# read-only open reads the store as it is.
+_OLDER: Final = (b"1", b"2")
+_PER_RECORD: Final = b"2"
 
 EVENTS_DB: Final = b"events"
 JOURNAL_DB: Final = b"journal"
@@ -90,6 +96,10 @@ _U64: Final = struct.Struct(">Q")
 _ROW_PREFIX: Final = struct.Struct(">q")
 _SESSION: Final = itemgetter(0)
 _header_decoder: Final = msgspec.json.Decoder(SessionHeader)
+_frame_encoder: Final = msgspec.msgpack.Encoder()
+# A frame's runs, each session's records left undecoded until a reader wants them.
+_frame_decoder: Final = msgspec.msgpack.Decoder(list[tuple[int, int, msgspec.Raw]])
+_records_decoder: Final = msgspec.msgpack.Decoder(list[bytes])
 # LMDB's errors for pages that are not what they should be (a damaged file).
 _DAMAGE: Final = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)
 
@@ -190,6 +200,11 @@ def _event_keys(key: int, first: int, count: int) -> Iterator[bytes]:
     return map(_EVENT_KEY.pack, repeat(key, count), range(first, first + count))
 
 
+def encode_frame(spans: list[Span]) -> bytes:
+    """The ``journal`` value of one group commit: its journaled runs (see above)."""
+    return _frame_encoder.encode(spans)
+
+
 def compact(txn: lmdb.Transaction[bytes], dbs: Databases, rows: list[tuple[bytes, bytes]]) -> None:
     """Finish a compaction in the caller's transaction, once every journal record is in
     ``events`` (:func:`put_spans`): write the session ``rows`` that now end there and
@@ -202,31 +217,55 @@ def compact(txn: lmdb.Transaction[bytes], dbs: Databases, rows: list[tuple[bytes
 
 
 def scan_journal(
-    txn: lmdb.Transaction[bytes], journal: lmdb._Database | None, key: int | None
+    txn: lmdb.Transaction[bytes],
+    journal: lmdb._Database | None,
+    key: int | None,
+    *,
+    framed: bool = True,
 ) -> Tails:
-    """The journal's records of session ``key`` (of every session for ``None``)."""
+    """The journal's records of session ``key`` (of every session for ``None``);
+    ``framed=False`` reads a version 2 journal (one record per value)."""
     if journal is None:
         return {}
-    prefix = encode_u64(key) if key is not None else b""
-    unpack = _EVENT_KEY.unpack_from
     tails: Tails = {}
-    for value in txn.cursor(db=journal).iternext(keys=False):
-        if not value.startswith(prefix):
-            continue
-        if len(value) < _EVENT_KEY.size:
-            raise LogCorruptError("a journal record is too short; the store is damaged: restore it")
-        session, seq = unpack(value)
-        tail = tails.get(session)
-        if tail is None:
-            tails[session] = Tail(seq, [value[_EVENT_KEY.size :]])
-        elif seq == tail.first + len(tail.records):
-            tail.records.append(value[_EVENT_KEY.size :])
-        else:
-            raise LogCorruptError(
-                f"the journal holds seq {seq} of session key {session} after seq "
-                f"{tail.first + len(tail.records) - 1}; the store is damaged: restore it"
-            )
+    values = txn.cursor(db=journal).iternext(keys=False)
+    if not framed:
+        prefix = encode_u64(key) if key is not None else b""
+        unpack = _EVENT_KEY.unpack_from
+        for value in values:
+            if not value.startswith(prefix):
+                continue
+            if len(value) < _EVENT_KEY.size:
+                raise LogCorruptError(
+                    "a journal record is too short; the store is damaged: restore it"
+                )
+            session, seq = unpack(value)
+            _join(tails, session, seq, [value[_EVENT_KEY.size :]])
+        return tails
+    try:
+        for value in values:
+            for session, first, records in _frame_decoder.decode(value):
+                if key is None or session == key:
+                    _join(tails, session, first, _records_decoder.decode(records))
+    except msgspec.DecodeError as err:
+        raise LogCorruptError(
+            f"a journal frame cannot be read ({err}); the store is damaged: restore it"
+        ) from err
     return tails
+
+
+def _join(tails: Tails, session: int, first: int, records: list[bytes]) -> None:
+    """Add a run of ``session``'s journaled records, which must continue its tail."""
+    tail = tails.get(session)
+    if tail is None:
+        tails[session] = Tail(first, records)
+    elif first == tail.first + len(tail.records):
+        tail.records.extend(records)
+    else:
+        raise LogCorruptError(
+            f"the journal holds seq {first} of session key {session} after seq "
+            f"{tail.first + len(tail.records) - 1}; the store is damaged: restore it"
+        )
 
 
 class ResizeLock:
@@ -288,6 +327,10 @@ class LmdbEnv:
         # open: the journal is compacted first). The writer replaces the dict when it
         # compacts; readers take it (and a tail's length) *before* their transaction.
         self.tails: Tails = {}
+        # Whether the journal holds frames (version 3) or one record per value (a
+        # version 2 store opened read-only; a writable open upgrades it).
+        self.framed = True
+        self._stored_version: bytes | None = None
         self._closed = False
         self._lock_fd: int | None = None
         existed = _check_directory(path, readonly=readonly)
@@ -336,43 +379,49 @@ class LmdbEnv:
         if stored is None and existed:
             raise StorageError(f"{not_store} (it has no schema version)")
         current = str(SCHEMA_VERSION).encode("ascii")
-        if stored not in (None, current, _UPGRADABLE):
+        if stored not in (None, current, *_OLDER):
             found = stored.decode("ascii", "replace")
             raise SchemaVersionError(
                 f"the store at {path} has schema version {found}; this corral supports "
                 f"version {SCHEMA_VERSION}: open it with a matching corral release"
             )
         create = not self.readonly
-        old = stored == _UPGRADABLE and self.readonly
+        no_journal = stored == b"1" and self.readonly
         dbs = Databases(
             env.open_db(EVENTS_DB, create=create),
             env.open_db(SESSIONS_DB, create=create),
             env.open_db(ORDER_DB, create=create),
             meta,
-            None if old else env.open_db(JOURNAL_DB, create=create),
+            None if no_journal else env.open_db(JOURNAL_DB, create=create),
         )
-        if stored != current and not old:  # a new store, or version 1 gaining its journal
+        self._stored_version = stored
+        self.framed = stored != _PER_RECORD
+        if stored is None:  # a new store (an older one is stamped by _recover)
             with env.begin(write=True) as txn:
                 txn.put(SCHEMA_VERSION_KEY, current, db=meta)
-                if stored is None:
-                    txn.put(NEXT_KEY_KEY, encode_u64(1), db=meta)
+                txn.put(NEXT_KEY_KEY, encode_u64(1), db=meta)
         return dbs
 
     def _recover(self) -> None:
         """Compact what a crash left in the journal, so that :attr:`tails` (empty) is
-        exact for the writer that is about to start."""
+        exact for the writer that is about to start; an older store is stamped with the
+        current version in the same transaction (its journal read in its own format)."""
+        current = str(SCHEMA_VERSION).encode("ascii")
         while True:
             try:
                 with self.env.begin(write=True) as txn:
                     self._compact_journal(txn)
+                    if self._stored_version != current:
+                        txn.put(SCHEMA_VERSION_KEY, current, db=self.dbs.meta)
             except lmdb.MapFullError:
                 self.grow()
             else:
+                self.framed = True
                 return
 
     def _compact_journal(self, txn: lmdb.Transaction[bytes]) -> None:
         dbs = self.dbs
-        tails = scan_journal(txn, dbs.journal, None)
+        tails = scan_journal(txn, dbs.journal, None, framed=self.framed)
         if not tails:
             return
         last = put_spans(txn, dbs.events, [(k, t.first, t.records) for k, t in tails.items()])
@@ -451,7 +500,7 @@ class LmdbEnv:
                 return None
             row = decode_row(raw)
             if self.readonly:
-                tails = scan_journal(txn, self.dbs.journal, row.header.key)
+                tails = scan_journal(txn, self.dbs.journal, row.header.key, framed=self.framed)
         return _with_tail(row, tails.get(row.header.key))
 
     def rows(self) -> list[SessionRow]:
@@ -461,7 +510,7 @@ class LmdbEnv:
             ids = [value for _, value in txn.cursor(db=self.dbs.order)]
             raws = [txn.get(sid, db=self.dbs.sessions) for sid in ids]
             if self.readonly:
-                tails = scan_journal(txn, self.dbs.journal, None)
+                tails = scan_journal(txn, self.dbs.journal, None, framed=self.framed)
         rows = [decode_row(raw) for raw in raws if raw is not None]
         return [_with_tail(row, tails.get(row.header.key)) for row in rows]
 
@@ -484,7 +533,7 @@ class LmdbEnv:
             with self.reading() as txn:
                 compacted = self._compacted_last(txn, session)
                 if self.readonly and compacted < end - 1:
-                    tail = scan_journal(txn, self.dbs.journal, key).get(key)
+                    tail = scan_journal(txn, self.dbs.journal, key, framed=self.framed).get(key)
                 # Seqs first..split - 1 are in ``events``, split..end - 1 in the journal.
                 # The split is the transaction's: a tail taken just before a compaction
                 # still holds its records, but the writer may have compacted more.

@@ -68,6 +68,7 @@ from storage.lmdb_env import (
     Tail,
     compact,
     decode_u64,
+    encode_frame,
     encode_row,
     encode_u64,
     put_spans,
@@ -89,7 +90,6 @@ _log = logging.getLogger(__name__)
 
 FlushCallback = Callable[[BaseException | None], None]
 
-_EVENT_KEY: Final = struct.Struct(">QQ")  # see storage.lmdb_env.event_key
 _COUNTER: Final = struct.Struct(">Q")  # a journal key
 _header_encoder: Final = msgspec.json.Encoder()
 
@@ -465,7 +465,8 @@ class LogWriter:
                 tails[key] = Tail(first, payloads)  # the writer's own list (see submit_many)
             else:
                 tail.records.extend(payloads)
-        self._counter += batch.journal_records
+        if batch.journaled:
+            self._counter += 1
         self._journal_records += batch.journal_records
         self._journal_bytes += batch.journal_bytes
 
@@ -491,22 +492,12 @@ class LogWriter:
             if batch.direct:
                 rows = self._put_events(txn, batch.direct)
                 txn.cursor(db=dbs.sessions).putmulti(rows)
-            if batch.journaled:
-                first, count = self._counter, batch.journal_records
-                keys = map(_COUNTER.pack, range(first, first + count))
-                # Journaled runs are short (long ones go direct, see _route): a plain
-                # loop is cheaper here than setting up iterators per run.
-                pack = _EVENT_KEY.pack
-                values = [
-                    pack(key, seq) + payload
-                    for key, start, payloads in batch.journaled
-                    for seq, payload in enumerate(payloads, start)
-                ]
-                _, added = txn.cursor(db=dbs.journal).putmulti(
-                    zip(keys, values, strict=True), append=True
-                )
-                if added != count:
-                    raise StorageError(f"the journal refused keys from {first} on (damaged?)")
+            if batch.journaled:  # one frame (one value) per commit: see storage.lmdb_env
+                frame = encode_frame(batch.journaled)
+                if not txn.put(_COUNTER.pack(self._counter), frame, db=dbs.journal, append=True):
+                    raise StorageError(
+                        f"the journal refused key {self._counter} (the store is damaged?)"
+                    )
 
     def _put_events(
         self, txn: lmdb.Transaction[bytes], spans: list[Span]

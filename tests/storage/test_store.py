@@ -34,7 +34,7 @@ from storage import (
 )
 from storage import writer as writer_module
 from storage.events import Completed, MessageTrigger, SessionEndSeed, TurnEnd, TurnStart
-from storage.lmdb_env import SCHEMA_VERSION
+from storage.lmdb_env import SCHEMA_VERSION, decode_row, encode_row, encode_u64, event_key
 from tests.storage.builders import LogBuilder, completed_turn, ticking_clock, tool_turn
 
 WAIT = 30.0
@@ -350,8 +350,8 @@ def test_a_store_of_another_schema_version_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_version_1_store_is_upgraded_by_a_writable_open(tmp_path: Path) -> None:
-    """Version 1 is version 2 without the journal: a writable open adds it, a read-only
-    one reads the store as it is."""
+    """Version 1 has no journal: a writable open adds it, a read-only one reads the store
+    as it is."""
     with Store.open(tmp_path / "s") as store:
         log = two_turns(store)
     env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
@@ -371,9 +371,70 @@ def test_a_version_1_store_is_upgraded_by_a_writable_open(tmp_path: Path) -> Non
         assert store.stats("agent-1").event_count == len(log.events) + 1
     env = lmdb.open(str(tmp_path / "s"), max_dbs=8, readonly=True)
     with env.begin() as txn:
-        assert txn.get(b"schema_version", db=env.open_db(b"meta", txn=txn)) == b"2"
+        assert txn.get(b"schema_version", db=env.open_db(b"meta", txn=txn)) == str(
+            SCHEMA_VERSION
+        ).encode("ascii")
         assert env.open_db(b"journal", txn=txn, create=False) is not None
     env.close()
+
+
+def test_a_version_2_store_is_read_as_it_is_and_upgraded_by_a_writable_open(
+    tmp_path: Path,
+) -> None:
+    """Version 2 journals one record per value: a read-only open reads such a journal
+    (a crash left it), a writable open compacts it and stamps the current version."""
+    path = tmp_path / "s"
+    with Store.open(path) as store:
+        log = two_turns(store)
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:  # the last 3 records journaled, as corral 2 wrote them
+        events, sessions = env.open_db(b"events", txn=txn), env.open_db(b"sessions", txn=txn)
+        raw = txn.get(b"agent-1", db=sessions)
+        row = decode_row(raw)
+        for counter, seq in enumerate(range(row.last_seq - 2, row.last_seq + 1)):
+            key = event_key(row.header.key, seq)
+            value = txn.get(key, db=events)
+            assert value is not None and txn.delete(key, db=events)
+            txn.put(encode_u64(counter), key + value, db=env.open_db(b"journal", txn=txn))
+        txn.put(b"agent-1", encode_row(raw[8:], row.last_seq - 3), db=sessions)
+        txn.put(b"schema_version", b"2", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with Store.open(path, readonly=True) as store:  # read as it is
+        assert store.read("agent-1") == log.events
+        assert store.read("agent-1", lower=len(log.events) - 2) == log.events[-2:]
+    with Store.open(path) as store:  # compacted at open: this process reads no journal
+        assert store.read("agent-1") == log.events
+        store.open_session("agent-1").append(
+            "turn/start", TurnStart(turn=3, trigger=MessageTrigger())
+        )
+    with Store.open(path, readonly=True) as store:
+        assert store.read("agent-1")[:-1] == log.events
+        assert store.stats("agent-1").event_count == len(log.events) + 1
+    env = lmdb.open(str(path), max_dbs=8, readonly=True)
+    with env.begin() as txn:
+        assert txn.get(b"schema_version", db=env.open_db(b"meta", txn=txn)) == str(
+            SCHEMA_VERSION
+        ).encode("ascii")
+    env.close()
+
+
+def test_a_damaged_journal_frame_is_refused_by_readers_and_by_a_writable_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s"
+    with Store.open(path) as store:
+        two_turns(store)
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put(encode_u64(0), b"\xc1 not msgpack", db=env.open_db(b"journal", txn=txn))
+    env.close()
+    with (
+        Store.open(path, readonly=True) as store,
+        pytest.raises(LogCorruptError, match="journal frame cannot be read"),
+    ):
+        store.read("agent-1")
+    with pytest.raises(LogCorruptError, match="journal frame cannot be read"):
+        Store.open(path)
 
 
 @pytest.mark.parametrize(
