@@ -2,8 +2,9 @@
 
 Cases (each repeated, median reported):
 
-- ``raw cursor``: plain ``lmdb``: one read transaction, a cursor over the session's
-  values, no decoding (the floor for anything that reads the log).
+- ``raw cursor``: plain ``lmdb`` and ``msgspec``: one read transaction, a cursor over
+  the session's values, each block unpacked into its records (see
+  :mod:`storage.lmdb_env`), no event decoding (the floor for anything that reads the log).
 - ``codec.decode only``: the records already in memory, decoded one by one.
 - ``store.read``: :meth:`Store.read` of the whole session (short read transactions
   of 4,096 records, contiguity checks, decoding).
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import msgspec
 from _common import median, parser, print_table, rss_of, write_json
 from bench_log_append import realistic_facts
 
@@ -45,9 +47,16 @@ def build(path: Path, events: int) -> None:
 
 def raw_values(path: Path) -> list[bytes]:
     env = lmdb.open(str(path), subdir=True, max_dbs=8, readonly=True)
+    unpack = msgspec.msgpack.Decoder(list[bytes]).decode
     try:
         with env.begin(db=env.open_db(b"events", create=False)) as txn:
-            return list(txn.cursor().iternext(keys=False))  # one session: all of events
+            records: list[bytes] = []
+            for value in txn.cursor().iternext(keys=False):  # one session: all of events
+                if value[:1] < b"\x80":
+                    records.append(value)  # one record per value (stores before version 3)
+                else:
+                    records += unpack(value)
+            return records
     finally:
         env.close()
 

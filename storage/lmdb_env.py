@@ -3,7 +3,13 @@
 One environment directory (``subdir=True``) holds five named databases:
 
 - ``events``: key = 8-byte big-endian session key + 8-byte big-endian seq, so a
-  session's records sort by seq; value = the codec-encoded record bytes.
+  session's records sort by seq; value = a *block*: the msgpack array of the
+  codec-encoded bytes of records ``seq``, ``seq + 1``, ... (at most
+  :data:`BLOCK_RECORDS` records and, beyond its first, :data:`BLOCK_BYTES` bytes). A
+  value that starts with an ASCII byte is one record (versions 1 and 2 stored one
+  record per value; such values stay readable): a record is JSON text, and a msgpack
+  array never starts with an ASCII byte. A session's values cover its seqs without a
+  gap or an overlap.
 - ``journal``: key = 8-byte big-endian counter, one per group commit; value = a
   *frame*: the commit's runs of records not yet *compacted* into ``events``, as the
   msgpack array of ``[session key, first seq, [record bytes, ...]]`` runs, in commit
@@ -20,7 +26,8 @@ row), and a commit costs a page write per session. Appended to the journal, the 
 records share a page or two, written as one value: the writer packs a commit's
 records in one C call instead of a key and an LMDB put per record. The writer compacts
 the whole journal into ``events`` (and the session rows) in one transaction once it
-is large or idle, where a session's many records share pages. A large run of one
+is large or idle, where a session's many records share pages and one block (one
+LMDB put, not one per record). A large run of one
 session that has nothing in the journal (a bulk append, a ``Session.extend``) skips
 the journal: it goes straight to ``events`` with its session row. A session's records
 are therefore seqs ``0..k`` in ``events`` (``k`` = its row's last seq) and ``k + 1..m``
@@ -45,7 +52,6 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from itertools import islice, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Final, NamedTuple
@@ -57,6 +63,8 @@ from storage.errors import LogCorruptError, SchemaVersionError, StorageError, St
 from storage.session import SessionHeader
 
 __all__ = [
+    "BLOCK_BYTES",
+    "BLOCK_RECORDS",
     "SCHEMA_VERSION",
     "Databases",
     "LmdbEnv",
@@ -70,13 +78,15 @@ __all__ = [
     "encode_row",
     "encode_u64",
     "event_key",
+    "event_records",
     "put_spans",
 ]
 
 SCHEMA_VERSION: Final = 3
 # Older versions this one opens: version 1 has no journal; version 2 journals one
-# record per value (8-byte session key + 8-byte seq + the record bytes). A writable
-# open compacts what such a journal holds and stamps version 3 in one transaction; a
+# record per value (8-byte session key + 8-byte seq + the record bytes). Both store one
+# record per ``events`` value, which version 3 reads as it is (see above). A writable
+# open compacts what an old journal holds and stamps version 3 in one transaction; a
 # read-only open reads the store as it is.
 _OLDER: Final = (b"1", b"2")
 _PER_RECORD: Final = b"2"
@@ -91,6 +101,9 @@ NEXT_KEY_KEY: Final = b"next_session_key"
 
 MIN_MAP_SIZE: Final = 64 << 10  # room for the databases themselves; the map grows anyway
 _READ_CHUNK: Final = 4096  # records copied per read transaction, so readers stay short
+# A block's bounds: a read of one record decodes its whole block (a copy of its bytes).
+BLOCK_RECORDS: Final = 512
+BLOCK_BYTES: Final = 256 << 10
 _EVENT_KEY: Final = struct.Struct(">QQ")
 _U64: Final = struct.Struct(">Q")
 _ROW_PREFIX: Final = struct.Struct(">q")
@@ -100,6 +113,7 @@ _frame_encoder: Final = msgspec.msgpack.Encoder()
 # A frame's runs, each session's records left undecoded until a reader wants them.
 _frame_decoder: Final = msgspec.msgpack.Decoder(list[tuple[int, int, msgspec.Raw]])
 _records_decoder: Final = msgspec.msgpack.Decoder(list[bytes])
+_block_size_decoder: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
 # LMDB's errors for pages that are not what they should be (a damaged file).
 _DAMAGE: Final = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)
 
@@ -171,33 +185,127 @@ Span = tuple[int, int, list[bytes]]
 def put_spans(
     txn: lmdb.Transaction[bytes], events: lmdb._Database, spans: list[Span]
 ) -> dict[int, int]:
-    """Write ``spans`` (each session's in seq order) to the ``events`` database; return
-    the last seq written of each session. Raises :class:`StorageError` if a record is
-    stored already (a damaged store): nothing is overwritten."""
+    """Write ``spans`` (each session's in seq order) to the ``events`` database as
+    blocks; return the last seq written of each session. Raises :class:`StorageError`
+    if a record of a span is stored already (a damaged store): nothing is overwritten."""
     spans = sorted(spans, key=_SESSION)  # stable: a session's spans stay in seq order
     cursor = txn.cursor(db=events)
     end = cursor.key() if cursor.last() else b""  # the highest key stored
+    encode = _frame_encoder.encode
     for key, first, payloads in spans:
-        count = len(payloads)
-        # Keys past the end are appended (no search for their place, full pages).
-        append = _EVENT_KEY.pack(key, first) > end
-        # putmulti drops each pair before it takes the next, so zip reuses one tuple:
-        # no allocation per record for the cyclic GC to count and collect.
-        pairs = zip(_event_keys(key, first, count), payloads, strict=True)
-        _, added = cursor.putmulti(pairs, append=append)
-        if added != count:
-            raise StorageError(
-                f"events refused records of session key {key} from seq {first} on: "
-                "they are stored already (the store is damaged?)"
-            )
-        end = max(end, _EVENT_KEY.pack(key, first + count - 1))
+        if not payloads:
+            continue
+        start = _EVENT_KEY.pack(key, first)
+        # Keys past the end are appended (no search for their place, full pages); only
+        # the last value stored can overlap them, if it is the session's.
+        append = start > end
+        if not append or end.startswith(start[:8]):
+            _refuse_stored(cursor, key, first)
+        for seq, block in _blocks(first, payloads):
+            block_key = start if seq == first else _EVENT_KEY.pack(key, seq)
+            if not cursor.put(block_key, encode(block), overwrite=False, append=append):
+                _refuse_stored(cursor, key, seq)  # raises (the key is stored)
+            end = max(end, block_key)
     return {key: first + len(payloads) - 1 for key, first, payloads in spans}  # last wins
 
 
-def _event_keys(key: int, first: int, count: int) -> Iterator[bytes]:
-    """The ``events`` keys of seqs ``first .. first + count - 1`` of session ``key``
-    (packed in C, without a Python frame per record)."""
-    return map(_EVENT_KEY.pack, repeat(key, count), range(first, first + count))
+def _blocks(first: int, payloads: list[bytes]) -> list[tuple[int, list[bytes]]]:
+    """``payloads`` (seqs ``first``, ...) cut into blocks within the bounds."""
+    if len(payloads) <= BLOCK_RECORDS and sum(map(len, payloads)) <= BLOCK_BYTES:
+        return [(first, payloads)]  # a compaction's or a turn's run: one block
+    blocks: list[tuple[int, list[bytes]]] = []
+    start = size = 0
+    for index, payload in enumerate(payloads):
+        if index > start and (index - start >= BLOCK_RECORDS or size + len(payload) > BLOCK_BYTES):
+            blocks.append((first + start, payloads[start:index]))
+            start, size = index, 0
+        size += len(payload)
+    blocks.append((first + start, payloads[start:]))
+    return blocks
+
+
+def _refuse_stored(cursor: lmdb.Cursor[bytes], key: int, first: int) -> None:
+    """Raise :class:`StorageError` if ``events`` holds a record of session ``key`` at
+    seq ``first`` or later (moves the cursor)."""
+    prefix = _U64.pack(key)
+    found = cursor.set_range(_EVENT_KEY.pack(key, first))
+    stored = found and cursor.key().startswith(prefix)
+    if not stored and (cursor.prev() if found else cursor.last()):
+        # The session's last value before ``first``: does it reach ``first``?
+        before = cursor.key()
+        if before.startswith(prefix):
+            (seq,) = _U64.unpack_from(before, 8)
+            stored = seq + _size(cursor.value()) > first
+    if stored:
+        raise StorageError(
+            f"events refused records of session key {key} from seq {first} on: "
+            "they are stored already (the store is damaged?)"
+        )
+
+
+def _size(value: bytes) -> int:
+    """How many records an ``events`` value holds."""
+    if value[:1] < b"\x80":
+        return 1  # one record, as versions 1 and 2 stored them
+    try:
+        return len(_block_size_decoder.decode(value))
+    except msgspec.DecodeError as err:
+        raise LogCorruptError(f"an events block cannot be read ({err}): restore it") from err
+
+
+def _records(value: bytes, key: bytes) -> list[bytes]:
+    """The records of an ``events`` value (see the module docstring)."""
+    if value[:1] < b"\x80":
+        return [value]  # one record, as versions 1 and 2 stored them
+    try:
+        return _records_decoder.decode(value)
+    except msgspec.DecodeError as err:
+        session, seq = _EVENT_KEY.unpack(key)
+        raise LogCorruptError(
+            f"the events block of session key {session} from seq {seq} cannot be read "
+            f"({err}); the store is damaged: restore it from a backup or an export"
+        ) from err
+
+
+def read_events(cursor: lmdb.Cursor[bytes], key: int, first: int, end: int) -> list[bytes] | None:
+    """The records of seqs ``first .. end - 1`` of session ``key`` in ``events``, or
+    ``None`` if one of them is not stored, or values overlap (a damaged store)."""
+    start = _EVENT_KEY.pack(key, first)
+    found = cursor.set_range(start)
+    # ``first`` is the first seq of a value, or inside the one before.
+    if (not found or cursor.key() != start) and not (cursor.prev() if found else cursor.last()):
+        return None
+    prefix = start[:8]
+    values: list[bytes] = []
+    seq = first  # the next one wanted
+    for stored, value in cursor.iternext():
+        if not stored.startswith(prefix):
+            return None
+        (at,) = _U64.unpack_from(stored, 8)
+        records = _records(value, stored)
+        # The first value may start before ``first``; each next one where the last ended
+        # (an overlap is damage too).
+        if not (at <= seq < at + len(records) if seq == first else at == seq):
+            return None
+        if at == seq and at + len(records) <= end:
+            values += records
+        else:
+            values += records[seq - at : end - at]
+        seq = at + len(records)
+        if seq >= end:
+            return values
+    return None
+
+
+def event_records(
+    txn: lmdb.Transaction[bytes], events: lmdb._Database
+) -> Iterator[tuple[bytes, bytes]]:
+    """Every record in ``events`` as ``(event_key(session key, seq), record bytes)``, in
+    key order (for tools and tests that look at the stored layout)."""
+    for stored, value in txn.cursor(db=events):
+        session, seq = _EVENT_KEY.unpack(stored)
+        for offset, record in enumerate(_records(value, stored)):
+            yield _EVENT_KEY.pack(session, seq + offset), record
 
 
 def encode_frame(spans: list[Span]) -> bytes:
@@ -538,23 +646,15 @@ class LmdbEnv:
                 # The split is the transaction's: a tail taken just before a compaction
                 # still holds its records, but the writer may have compacted more.
                 split = max(first, min(end, compacted + 1))
-                values: list[bytes] = []
-                intact = True
+                values: list[bytes] | None = []
                 if split > first:
-                    cursor = txn.cursor(db=self.dbs.events)
-                    found = cursor.set_key(event_key(key, first))
-                    if found:
-                        values = list(islice(cursor.iternext(keys=False), split - first))
-                    intact = (
-                        found
-                        and len(values) == split - first
-                        and cursor.key() == event_key(key, split - 1)
-                    )
-            if intact and split < end:
+                    values = read_events(txn.cursor(db=self.dbs.events), key, first, split)
+                intact = values is not None
+            if values is not None and split < end:
                 if tail is not None and tail.first <= split:
                     values += tail.records[split - tail.first : end - tail.first]
                 intact = len(values) == count
-            if not intact:
+            if values is None or not intact:
                 raise LogCorruptError(
                     f"session {session.header.id!r}: records of seqs {first}..{first + count - 1}"
                     " are not all stored; the log has a gap (restore from a backup or export)"

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import lmdb
+import msgspec
 import pytest
 
 from storage.lmdb_env import EVENTS_DB, META_DB, SCHEMA_VERSION_KEY, event_key
@@ -23,6 +24,10 @@ RECORDS = [
     },
     {"type": "turn/end", "seq": 1, "time": 2, "data": {"turn": 1, "reason": {"kind": "completed"}}},
 ]
+
+
+RECORDS_BYTES = [json.dumps(r).encode() for r in RECORDS]
+TORN = b'{"type": "turn/end", "seq": 1, "ti'
 
 
 def _store_with_session(path: Path, session_id: str = "s1") -> int:
@@ -85,7 +90,7 @@ def test_a_store_whose_data_file_is_garbage(tmp_path: Path) -> None:
 def test_a_corrupt_record(tmp_path: Path) -> None:
     store = tmp_path / "store"
     key = _store_with_session(store)
-    _poke(store, EVENTS_DB, event_key(key, 1), b'{"type": "turn/end", "seq": 1, "ti')
+    _poke(store, EVENTS_DB, event_key(key, 0), msgspec.msgpack.encode([RECORDS_BYTES[0], TORN]))
     result = corral("log", "show", "s1", "--store", store)
     assert_one_error_line(result, "corrupt session log", "s1")
     checked = corral("log", "check", "--store", store)

@@ -18,6 +18,7 @@ import os
 import random
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from storage import (
     Store,
     UnknownEventTypeError,
     UnknownSessionError,
+    lmdb_env,
 )
 from storage.lmdb_env import SCHEMA_VERSION, decode_row, encode_row, event_key
 
@@ -476,11 +478,20 @@ def test_a_record_with_flipped_bytes_is_a_clear_error_for_its_session_only(
 
 
 def damage_pages(tmp_path: Path, marker: bytes) -> tuple[Path, dict[str, list[Any]]]:
-    """A compacted store whose B-tree pages holding ``marker`` have invalid page flags."""
+    """A compacted store whose pages holding ``marker`` have invalid page flags.
+
+    A branch or leaf page that holds ``marker`` only in its free space (stale bytes of
+    a page it reuses) is left alone: the damage hits where the record lives."""
     built = build_store(tmp_path / "built")
     path = tmp_path / "store"
     data = bytearray(compact_copy(tmp_path / "built", path))
-    pages = {m.start() // 4096 for m in re.finditer(marker, data)}
+    pages = set()
+    for found in re.finditer(marker, data):
+        page, offset = divmod(found.start(), 4096)
+        flags, lower, upper = struct.unpack_from("<HHH", data, page * 4096 + 10)
+        if flags in (0x01, 0x02) and lower <= offset < upper:  # P_BRANCH, P_LEAF: free space
+            continue
+        pages.add(page)
     assert pages
     for page in pages:
         data[page * 4096 + 10 : page * 4096 + 12] = (0x40).to_bytes(2, "little")  # bad flags
@@ -488,9 +499,19 @@ def damage_pages(tmp_path: Path, marker: bytes) -> tuple[Path, dict[str, list[An
     return path, built
 
 
-def test_a_damaged_btree_page_a_read_starts_on_is_a_clear_error_for_its_session_only(
-    tmp_path: Path,
+@pytest.fixture
+def record_per_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Store one record per ``events`` value (blocks of one), as versions 1 and 2 did:
+    records then sit in the B-tree's leaf pages, not in a block's overflow pages."""
+    monkeypatch.setattr(lmdb_env, "BLOCK_RECORDS", 1)
+
+
+@pytest.mark.parametrize("layout", ["blocks", "record-per-value"])
+def test_a_damaged_page_a_read_starts_on_is_a_clear_error_for_its_session_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
+    if layout == "record-per-value":
+        monkeypatch.setattr(lmdb_env, "BLOCK_RECORDS", 1)  # records in leaf pages
     path, built = damage_pages(tmp_path, rb"victim-marker-000")  # the session's first page
     found = open_in_child(path)
     assert found["bystander"] == len(built["bystander"]), found
@@ -503,7 +524,11 @@ def test_a_damaged_btree_page_a_read_starts_on_is_a_clear_error_for_its_session_
     reason="known limit: LMDB asserts (SIGABRT) instead of returning MDB_CORRUPTED when a "
     "cursor steps onto a damaged page mid-iteration; LMDB pages carry no checksum",
 )
-def test_a_damaged_btree_page_met_mid_iteration_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_damaged_btree_page_met_mid_iteration_is_a_clear_error(
+    tmp_path: Path, record_per_value: None
+) -> None:
+    """Records in leaf pages (one per value). In blocks, a session's records sit in the
+    blocks' overflow pages, which LMDB checks when it reads a value (the test above)."""
     path, _ = damage_pages(tmp_path, rb"victim-marker-020")
     found = open_in_child(path)
     assert found["victim"].startswith("storage.errors.LogCorruptError: "), found

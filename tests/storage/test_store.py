@@ -34,7 +34,15 @@ from storage import (
 )
 from storage import writer as writer_module
 from storage.events import Completed, MessageTrigger, SessionEndSeed, TurnEnd, TurnStart
-from storage.lmdb_env import SCHEMA_VERSION, decode_row, encode_row, encode_u64, event_key
+from storage.lmdb_env import (
+    SCHEMA_VERSION,
+    decode_row,
+    encode_row,
+    encode_u64,
+    event_key,
+    event_records,
+    put_spans,
+)
 from tests.storage.builders import LogBuilder, completed_turn, ticking_clock, tool_turn
 
 WAIT = 30.0
@@ -226,16 +234,25 @@ def test_an_unknown_non_ignorable_type_fails_naming_the_session_and_seq(tmp_path
         assert store.open_session("a").events()[0].data == {"x": 1}
 
 
-def damage(path: Path, seq: int, value: bytes | None) -> None:
-    """Overwrite (or, with ``None``, delete) the record of session key 1 at ``seq``."""
+def damage(path: Path, seq: int, value: bytes | None, *, blocks: bool = True) -> None:
+    """Overwrite (or, with ``None``, delete) the record of session key 1 at ``seq``;
+    store the session's records again as blocks, or one per value (as version 2 did)."""
     env = lmdb.open(str(path), max_dbs=8)
     with env.begin(write=True) as txn:
         events = env.open_db(b"events", txn=txn)
-        key = (1).to_bytes(8, "big") + seq.to_bytes(8, "big")
-        if value is None:
-            assert txn.delete(key, db=events)
+        records = [(k, v) for k, v in event_records(txn, events) if k[:8] == encode_u64(1)]
+        for key, _ in records:
+            txn.delete(key, db=events)  # a key that starts no block is not stored: fine
+        payloads = [v for _, v in records]
+        spans = [(1, 0, payloads[:seq]), (1, seq + 1, payloads[seq + 1 :])]
+        if value is not None:
+            spans = [(1, 0, [*payloads[:seq], value, *payloads[seq + 1 :]])]
+        if blocks:
+            put_spans(txn, events, spans)
         else:
-            txn.put(key, value, db=events)
+            for _, first, part in spans:
+                for at, payload in enumerate(part, first):
+                    txn.put(event_key(1, at), payload, db=events)
     env.close()
 
 
@@ -251,18 +268,37 @@ def damage(path: Path, seq: int, value: bytes | None) -> None:
     ],
     ids=["missing", "torn", "moved"],
 )
+@pytest.mark.parametrize("blocks", [True, False], ids=["blocks", "per-record"])
 def test_a_damaged_log_is_reported_naming_the_session_and_seq(
-    tmp_path: Path, value: bytes | None, complaint: str
+    tmp_path: Path, value: bytes | None, complaint: str, blocks: bool
 ) -> None:
     with Store.open(tmp_path / "s") as store:
         two_turns(store)
-    damage(tmp_path / "s", 7, value)
+    damage(tmp_path / "s", 7, value, blocks=blocks)
     with Store.open(tmp_path / "s") as store:
         with pytest.raises(LogCorruptError, match=complaint):
             store.open_session("agent-1")
         with pytest.raises(LogCorruptError):
             store.read("agent-1")
         assert store.read("agent-1", upper=6) == store.read("agent-1", limit=7)
+
+
+def test_a_damaged_block_is_reported_naming_the_session_key_and_its_first_seq(
+    tmp_path: Path,
+) -> None:
+    with Store.open(tmp_path / "s") as store:
+        two_turns(store)
+    env = lmdb.open(str(tmp_path / "s"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        events = env.open_db(b"events", txn=txn)
+        assert txn.get(event_key(1, 0), db=events)[:1] >= b"\x80"  # the session's block
+        txn.put(event_key(1, 0), b"\x9f\xc4\xff torn", db=events)
+    env.close()
+    with (
+        Store.open(tmp_path / "s") as store,
+        pytest.raises(LogCorruptError, match="events block of session key 1 from seq 0"),
+    ):
+        store.read("agent-1")
 
 
 def test_flush_async_reports_durability_to_its_callback(store: Store) -> None:
@@ -387,14 +423,17 @@ def test_a_version_2_store_is_read_as_it_is_and_upgraded_by_a_writable_open(
     with Store.open(path) as store:
         log = two_turns(store)
     env = lmdb.open(str(path), max_dbs=8)
-    with env.begin(write=True) as txn:  # the last 3 records journaled, as corral 2 wrote them
+    with env.begin(write=True) as txn:  # as corral 2 wrote it: one record per value,
+        # the last 3 in the journal (a crash left them there)
         events, sessions = env.open_db(b"events", txn=txn), env.open_db(b"sessions", txn=txn)
         raw = txn.get(b"agent-1", db=sessions)
         row = decode_row(raw)
-        for counter, seq in enumerate(range(row.last_seq - 2, row.last_seq + 1)):
-            key = event_key(row.header.key, seq)
-            value = txn.get(key, db=events)
-            assert value is not None and txn.delete(key, db=events)
+        records = list(event_records(txn, events))
+        assert len(records) == row.last_seq + 1 == len(log.events)
+        txn.drop(events, delete=False)
+        for key, value in records[:-3]:
+            txn.put(key, value, db=events)
+        for counter, (key, value) in enumerate(records[-3:]):
             txn.put(encode_u64(counter), key + value, db=env.open_db(b"journal", txn=txn))
         txn.put(b"agent-1", encode_row(raw[8:], row.last_seq - 3), db=sessions)
         txn.put(b"schema_version", b"2", db=env.open_db(b"meta", txn=txn))
