@@ -164,6 +164,24 @@ class Mailbox:
     # -- pykka's ActorInbox protocol -------------------------------------------------
 
     def put(self, envelope: Envelope[Any], /) -> None:
+        lock = self._lock
+        lock.acquire()  # not `with`: every message passes here (hot path)
+        bound = self._dispatcher
+        if self._closed or self._limit is not None or bound is None or bound._closed:
+            lock.release()
+            self._put_checked(envelope)
+            return
+        self._in.append(envelope)
+        if self._scheduled:
+            lock.release()
+            return
+        self._scheduled = True
+        lock.release()
+        bound._run_queue.put(self)  # Dispatcher.schedule, its closed check done above
+
+    def _put_checked(self, envelope: Envelope[Any]) -> None:
+        """:meth:`put` for a mailbox that is closed, bounded or not bound to a running
+        dispatcher."""
         with self._lock:
             if not self._closed and self._limit is not None and self._depth() >= self._limit:
                 self._wait_for_space(envelope)
