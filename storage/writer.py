@@ -92,6 +92,18 @@ FlushCallback = Callable[[BaseException | None], None]
 
 _COUNTER: Final = struct.Struct(">Q")  # a journal key
 _header_encoder: Final = msgspec.json.Encoder()
+_get_ident: Final = threading.get_ident
+
+
+class _Spare(threading.local):
+    """This thread's idle waiter (``slot[0]``), reused by its next blocking flush: two
+    locks less per flush. A list, so that a flush looks the thread's storage up once."""
+
+    def __init__(self) -> None:
+        self.slot: list[_Waiter | None] = [None]
+
+
+_spare: Final = _Spare()
 
 
 class _Batch(NamedTuple):
@@ -289,13 +301,47 @@ class LogWriter:
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until everything submitted before the call is durable."""
-        self._refuse_on_writer_thread("flush()")
-        waiter = _Waiter()
-        self.flush_async(waiter)
-        if not waiter.wait(timeout):
+        if _get_ident() == self._thread_id:
+            self._refuse_on_writer_thread("flush()")  # raises
+        slot = _spare.slot
+        waiter = slot[0]
+        if waiter is None:
+            waiter = _Waiter()
+        else:
+            slot[0] = None  # in use: a nested flush (a signal handler's) makes its own
+        held = waiter._done
+        done = woken = False  # done: woken while waiting (flush_async and wait, inline)
+        lock = self._lock
+        lock.acquire()  # not `with`: as in submit (once per flush)
+        try:
+            try:
+                if self._state:
+                    raise self._refusal()
+                callbacks = self._callbacks
+                if not callbacks:
+                    self._wake.notify()
+                callbacks.append(waiter)
+            finally:
+                lock.release()
+            done = held.acquire() if timeout is None else held.acquire(True, timeout)
+        finally:  # also if an exception (KeyboardInterrupt) comes once the waiter is queued
+            if done:
+                _wake(waiter.next)
+            else:
+                woken = waiter._give_up()
+        if not (done or woken):
             raise TimeoutError(f"log flush did not complete within {timeout} s")
-        if waiter.error is not None:
-            raise waiter.error
+        error = waiter.error
+        if error is not None:
+            raise error
+        if done:
+            # Reused by this thread's next flush: _resolve set error and next before the
+            # wake, the waker set _woken before releasing _done (held again now). The
+            # waker may still hold _guard, which only delays a later wake or give-up of
+            # this waiter. One that gave up is never reused: the writer may still hold it.
+            waiter._woken = False
+            waiter.next = None
+            slot[0] = waiter
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse new work, commit what is queued (resolving its flushes), stop the thread.
@@ -328,7 +374,7 @@ class LogWriter:
     # ------------------------------------------------------------------ helpers
 
     def _refuse_on_writer_thread(self, what: str) -> None:
-        if threading.get_ident() == self._thread_id:
+        if _get_ident() == self._thread_id:
             raise StorageError(
                 f"{what} was called from a flush callback, on the log writer thread, and "
                 "would wait for itself forever; use flush_async() or hand the work to "
@@ -523,6 +569,8 @@ class _Waiter:
     in order, each by the previous one as soon as it runs, so that about one thread at
     a time wakes up for the GIL. A waiter that gives up (timeout, an exception such as
     KeyboardInterrupt) is skipped, or passes the turn on if it was woken meanwhile.
+    A thread's next :meth:`LogWriter.flush` reuses its waiter if it was woken while
+    waiting (see ``_Spare``).
     """
 
     __slots__ = ("_done", "_gone", "_guard", "_woken", "error", "next")
@@ -537,7 +585,7 @@ class _Waiter:
         self.next: _Waiter | None = None
 
     def __call__(self, error: BaseException | None) -> None:
-        """Resolve this waiter alone (a flush refused at once)."""
+        """Resolve this waiter alone (as any flush callback)."""
         self.error = error
         _wake(self)
 

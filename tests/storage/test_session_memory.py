@@ -294,6 +294,41 @@ def test_forked_and_imported_sessions_keep_no_seeded_event_in_memory(tmp_path: P
         assert copy.messages() == derive_messages(appended)
 
 
+def test_sessions_flushing_after_every_append_from_many_threads_keep_nothing_in_memory(
+    tmp_path: Path,
+) -> None:
+    with Store.open(tmp_path / "s") as store:
+        store.register_event_type("plugin")
+        sessions = [store.create_session(f"s{i}") for i in range(8)]
+        held: list[int] = []
+        errors: list[BaseException] = []
+        start = threading.Barrier(len(sessions) - 1)
+
+        def produce(session: Session, together: bool) -> None:
+            try:
+                if together:
+                    start.wait(10)
+                for n in range(150):
+                    session.append("plugin", {"n": n})
+                    session.flush(10)
+                    held.append(session.resident_events)
+            except BaseException as err:  # reported below
+                errors.append(err)
+
+        produce(sessions[0], False)  # one thread, flush after flush
+        threads = [threading.Thread(target=produce, args=(s, True)) for s in sessions[1:]]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        assert not any(thread.is_alive() for thread in threads)
+        assert held == [0] * 150 * len(sessions)
+        for session in sessions:
+            assert [e.data for e in store.read(session.id)] == [{"n": n} for n in range(150)]
+            assert session.events() == store.read(session.id)
+
+
 def test_acknowledgements_racing_appends_lose_nothing(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s", durability="none") as store:
         store.register_event_type("plugin")

@@ -3,6 +3,7 @@ failure and shutdown semantics."""
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import subprocess
@@ -499,6 +500,214 @@ def test_a_waiter_woken_while_giving_up_passes_the_turn_on() -> None:
     assert second.wait(WAIT)
     assert second.error is error
     assert end.wait(WAIT)
+
+
+def test_a_blocking_flush_reuses_its_waiter_but_never_one_that_gave_up(rig: Rig) -> None:
+    rig.writer.flush(WAIT)
+    spare = writer_module._spare.slot[0]
+    assert spare is not None  # woken normally: kept for this thread's next flush
+    rig.writer.flush(WAIT)
+    assert writer_module._spare.slot[0] is spare
+    release, entered = threading.Event(), threading.Event()
+
+    def hold_the_writer(error: BaseException | None) -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    rig.writer.flush_async(hold_the_writer)
+    assert entered.wait(WAIT)
+    try:
+        with pytest.raises(TimeoutError, match="did not complete"):
+            rig.writer.flush(timeout=0.01)  # takes the spare, then gives it up
+    finally:
+        release.set()
+    assert spare._gone
+    assert writer_module._spare.slot[0] is None  # the writer may still hold the one given up
+    rig.writer.flush(WAIT)
+    fresh = writer_module._spare.slot[0]
+    assert fresh is not None and fresh is not spare and not fresh._gone
+
+
+def test_a_flush_woken_while_giving_up_returns_and_its_waiter_is_not_reused(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig.writer.flush(WAIT)
+    target = writer_module._spare.slot[0]
+    assert target is not None
+    release, entered, woken = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_writer(error: BaseException | None) -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    real_wake, real_give_up = writer_module._wake, _Waiter._give_up
+
+    def wake(waiter: _Waiter | None) -> None:
+        real_wake(waiter)
+        if waiter is target:
+            woken.set()
+
+    def give_up(self: _Waiter) -> bool:
+        if self is target:  # timed out: let the writer wake it before it gives up
+            release.set()
+            assert woken.wait(WAIT)
+        return real_give_up(self)
+
+    monkeypatch.setattr(writer_module, "_wake", wake)
+    monkeypatch.setattr(_Waiter, "_give_up", give_up)
+    rig.writer.flush_async(hold_the_writer)
+    assert entered.wait(WAIT)
+    rig.writer.flush(timeout=0.01)  # woken meanwhile: no TimeoutError
+    assert target._gone
+    assert writer_module._spare.slot[0] is None  # its _done is released, not held
+    rig.writer.flush(WAIT)
+    assert writer_module._spare.slot[0] not in (None, target)
+
+
+def test_a_flush_interrupted_once_queued_passes_the_turn_on_and_is_not_reused(
+    rig: Rig,
+) -> None:
+    assert threading.current_thread() is threading.main_thread()  # KeyboardInterrupt's
+    rig.writer.flush(WAIT)
+    interrupted = writer_module._spare.slot[0]
+    release, entered = threading.Event(), threading.Event()
+    queued = [threading.Event(), threading.Event()]
+    outcome: list[BaseException | None] = []
+
+    def hold_the_writer(error: BaseException | None) -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    class Queue(list[writer_module.FlushCallback]):
+        def append(self, callback: writer_module.FlushCallback) -> None:
+            super().append(callback)
+            queued[len(self) - 1].set()
+
+    def flush_next() -> None:  # the waiter after the interrupted one in the chain
+        try:
+            rig.writer.flush(WAIT)
+            outcome.append(None)
+        except BaseException as err:  # reported below
+            outcome.append(err)
+
+    other = threading.Thread(target=flush_next)
+
+    def interrupt() -> None:
+        assert queued[0].wait(WAIT)
+        other.start()
+        assert queued[1].wait(WAIT)
+        _thread.interrupt_main()  # raised in the main thread's flush, whatever it runs
+        release.set()
+
+    rig.writer.flush_async(hold_the_writer)
+    assert entered.wait(WAIT)
+    with rig.writer._lock:
+        rig.writer._callbacks = Queue()  # the writer has drained the list; it waits
+    sender = threading.Thread(target=interrupt)
+    sender.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rig.writer.flush(WAIT)
+    finally:
+        release.set()
+        sender.join(WAIT)
+    other.join(WAIT)
+    assert outcome == [None]  # woken in turn (by the interrupted flush, or past it)
+    assert interrupted is not None and interrupted._gone
+    assert writer_module._spare.slot[0] is None
+    rig.writer.flush(WAIT)
+    assert writer_module._spare.slot[0] not in (None, interrupted)
+
+
+def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_own(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert threading.current_thread() is threading.main_thread()  # signal handlers run there
+    rig.writer.flush(WAIT)
+    outer = writer_module._spare.slot[0]  # the interrupted flush takes it
+    release, entered, queued, woken = (threading.Event() for _ in range(4))
+    spares: list[_Waiter | None] = []
+    real_wake = writer_module._wake
+
+    def wake(waiter: _Waiter | None) -> None:
+        real_wake(waiter)
+        if waiter is outer:
+            woken.set()
+
+    def hold_the_writer(error: BaseException | None) -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    class Queue(list[writer_module.FlushCallback]):
+        def append(self, callback: writer_module.FlushCallback) -> None:
+            super().append(callback)
+            queued.set()
+
+    def handler(signum: int, frame: object) -> None:
+        release.set()
+        # A flush of the same commit would wait for this thread to pass the turn on:
+        # the handler's goes to the next one.
+        assert woken.wait(WAIT)
+        rig.writer.flush(WAIT)
+        spares.append(writer_module._spare.slot[0])
+
+    def interrupt() -> None:
+        assert queued.wait(WAIT)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+
+    monkeypatch.setattr(writer_module, "_wake", wake)
+    rig.writer.flush_async(hold_the_writer)
+    assert entered.wait(WAIT)
+    with rig.writer._lock:
+        rig.writer._callbacks = Queue()  # the writer has drained the list; it waits
+    previous = signal.signal(signal.SIGUSR1, handler)
+    sender = threading.Thread(target=interrupt)
+    try:
+        sender.start()
+        rig.writer.flush(WAIT)  # interrupted once queued: the handler's flush runs inside it
+    finally:
+        sender.join(WAIT)
+        signal.signal(signal.SIGUSR1, previous)
+        release.set()
+    assert outer is not None and len(spares) == 1 and spares[0] not in (None, outer)
+    assert writer_module._spare.slot[0] is outer  # put back last, by the outer flush
+
+
+def test_many_flushes_from_one_thread_and_from_many_threads_all_return_durable(
+    rig: Rig,
+) -> None:
+    threads, per_thread = 8, 200
+    for key in range(threads + 1):
+        rig.writer.track(header(key), next_seq=0, new=True)
+    for seq in range(per_thread):  # one thread: each flush reuses the last one's waiter
+        rig.writer.submit(PendingRecord(0, seq, payload(0, seq)))
+        rig.writer.flush(WAIT)
+        if seq % 50 == 0:
+            assert event_key(0, seq) in stored(rig.env, rig.dbs)
+    start = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def produce(key: int) -> None:
+        try:
+            start.wait(WAIT)
+            for seq in range(per_thread):
+                rig.writer.submit(PendingRecord(key, seq, payload(key, seq)))
+                rig.writer.flush(WAIT)
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    producers = [threading.Thread(target=produce, args=(key,)) for key in range(1, threads + 1)]
+    for thread in producers:
+        thread.start()
+    for thread in producers:
+        thread.join(WAIT * 6)
+    assert errors == []
+    assert not any(thread.is_alive() for thread in producers)
+    assert stored(rig.env, rig.dbs) == {
+        event_key(key, seq): payload(key, seq)
+        for key in range(threads + 1)
+        for seq in range(per_thread)
+    }
 
 
 def test_a_read_with_a_tail_taken_just_before_a_compaction_reads_the_compacted_records(
