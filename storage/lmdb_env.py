@@ -27,9 +27,9 @@ records share a page or two, written as one value: the writer packs a commit's
 records in one C call instead of a key and an LMDB put per record. The writer compacts
 the whole journal into ``events`` (and the session rows) in one transaction once it
 is large or idle, where a session's many records share pages and one block (one
-LMDB put, not one per record). A large run of one
-session that has nothing in the journal (a bulk append, a ``Session.extend``) skips
-the journal: it goes straight to ``events`` with its session row. A session's records
+LMDB put, not one per record). A large run of one session that has nothing in the
+journal (a bulk append, a ``Session.extend``) skips the journal: it goes straight to
+``events`` with its session row. A session's records
 are therefore seqs ``0..k`` in ``events`` (``k`` = its row's last seq) and ``k + 1..m``
 in the journal, never both in one snapshot, and readers merge the two:
 
@@ -235,7 +235,7 @@ def _refuse_stored(cursor: lmdb.Cursor[bytes], key: int, first: int) -> None:
         before = cursor.key()
         if before.startswith(prefix):
             (seq,) = _U64.unpack_from(before, 8)
-            stored = seq + _size(cursor.value()) > first
+            stored = seq + _size(cursor.value(), before) > first
     if stored:
         raise StorageError(
             f"events refused records of session key {key} from seq {first} on: "
@@ -243,28 +243,32 @@ def _refuse_stored(cursor: lmdb.Cursor[bytes], key: int, first: int) -> None:
         )
 
 
-def _size(value: bytes) -> int:
-    """How many records an ``events`` value holds."""
+def _size(value: bytes, key: bytes) -> int:
+    """How many records the ``events`` value stored at ``key`` holds."""
     if value[:1] < b"\x80":
         return 1  # one record, as versions 1 and 2 stored them
     try:
         return len(_block_size_decoder.decode(value))
     except msgspec.DecodeError as err:
-        raise LogCorruptError(f"an events block cannot be read ({err}): restore it") from err
+        raise _damaged_block(key, err) from err
 
 
 def _records(value: bytes, key: bytes) -> list[bytes]:
-    """The records of an ``events`` value (see the module docstring)."""
+    """The records of the ``events`` value stored at ``key`` (see the module docstring)."""
     if value[:1] < b"\x80":
         return [value]  # one record, as versions 1 and 2 stored them
     try:
         return _records_decoder.decode(value)
     except msgspec.DecodeError as err:
-        session, seq = _EVENT_KEY.unpack(key)
-        raise LogCorruptError(
-            f"the events block of session key {session} from seq {seq} cannot be read "
-            f"({err}); the store is damaged: restore it from a backup or an export"
-        ) from err
+        raise _damaged_block(key, err) from err
+
+
+def _damaged_block(key: bytes, err: msgspec.DecodeError) -> LogCorruptError:
+    session, seq = _EVENT_KEY.unpack(key)
+    return LogCorruptError(
+        f"the events block of session key {session} from seq {seq} cannot be read "
+        f"({err}); the store is damaged: restore it from a backup or an export"
+    )
 
 
 def read_events(cursor: lmdb.Cursor[bytes], key: int, first: int, end: int) -> list[bytes] | None:
