@@ -114,8 +114,15 @@ _frame_encoder: Final = msgspec.msgpack.Encoder()
 _frame_decoder: Final = msgspec.msgpack.Decoder(list[tuple[int, int, msgspec.Raw]])
 _records_decoder: Final = msgspec.msgpack.Decoder(list[bytes])
 _block_size_decoder: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
-# LMDB's errors for pages that are not what they should be (a damaged file).
-_DAMAGE: Final = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError)
+# LMDB's errors for pages that are not what they should be (a damaged file); a read
+# transaction that met one may answer its next call with MDB_BAD_TXN (seen in the bit
+# flip soak: a flipped page of the creation-order index or of meta).
+_DAMAGE: Final = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.InvalidError,
+    lmdb.BadTxnError,
+)
 
 
 def event_key(session_key: int, seq: int) -> bytes:

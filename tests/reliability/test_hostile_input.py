@@ -571,6 +571,13 @@ def test_soak_random_bit_flips_never_kill_a_reader_with_sigbus_or_sigsegv(
         print(f"\nrandom bit flips ({sum(tally.values())} stores): {tally}")
     assert not any(k in tally for k in ("signal 7", "signal 11")), tally
     assert "exit" not in tally, tally
+    errors = {
+        kind
+        for outcome in tally
+        if not outcome.startswith(("read ", "signal "))
+        for kind in outcome.split(", ")
+    }
+    assert all(kind.startswith("storage.errors.") for kind in errors), tally  # typed
 
 
 def set_schema_version(path: Path, version: bytes) -> None:
