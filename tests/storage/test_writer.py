@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,16 +193,35 @@ def test_a_failing_flush_callback_is_contained_and_the_writer_keeps_going(rig: R
     assert len(stored(rig.env, rig.dbs)) == 1
 
 
-def test_a_flush_that_cannot_complete_in_time_raises_timeout_error(rig: Rig) -> None:
-    release = threading.Event()
-    entered = threading.Event()
+def hold_writer(rig: Rig) -> threading.Event:
+    """Hold the writer thread in a flush callback until the returned event is set (held
+    when this returns): flushes queued meanwhile wait for the next commit."""
+    release, entered = threading.Event(), threading.Event()
 
-    def hold_the_writer(error: BaseException | None) -> None:
+    def hold(error: BaseException | None) -> None:
         entered.set()
         release.wait(WAIT)
 
-    rig.writer.flush_async(hold_the_writer)  # callbacks run on the writer thread
+    rig.writer.flush_async(hold)  # callbacks run on the writer thread
     assert entered.wait(WAIT)
+    return release
+
+
+class Noticed(list[writer_module.FlushCallback]):
+    """A writer's list of queued flush callbacks that calls ``notice(length)`` after each
+    append (put in place of the writer's list while the writer is held)."""
+
+    def __init__(self, notice: Callable[[int], None]) -> None:
+        super().__init__()
+        self._notice = notice
+
+    def append(self, callback: writer_module.FlushCallback) -> None:
+        super().append(callback)
+        self._notice(len(self))
+
+
+def test_a_flush_that_cannot_complete_in_time_raises_timeout_error(rig: Rig) -> None:
+    release = hold_writer(rig)
     try:
         with pytest.raises(TimeoutError, match="did not complete"):
             rig.writer.flush(timeout=0.01)
@@ -508,14 +527,7 @@ def test_a_blocking_flush_reuses_its_waiter_but_never_one_that_gave_up(rig: Rig)
     assert spare is not None  # woken normally: kept for this thread's next flush
     rig.writer.flush(WAIT)
     assert writer_module._spare.slot[0] is spare
-    release, entered = threading.Event(), threading.Event()
-
-    def hold_the_writer(error: BaseException | None) -> None:
-        entered.set()
-        release.wait(WAIT)
-
-    rig.writer.flush_async(hold_the_writer)
-    assert entered.wait(WAIT)
+    release = hold_writer(rig)
     try:
         with pytest.raises(TimeoutError, match="did not complete"):
             rig.writer.flush(timeout=0.01)  # takes the spare, then gives it up
@@ -534,12 +546,8 @@ def test_a_flush_woken_while_giving_up_returns_and_its_waiter_is_not_reused(
     rig.writer.flush(WAIT)
     target = writer_module._spare.slot[0]
     assert target is not None
-    release, entered, woken = threading.Event(), threading.Event(), threading.Event()
-
-    def hold_the_writer(error: BaseException | None) -> None:
-        entered.set()
-        release.wait(WAIT)
-
+    woken = threading.Event()
+    release = hold_writer(rig)
     real_wake, real_give_up = writer_module._wake, _Waiter._give_up
 
     def wake(waiter: _Waiter | None) -> None:
@@ -555,8 +563,6 @@ def test_a_flush_woken_while_giving_up_returns_and_its_waiter_is_not_reused(
 
     monkeypatch.setattr(writer_module, "_wake", wake)
     monkeypatch.setattr(_Waiter, "_give_up", give_up)
-    rig.writer.flush_async(hold_the_writer)
-    assert entered.wait(WAIT)
     rig.writer.flush(timeout=0.01)  # woken meanwhile: no TimeoutError
     assert target._gone
     assert writer_module._spare.slot[0] is None  # its _done is released, not held
@@ -570,18 +576,8 @@ def test_a_flush_interrupted_once_queued_passes_the_turn_on_and_is_not_reused(
     assert threading.current_thread() is threading.main_thread()  # KeyboardInterrupt's
     rig.writer.flush(WAIT)
     interrupted = writer_module._spare.slot[0]
-    release, entered = threading.Event(), threading.Event()
     queued = [threading.Event(), threading.Event()]
     outcome: list[BaseException | None] = []
-
-    def hold_the_writer(error: BaseException | None) -> None:
-        entered.set()
-        release.wait(WAIT)
-
-    class Queue(list[writer_module.FlushCallback]):
-        def append(self, callback: writer_module.FlushCallback) -> None:
-            super().append(callback)
-            queued[len(self) - 1].set()
 
     def flush_next() -> None:  # the waiter after the interrupted one in the chain
         try:
@@ -599,10 +595,9 @@ def test_a_flush_interrupted_once_queued_passes_the_turn_on_and_is_not_reused(
         _thread.interrupt_main()  # raised in the main thread's flush, whatever it runs
         release.set()
 
-    rig.writer.flush_async(hold_the_writer)
-    assert entered.wait(WAIT)
-    with rig.writer._lock:
-        rig.writer._callbacks = Queue()  # the writer has drained the list; it waits
+    release = hold_writer(rig)
+    with rig.writer._lock:  # the writer has drained the list; it waits
+        rig.writer._callbacks = Noticed(lambda length: queued[length - 1].set())
     sender = threading.Thread(target=interrupt)
     sender.start()
     try:
@@ -625,7 +620,7 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
     assert threading.current_thread() is threading.main_thread()  # signal handlers run there
     rig.writer.flush(WAIT)
     outer = writer_module._spare.slot[0]  # the interrupted flush takes it
-    release, entered, queued, woken = (threading.Event() for _ in range(4))
+    queued, woken = threading.Event(), threading.Event()
     spares: list[_Waiter | None] = []
     real_wake = writer_module._wake
 
@@ -633,15 +628,6 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
         real_wake(waiter)
         if waiter is outer:
             woken.set()
-
-    def hold_the_writer(error: BaseException | None) -> None:
-        entered.set()
-        release.wait(WAIT)
-
-    class Queue(list[writer_module.FlushCallback]):
-        def append(self, callback: writer_module.FlushCallback) -> None:
-            super().append(callback)
-            queued.set()
 
     def handler(signum: int, frame: object) -> None:
         release.set()
@@ -656,10 +642,9 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
 
     monkeypatch.setattr(writer_module, "_wake", wake)
-    rig.writer.flush_async(hold_the_writer)
-    assert entered.wait(WAIT)
-    with rig.writer._lock:
-        rig.writer._callbacks = Queue()  # the writer has drained the list; it waits
+    release = hold_writer(rig)
+    with rig.writer._lock:  # the writer has drained the list; it waits
+        rig.writer._callbacks = Noticed(lambda length: queued.set())
     previous = signal.signal(signal.SIGUSR1, handler)
     sender = threading.Thread(target=interrupt)
     try:
