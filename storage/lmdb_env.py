@@ -446,10 +446,7 @@ class LmdbEnv:
         # open: the journal is compacted first). The writer replaces the dict when it
         # compacts; readers take it (and a tail's length) *before* their transaction.
         self.tails: Tails = {}
-        # Whether the journal holds frames (version 3) or one record per value (a
-        # version 2 store opened read-only; a writable open upgrades it).
-        self.framed = True
-        self._stored_version: bytes | None = None
+        self._stored_version: bytes | None = None  # as meta holds it (see _open_dbs)
         self._closed = False
         self._lock_fd: int | None = None
         existed = _check_directory(path, readonly=readonly)
@@ -514,12 +511,18 @@ class LmdbEnv:
             None if no_journal else env.open_db(JOURNAL_DB, create=create),
         )
         self._stored_version = stored
-        self.framed = stored != _PER_RECORD
         if stored is None:  # a new store (an older one is stamped by _recover)
             with env.begin(write=True) as txn:
                 txn.put(SCHEMA_VERSION_KEY, current, db=meta)
                 txn.put(NEXT_KEY_KEY, encode_u64(1), db=meta)
+            self._stored_version = current
         return dbs
+
+    @property
+    def framed(self) -> bool:
+        """Whether the journal holds frames (version 3) or one record per value (a
+        version 2 store opened read-only; a writable open upgrades it)."""
+        return self._stored_version != _PER_RECORD
 
     def _recover(self) -> None:
         """Compact what a crash left in the journal, so that :attr:`tails` (empty) is
@@ -535,7 +538,7 @@ class LmdbEnv:
             except lmdb.MapFullError:
                 self.grow()
             else:
-                self.framed = True
+                self._stored_version = current
                 return
 
     def _compact_journal(self, txn: lmdb.Transaction[bytes]) -> None:
