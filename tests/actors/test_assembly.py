@@ -30,28 +30,22 @@ def _assembled(chunks: list[object]) -> Assembler:
     return assembler
 
 
+def _turn_chunks(text: type[TextDelta], finish: type[FinishChunk], usage: Usage) -> list[object]:
+    """One reply's chunks of every type, its first text and its finish of the given types."""
+    return [
+        ReasoningDelta(text="think"),
+        text(text="he"),
+        TextDelta(text="llo"),
+        ToolCallDelta(index=0, call_id="c1", name="echo", arguments_delta="{}"),
+        UsageChunk(usage=usage),
+        finish(reason="tool-calls"),
+    ]
+
+
 def test_chunks_of_every_type_and_of_subclasses_are_assembled_alike() -> None:
     usage = Usage(input_tokens=3, output_tokens=2)
-    plain = _assembled(
-        [
-            ReasoningDelta(text="think"),
-            TextDelta(text="he"),
-            TextDelta(text="llo"),
-            ToolCallDelta(index=0, call_id="c1", name="echo", arguments_delta="{}"),
-            UsageChunk(usage=usage),
-            FinishChunk(reason="tool-calls"),
-        ]
-    )
-    subclassed = _assembled(
-        [
-            ReasoningDelta(text="think"),
-            _ProviderText(text="he"),
-            TextDelta(text="llo"),
-            ToolCallDelta(index=0, call_id="c1", name="echo", arguments_delta="{}"),
-            UsageChunk(usage=usage),
-            _ProviderFinish(reason="tool-calls"),
-        ]
-    )
+    plain = _assembled(_turn_chunks(TextDelta, FinishChunk, usage))
+    subclassed = _assembled(_turn_chunks(_ProviderText, _ProviderFinish, usage))
     for assembler in (plain, subclassed):
         assert assembler.chunk_seqs == [0, 1, 2, 3, 4, 5]
         assert assembler.finish == "tool-calls"
