@@ -37,6 +37,7 @@ from .effects import (
     StartTool,
     TurnAborted,
 )
+from .flushes import FlushGroup
 from .inbox import Inbox, InboxView
 from .live import TurnSignal
 from .streams import StreamHandle, ToolHandle, is_immediate, open_stream, start_tool
@@ -200,6 +201,7 @@ class AgentActor(PooledActor):
         io: IoSide,
         scheduler: Scheduler,
         bus: Any,
+        flushes: FlushGroup,
         dispatcher: Any = None,
     ) -> None:
         super().__init__()
@@ -217,6 +219,7 @@ class AgentActor(PooledActor):
         self.io = io
         self.scheduler = scheduler
         self.bus = bus
+        self.flushes = flushes
         self._coro: Coroutine[Any, Any, None] | None = None
         self._tokens = count(1)
         self._waiting: Effect[Any] | None = None
@@ -236,7 +239,7 @@ class AgentActor(PooledActor):
         put = mailbox.put
         flushed_envelope = Envelope(_FLUSHED)
 
-        def flushed(error: BaseException | None) -> None:  # on the log writer thread
+        def flushed(error: BaseException | None) -> None:  # called by the flush group
             # One envelope serves every successful flush: at most one is in flight (the
             # turn awaits one effect at a time) and the mailbox drops it once handled.
             put(flushed_envelope if error is None else Envelope(_Flushed(error)))
@@ -414,7 +417,7 @@ class AgentActor(PooledActor):
 
     def _start_flush(self, effect: Flush) -> Any:
         self._cancel_waiting = None
-        self.session.flush_async(self._flushed)  # answered by a _Flushed message
+        self.flushes.join(self.session, self._flushed)  # answered by a _Flushed message
         return _PENDING
 
     def _on_flushed(self, message: _Flushed) -> None:

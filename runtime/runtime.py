@@ -21,6 +21,7 @@ from pykka.messages import ProxyCall
 
 from actors import ActorDeath, Bus, Dispatcher, IoSide, RegistryActor, Scheduler, watch
 from actors.agent import AgentActor, AwaitIdle, Cancel, Quiescent
+from actors.flushes import FlushGroup
 from actors.inbox import Inbox
 from actors.limits import Admission, UsageLimits, UsageMeter
 from actors.live import (
@@ -146,6 +147,8 @@ class Runtime:
         )
         self.scheduler = Scheduler(dead_letters=self.dispatcher.dead_letters)
         self.bus = Bus(self.io)
+        # The agents' durability waits: one log flush per round of the run queue.
+        self._flushes = FlushGroup(store, self.dispatcher)
         self._lock = threading.Lock()
         self._agents: dict[str, Agent] = {}
         self._refs: dict[str, ActorRef[Any]] = {}
@@ -387,6 +390,7 @@ class Runtime:
                 io=self.io,
                 scheduler=self.scheduler,
                 bus=self.bus,
+                flushes=self._flushes,
                 dispatcher=self.dispatcher,
             )
 

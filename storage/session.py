@@ -677,7 +677,7 @@ class Session:
         """Return once everything appended before the call is durable."""
         mark = self._last_seq
         self._sink.flush(timeout)
-        self._acknowledge(mark)
+        self.acknowledge(mark)
 
     def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:
         """Call ``callback(None)`` (from any thread) once everything appended before the
@@ -686,7 +686,7 @@ class Session:
             self._sink.flush_async(callback)
             return
         mark = self._last_seq
-        acknowledge = self._acknowledge
+        acknowledge = self.acknowledge
 
         def done(error: BaseException | None) -> None:
             if error is None:
@@ -695,11 +695,20 @@ class Session:
 
         self._sink.flush_async(done)
 
-    def _acknowledge(self, mark: int) -> None:
-        """Everything through seq ``mark`` is durable: drop it from memory if the lock is
-        free (never wait for it: this runs on the writer thread, and an observer holding
-        the lock may be waiting for that thread); else a later acknowledgement or
-        :meth:`_make_room` does it."""
+    def acknowledge(self, mark: int) -> None:
+        """Everything through seq ``mark`` is durable (a flush of this session's sink,
+        asked for once the event of seq ``mark`` was appended, succeeded): drop it from
+        memory if the lock is free; else a later acknowledgement or :meth:`_make_room`
+        does it. Callable from any thread; it never waits for the lock (it runs on the
+        writer thread, and an observer holding the lock may be waiting for that thread).
+
+        Raises ``ValueError`` for a mark past the last event appended (no flush covers
+        an event not yet appended)."""
+        if mark > self._last_seq:
+            raise ValueError(
+                f"cannot acknowledge seq {mark} of session {self.id!r}: its last event is "
+                f"seq {self._last_seq}"
+            )
         if self._reader is None:
             return
         if mark > self._durable:  # noqa: PLR1730 -- a plain store: see _durable
@@ -735,7 +744,7 @@ class Session:
             def done(error: BaseException | None) -> None:
                 self._probing = False
                 if error is None:
-                    self._acknowledge(mark)
+                    self.acknowledge(mark)
 
             self._sink.flush_async(done)
         self._room_at = len(self._tail) + self._bound

@@ -170,12 +170,10 @@ def test_a_flush_that_fails_reaches_the_turn_and_crashes_the_agent_before_the_re
             agent.followup(text)
             assert agent.wait_idle(WAIT)
         assert len(requests) == 3
-        session = agent.session
-
         def failing(callback: Any) -> None:
             callback(StorageError("the disk is gone"))
 
-        session.flush_async = failing  # type: ignore[method-assign]
+        rt.store.flush_async = failing  # type: ignore[method-assign]  # the agents' flushes
         agent.followup("four")
         assert disposed.wait(WAIT)
         # write-ahead: the request of turn 4 was never sent, its facts not being durable

@@ -143,6 +143,18 @@ def test_flush_async_acknowledges_only_on_success() -> None:
     assert session.resident_events == 1
 
 
+def test_an_acknowledgement_drops_exactly_through_its_mark_and_refuses_one_past_the_last() -> None:
+    sink = DurableSink(manual=True)
+    session = durable_session(sink, tail_bound=1000)
+    appended = two_turns(session)
+    session.acknowledge(appended[4].seq)  # e.g. a flush group's member mark
+    assert session.resident_events == len(appended) - 5
+    assert session.events() == appended  # the dropped ones are read back
+    with pytest.raises(ValueError, match=f"its last event is seq {appended[-1].seq}"):
+        session.acknowledge(appended[-1].seq + 1)
+    assert session.resident_events == len(appended) - 5
+
+
 def test_a_session_never_flushed_asks_its_sink_once_its_tail_reaches_the_bound() -> None:
     sink = DurableSink(manual=True)
     session = durable_session(sink, tail_bound=8)
