@@ -11,9 +11,10 @@ One environment directory (``subdir=True``) holds five named databases:
   array never starts with an ASCII byte. A session's values cover its seqs without a
   gap or an overlap.
 - ``journal``: key = 8-byte big-endian counter, one per group commit; value = a
-  *frame*: the commit's runs of records not yet *compacted* into ``events``, as the
-  msgpack array of ``[session key, first seq, [record bytes, ...]]`` runs, in commit
-  order (a session may have several runs in one frame, in seq order).
+  *frame*: the commit's runs of records, as the msgpack array of ``[session key,
+  first seq, [record bytes, ...]]`` runs, in commit order (a session may have several
+  runs in one frame, in seq order). A frame is deleted once all of its records are
+  *compacted* into ``events``.
 - ``sessions``: key = session id (UTF-8); value = 8-byte signed big-endian last
   compacted seq (``-1``: none) + the :class:`~storage.session.SessionHeader` as JSON.
 - ``session-order``: key = 8-byte big-endian session key; value = session id: the
@@ -25,13 +26,17 @@ session-major, each record dirties its own ``events`` leaf page (plus its sessio
 row), and a commit costs a page write per session. Appended to the journal, the same
 records share a page or two, written as one value: the writer packs a commit's
 records in one C call instead of a key and an LMDB put per record. The writer compacts
-the whole journal into ``events`` (and the session rows) in one transaction once it
-is large or idle, where a session's many records share pages and one block (one
-LMDB put, not one per record). A large run of one session that has nothing in the
-journal (a bulk append, a ``Session.extend``) skips the journal: it goes straight to
-``events`` with its session row. A session's records
+the journal into ``events`` (and the session rows) once it is large, a few sessions
+per commit, or whole when idle (see :mod:`storage.writer`): a session's many records
+then share pages and one block (one LMDB put, not one per record). A large run of one
+session that has nothing in the journal (a bulk append, a ``Session.extend``) skips
+the journal: it goes straight to ``events`` with its session row. A session's records
 are therefore seqs ``0..k`` in ``events`` (``k`` = its row's last seq) and ``k + 1..m``
-in the journal, never both in one snapshot, and readers merge the two:
+in the journal. The journal may also still hold some of seqs ``0..k`` (a compaction
+round moves a session's records to ``events`` before it deletes the frames that hold
+them): such a record is a copy of the one in ``events``, and readers take seqs up to
+``k`` from ``events`` only. A session's journaled records are contiguous. Readers merge
+the two:
 
 - in the writing process, from :attr:`LmdbEnv.tails`, an in-memory copy of the
   journal that the writer updates after each commit (before acknowledging it);
@@ -80,15 +85,18 @@ __all__ = [
     "event_key",
     "event_records",
     "put_spans",
+    "trim_journal",
 ]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 # Older versions this one opens: version 1 has no journal; version 2 journals one
 # record per value (8-byte session key + 8-byte seq + the record bytes). Both store one
-# record per ``events`` value, which version 3 reads as it is (see above). A writable
-# open compacts what an old journal holds and stamps version 3 in one transaction; a
-# read-only open reads the store as it is.
-_OLDER: Final = (b"1", b"2")
+# record per ``events`` value, which later versions read as it is (see above). Version
+# 3 is version 4 without compaction rounds: its journal never holds a compacted
+# record (version 4's may; an older release would refuse to recover it, hence the new
+# version). A writable open compacts what an old journal holds and stamps the current
+# version in one transaction; a read-only open reads the store as it is.
+_OLDER: Final = (b"1", b"2", b"3")
 _PER_RECORD: Final = b"2"
 
 EVENTS_DB: Final = b"events"
@@ -335,6 +343,20 @@ def compact(txn: lmdb.Transaction[bytes], dbs: Databases, rows: list[tuple[bytes
     txn.drop(dbs.journal, delete=False)
 
 
+def trim_journal(txn: lmdb.Transaction[bytes], dbs: Databases, end: int) -> int:
+    """Delete the journal frames of keys below ``end`` (the end of a compaction round,
+    every record they hold being in ``events`` now); return how many."""
+    if dbs.journal is None:
+        raise StorageError("a version 1 store opened read-only has no journal to compact")
+    cursor = txn.cursor(db=dbs.journal)
+    stop = _U64.pack(end)
+    deleted = 0
+    if cursor.first():
+        while cursor.key() < stop and cursor.delete():
+            deleted += 1
+    return deleted
+
+
 def scan_journal(
     txn: lmdb.Transaction[bytes],
     journal: lmdb._Database | None,
@@ -542,13 +564,16 @@ class LmdbEnv:
                 return
 
     def _compact_journal(self, txn: lmdb.Transaction[bytes]) -> None:
+        """Compact the whole journal in ``txn``. A session's journaled records up to its
+        row's last seq are in ``events`` already (a compaction round that a crash
+        interrupted moved them there): only those after it are compacted."""
         dbs = self.dbs
         tails = scan_journal(txn, dbs.journal, None, framed=self.framed)
         if not tails:
             return
-        last = put_spans(txn, dbs.events, [(k, t.first, t.records) for k, t in tails.items()])
-        rows: list[tuple[bytes, bytes]] = []
-        for key, seq in last.items():
+        rows: dict[int, tuple[bytes, bytes]] = {}  # session key -> (session id, row)
+        spans: list[Span] = []
+        for key, tail in tails.items():
             session_id = txn.get(encode_u64(key), db=dbs.order)
             raw = txn.get(session_id, db=dbs.sessions) if session_id is not None else None
             if session_id is None or raw is None:
@@ -556,8 +581,13 @@ class LmdbEnv:
                     f"the journal of {self.path} holds records of session key {key}, "
                     "which has no session row: restore the store from a backup or an export"
                 )
-            rows.append((session_id, encode_row(raw[_ROW_PREFIX.size :], seq)))
-        compact(txn, dbs, rows)
+            rows[key] = (session_id, raw)
+            first = max(tail.first, decode_row(raw).last_seq + 1)
+            if first < tail.first + len(tail.records):
+                spans.append((key, first, tail.records[first - tail.first :]))
+        last = put_spans(txn, dbs.events, spans)
+        ended = [(rows[k][0], rows[k][1][_ROW_PREFIX.size :], seq) for k, seq in last.items()]
+        compact(txn, dbs, [(sid, encode_row(header, seq)) for sid, header, seq in ended])
 
     def close(self) -> None:
         """Close the environment once no reader is inside a transaction. Idempotent."""

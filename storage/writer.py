@@ -13,11 +13,17 @@ disk.
 A group commit appends its records to the journal (a page or two for the whole batch,
 see :mod:`storage.lmdb_env`) and updates the in-memory copy of the journal that the
 store's readers merge. The writer *compacts* the journal into the session-major
-``events`` database, in one transaction with the batch at hand, once it holds
-:data:`JOURNAL_MAX_RECORDS` records or :data:`JOURNAL_MAX_BYTES`, after
-:data:`JOURNAL_IDLE_S` without work, and at close. A large run of a session that has
-nothing in the journal (a bulk append, a batch) skips the journal and goes straight
-to ``events`` with its session row (see :class:`_Batch`).
+``events`` database. After :data:`JOURNAL_IDLE_S` without work, and at close, it
+compacts the whole journal in one transaction. Under load, once the records not yet
+compacted reach :data:`JOURNAL_MAX_RECORDS` or :data:`JOURNAL_MAX_BYTES`, it starts a
+*round*: the sessions that have records in the journal at that moment are compacted a
+few at a time, one *step* per commit (see :meth:`LogWriter._next_step`), each with
+every record it has then; the round's last step deletes the journal frames written
+before the round began, every record of them being in ``events`` by then. (In one
+commit, a whole compaction held every flush that waited on that commit for as long as
+it took to write and sync all of it.) A large run of a session that has nothing in the
+journal (a bulk append, a batch) skips the journal and goes straight to ``events``
+with its session row (see :class:`_Batch`).
 
 Blocking :meth:`LogWriter.flush` callers of one commit are woken in a chain, each by
 the previous one as soon as it runs (see :class:`_Waiter`): woken all at once, dozens
@@ -72,10 +78,14 @@ from storage.lmdb_env import (
     encode_row,
     encode_u64,
     put_spans,
+    trim_journal,
 )
 from storage.session import Record, SessionHeader
 
 __all__ = [
+    "COMPACT_STEP_BYTES",
+    "COMPACT_STEP_FACTOR",
+    "COMPACT_STEP_RECORDS",
     "DIRECT_MIN_BYTES",
     "GATHER_S",
     "JOURNAL_IDLE_S",
@@ -106,6 +116,18 @@ class _Spare(threading.local):
 _spare: Final = _Spare()
 
 
+class _Step(NamedTuple):
+    """One commit's part of a compaction round: the sessions whose records it moves to
+    ``events``, and whether it is the round's last (which deletes the journal frames
+    the round covers)."""
+
+    keys: list[int]
+    last: bool
+
+
+_NO_STEP: Final = _Step([], False)
+
+
 class _Batch(NamedTuple):
     """The records of one group commit, routed.
 
@@ -125,14 +147,26 @@ class _Batch(NamedTuple):
     journal_bytes: int
 
 
-# Compaction thresholds. Larger batches share more ``events`` pages per session (about
-# 4 us per record compacted at 4,096 records, 1-2 us at 16,384, on the benchmark VM:
-# 1,000 agents x 10 turns spent 20 us of writer CPU per turn compacting at 8,192 records
-# and 4 MB, 13 us at 16,384 and 8 MB); smaller ones keep the journal that read-only
-# processes scan (and the writer's in-memory copy of it) short.
-JOURNAL_MAX_RECORDS: Final = 16384
-JOURNAL_MAX_BYTES: Final = 8 << 20
+# Compaction thresholds: a round starts once the records not yet compacted reach them.
+# Larger ones give each session's block more records, so compaction costs less per
+# record (1,000 agents x 40 turns, the close charged, three runs each: 9,791-10,223
+# turns/s at 16,384 records / 8 MiB, 10,989-11,291 at 65,536 / 32 MiB); smaller ones
+# keep short the journal that read-only processes scan and the writer's in-memory copy
+# of what it has not compacted. The frames a round writes stay until the next round
+# ends: the journal on disk holds up to about twice this much, plus what arrives
+# during a round.
+JOURNAL_MAX_RECORDS: Final = 65536
+JOURNAL_MAX_BYTES: Final = 32 << 20
 JOURNAL_IDLE_S: Final = 0.5
+# A compaction under load goes in steps, one per commit, of at least this many records
+# or bytes (see LogWriter._next_step): the whole 16,384-record journal in one commit
+# held every flush waiting on it for the ~50 ms it took to write and sync (1,000 agents
+# x 20 turns: the dispatcher idle ~20% of the run).
+COMPACT_STEP_RECORDS: Final = 2048
+COMPACT_STEP_BYTES: Final = 1 << 20
+# ... and this many times what the commit journals: a round ends after a few commits
+# however fast records come in (and the tails it leaves in memory stay bounded).
+COMPACT_STEP_FACTOR: Final = 2
 # A run of a session with nothing in the journal goes straight to ``events`` from this
 # size on (4 pages): smaller ones share the journal's pages with other sessions' runs.
 DIRECT_MIN_BYTES: Final = 16 << 10
@@ -194,10 +228,16 @@ class LogWriter:
         self._bytes_written = 0
         self._resizes = 0
         self._compactions = 0
-        # The journal as the writer thread left it: its next key, record and byte count.
-        self._counter = self._journal_end()
+        # The journal as the writer thread left it: its next key, and the records and
+        # bytes of its tails (the records not compacted yet).
+        self._counter, self._frames = self._journal_end()  # next key, frames on disk
         self._journal_records = 0
         self._journal_bytes = 0
+        # The compaction round in progress (see _run): the sessions it has still to
+        # compact, and the key of the first journal frame it does not cover (None: no
+        # round in progress).
+        self._round: list[int] = []
+        self._round_end: int | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self._thread_id = self._thread.ident
@@ -408,12 +448,14 @@ class LogWriter:
 
     # ------------------------------------------------------------------ thread
 
-    def _journal_end(self) -> int:
+    def _journal_end(self) -> tuple[int, int]:
+        """The journal's next key and how many frames it holds."""
         if self._dbs.journal is None:
-            return 0  # a read-only version 1 store: nothing can be written anyway
+            return 0, 0  # a read-only version 1 store: nothing can be written anyway
         with self._store.reading() as txn:
             cursor = txn.cursor(db=self._dbs.journal)
-            return decode_u64(cursor.key()) + 1 if cursor.last() else 0
+            end = decode_u64(cursor.key()) + 1 if cursor.last() else 0
+            return end, int(txn.stat(self._dbs.journal)["entries"])
 
     def _run(self) -> None:
         chain: _Waiter | None = None  # the end of the last chain of woken flush() callers
@@ -422,7 +464,7 @@ class LogWriter:
                 chain.wait(GATHER_S)
             with self._lock:
                 while not (self._runs or self._headers or self._callbacks or self._stopping):
-                    idle = JOURNAL_IDLE_S if self._journal_records else None
+                    idle = JOURNAL_IDLE_S if self._frames else None
                     if not self._wake.wait(idle):
                         break  # idle with a journal: compact it now
                 runs, self._runs = self._runs, []
@@ -431,16 +473,26 @@ class LogWriter:
                 stop = self._stopping
             batch = self._route(runs)
             journal = self._journal_records + batch.journal_records  # if this batch joined it
-            compacting = journal > 0 and (
-                stop
-                or not (runs or headers or callbacks)  # idle
-                or journal >= JOURNAL_MAX_RECORDS
-                or self._journal_bytes + batch.journal_bytes >= JOURNAL_MAX_BYTES
+            # Idle or closing: compact the whole journal at once. Under load: in a round
+            # of steps, one per commit, so that no commit carries a whole compaction.
+            compacting = (journal > 0 or self._frames > 0) and (
+                stop or not (runs or headers or callbacks)
             )
+            if (
+                not compacting
+                and self._round_end is None
+                and (
+                    journal >= JOURNAL_MAX_RECORDS
+                    or self._journal_bytes + batch.journal_bytes >= JOURNAL_MAX_BYTES
+                )
+            ):
+                self._round = list(self._store.tails)
+                self._round_end = self._counter
+            step = _NO_STEP if compacting or self._round_end is None else self._next_step(batch)
             error: StorageError | None = None
             try:
-                if runs or headers or compacting:
-                    self._commit(headers, batch, compacting=compacting)
+                if runs or headers or compacting or step.keys or step.last:
+                    self._commit(headers, batch, compacting=compacting, step=step)
                 if (callbacks or stop) and self._unsynced:
                     self._env.sync(True)
                     self._unsynced = False
@@ -487,10 +539,33 @@ class LogWriter:
                 journal_bytes += run_size
         return _Batch(direct, journaled, records, size, journal_records, journal_bytes)
 
-    def _commit(self, headers: list[SessionHeader], batch: _Batch, *, compacting: bool) -> None:
+    def _next_step(self, batch: _Batch) -> _Step:
+        """The sessions the next commit compacts: the round's next ones, at least
+        :data:`COMPACT_STEP_RECORDS` records or :data:`COMPACT_STEP_BYTES` bytes and
+        :data:`COMPACT_STEP_FACTOR` times what ``batch`` journals (a step is at least
+        one session, so a round always ends). The round's last step also deletes the
+        journal frames the round covers."""
+        tails = self._store.tails
+        pending = self._round
+        want_records = max(COMPACT_STEP_RECORDS, COMPACT_STEP_FACTOR * batch.journal_records)
+        want_bytes = max(COMPACT_STEP_BYTES, COMPACT_STEP_FACTOR * batch.journal_bytes)
+        keys: list[int] = []
+        records = size = 0
+        while pending and records < want_records and size < want_bytes:
+            key = pending.pop()
+            tail = tails.get(key)
+            if tail is not None:  # Invariant: only a step or a whole compaction drops one
+                keys.append(key)
+                records += len(tail.records)
+                size += sum(map(len, tail.records))
+        return _Step(keys, not pending)
+
+    def _commit(
+        self, headers: list[SessionHeader], batch: _Batch, *, compacting: bool, step: _Step
+    ) -> None:
         while True:
             try:
-                self._write(headers, batch, compacting=compacting)
+                trimmed = self._write(headers, batch, compacting=compacting, step=step)
                 break
             except lmdb.MapFullError:
                 self._grow()
@@ -503,20 +578,45 @@ class LogWriter:
             self._store.tails = {}
             self._compactions += 1
             self._journal_records = self._journal_bytes = 0
+            self._round, self._round_end = [], None
+            self._frames = 0
             return
         tails = self._store.tails
+        stepped = set(step.keys)
+        records, size = batch.journal_records, batch.journal_bytes
+        if stepped:  # a new dict, as for a whole compaction: see LmdbEnv.chunks
+            for key in step.keys:
+                dropped = tails[key].records
+                records -= len(dropped)
+                size -= sum(map(len, dropped))
+            tails = {key: tail for key, tail in tails.items() if key not in stepped}
         for key, first, payloads in batch.journaled:
+            if key in stepped:  # compacted with its tail: in ``events`` already
+                records -= len(payloads)
+                size -= sum(map(len, payloads))
+                continue
             tail = tails.get(key)
             if tail is None:
                 tails[key] = Tail(first, payloads)  # the writer's own list (see submit_many)
             else:
                 tail.records.extend(payloads)
+        self._store.tails = tails
         if batch.journaled:
             self._counter += 1
-        self._journal_records += batch.journal_records
-        self._journal_bytes += batch.journal_bytes
+            self._frames += 1
+        self._journal_records += records
+        self._journal_bytes += size
+        if step.last:
+            self._frames -= trimmed
+            self._round_end = None
+            self._compactions += 1
 
-    def _write(self, headers: list[SessionHeader], batch: _Batch, *, compacting: bool) -> None:
+    def _write(
+        self, headers: list[SessionHeader], batch: _Batch, *, compacting: bool, step: _Step
+    ) -> int:
+        """One commit: ``headers``, ``batch`` and the ``step`` of a compaction round, or
+        ``batch`` and the whole journal (``compacting``). Returns how many journal
+        frames a round's last step deleted."""
         dbs = self._dbs
         tracked = self._tracked
         with self._env.begin(write=True) as txn:
@@ -534,7 +634,7 @@ class LogWriter:
                 spans = [(key, tail.first, tail.records) for key, tail in self._store.tails.items()]
                 rows = self._put_events(txn, spans + batch.direct + batch.journaled)
                 compact(txn, dbs, rows)
-                return
+                return 0
             if batch.direct:
                 rows = self._put_events(txn, batch.direct)
                 txn.cursor(db=dbs.sessions).putmulti(rows)
@@ -544,6 +644,29 @@ class LogWriter:
                     raise StorageError(
                         f"the journal refused key {self._counter} (the store is damaged?)"
                     )
+            if step.keys:
+                rows = self._put_events(txn, self._step_spans(step.keys, batch))
+                txn.cursor(db=dbs.sessions).putmulti(rows)
+            if step.last:
+                assert self._round_end is not None
+                return trim_journal(txn, dbs, self._round_end)
+            return 0
+
+    def _step_spans(self, keys: list[int], batch: _Batch) -> list[Span]:
+        """The records of a step's sessions: their tails, and what ``batch`` appends to
+        them (compacted in the same commit, so that no tail is left behind in memory)."""
+        tails = self._store.tails
+        wanted = set(keys)
+        more: dict[int, list[bytes]] = {}
+        for key, _, payloads in batch.journaled:
+            if key in wanted:
+                more.setdefault(key, []).extend(payloads)
+        spans: list[Span] = []
+        for key in keys:
+            tail = tails[key]
+            extra = more.get(key)
+            spans.append((key, tail.first, tail.records + extra if extra else tail.records))
+        return spans
 
     def _put_events(
         self, txn: lmdb.Transaction[bytes], spans: list[Span]

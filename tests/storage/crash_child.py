@@ -1,8 +1,9 @@
 """The child process of ``test_crash``: appends to several sessions until it is killed.
 
 Usage: ``python crash_child.py STORE_PATH SESSIONS DURABILITY [JOURNAL_MAX_RECORDS
-[DIRECT_MIN_BYTES]]`` (a small journal threshold makes the writer compact often, so
-kills land during compactions too; a small direct threshold makes it write runs of
+[DIRECT_MIN_BYTES]]`` (a small journal threshold makes the writer compact often, in
+rounds of several steps, so kills land during compactions and between the steps of a
+round too; a small direct threshold makes it write runs of
 sessions with nothing in the journal straight to ``events``).
 
 It opens (or creates) sessions ``s0..s{N-1}``, prints ``loaded <id> <last seq>`` for
@@ -84,7 +85,11 @@ def main() -> None:
     durability = cast(Literal["write-ahead", "turn", "none"], sys.argv[3])
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     if len(sys.argv) > 4:
-        writer_module.JOURNAL_MAX_RECORDS = int(sys.argv[4])  # type: ignore[misc]
+        threshold = int(sys.argv[4])
+        writer_module.JOURNAL_MAX_RECORDS = threshold  # type: ignore[misc]
+        # Rounds of a step per session, so that kills land in the middle of rounds too.
+        writer_module.COMPACT_STEP_RECORDS = 1  # type: ignore[misc]
+        writer_module.COMPACT_STEP_FACTOR = 0  # type: ignore[misc]
     if len(sys.argv) > 5:
         writer_module.DIRECT_MIN_BYTES = int(sys.argv[5])  # type: ignore[misc]
     store = Store.open(path, durability=durability)

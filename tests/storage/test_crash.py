@@ -6,9 +6,11 @@ The parent kills it after a random number of acknowledgements plus a random tiny
 delay, reopens the store read-only, checks every session, and starts the next child,
 which must continue the sessions from where the durable log ends.
 
-Every other child compacts its journal after a few records, so kills land before,
-during and after compactions; the others die with records in the journal, which the
-read-only check merges and the next child's open compacts. Half the children write
+Every other child compacts its journal after a few records, in rounds of a few steps,
+so kills land before, during and after compactions and between the steps of a round
+(the journal then still holds records that ``events`` holds too); the others die with
+records in the journal, which the read-only check merges and the next child's open
+compacts. Half the children write
 the runs of sessions with nothing in the journal straight to ``events``. The second
 half of each turn is one ``Session.extend``: a kill never leaves part of it.
 """

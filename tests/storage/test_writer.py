@@ -25,6 +25,7 @@ from storage.lmdb_env import (
     Tail,
     compact,
     decode_row,
+    encode_u64,
     event_key,
     event_records,
     scan_journal,
@@ -44,13 +45,13 @@ def payload(key: int, seq: int, size: int = 0) -> bytes:
 
 
 def stored(env: lmdb.Environment, dbs: Databases) -> dict[bytes, bytes]:
-    """Every committed record by its ``events`` key, compacted or still in the journal."""
+    """Every committed record by its ``events`` key, compacted or still in the journal
+    (a journaled record that a compaction round moved to ``events`` is the same bytes)."""
     with env.begin() as txn:
         records = dict(event_records(txn, dbs.events))
         for key, tail in scan_journal(txn, dbs.journal, None).items():
             for seq, value in enumerate(tail.records, tail.first):
-                assert event_key(key, seq) not in records, "a record compacted and journaled"
-                records[event_key(key, seq)] = value
+                assert records.setdefault(event_key(key, seq), value) == value, "two versions"
     return dict(sorted(records.items()))
 
 
@@ -314,6 +315,19 @@ def journal_size(rig: Rig) -> int:
         return sum(len(t.records) for t in scan_journal(txn, rig.dbs.journal, None).values())
 
 
+def uncompacted(rig: Rig) -> int:
+    """Journaled records that ``events`` does not hold (the journal may also still hold
+    copies of compacted ones: a round deletes frames only once it ends)."""
+    with rig.env.begin() as txn:
+        in_events = {key for key, _ in event_records(txn, rig.dbs.events)}
+        tails = scan_journal(txn, rig.dbs.journal, None)
+    return sum(
+        event_key(key, seq) not in in_events
+        for key, tail in tails.items()
+        for seq in range(tail.first, tail.first + len(tail.records))
+    )
+
+
 def journal_frames(rig: Rig) -> int:
     with rig.env.begin() as txn:
         return int(txn.stat(rig.dbs.journal)["entries"])
@@ -350,7 +364,8 @@ def test_a_commit_goes_to_the_journal_and_reads_see_it_before_and_after_compacti
     for seq in range(10, 20):  # 20 in the journal + 10 more reach the threshold
         rig.writer.submit(PendingRecord(1, seq, payload(1, seq)))
     rig.writer.flush(WAIT)
-    assert journal_size(rig) == 0
+    assert uncompacted(rig) == 0  # a round of one step, with this commit's records
+    assert journal_frames(rig) == 1  # only the frame of the round's own commit is left
     assert rig.writer.statistics().compactions == 1
     assert list(compacted(rig)) == [event_key(1, s) for s in range(20)] + [
         event_key(2, s) for s in range(10)
@@ -361,7 +376,7 @@ def test_a_commit_goes_to_the_journal_and_reads_see_it_before_and_after_compacti
 
     rig.writer.submit(PendingRecord(2, 10, payload(2, 10)))  # a tail after compacted ones
     rig.writer.flush(WAIT)
-    assert journal_size(rig) == 1
+    assert uncompacted(rig) == 1
     assert read_back(rig, "b") == [payload(2, seq) for seq in range(11)]
     row = rig.store.row("b")
     assert row is not None
@@ -431,6 +446,108 @@ def test_compaction_grows_a_full_map_without_losing_or_duplicating_a_record(
         with reopened.env.begin() as txn:
             assert txn.stat(reopened.dbs.journal)["entries"] == 0
             assert len(list(event_records(txn, reopened.dbs.events))) == 3000
+    finally:
+        reopened.close()
+
+
+def test_a_compaction_under_load_goes_in_steps_and_its_last_deletes_the_frames_it_covers(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 24)
+    monkeypatch.setattr(writer_module, "COMPACT_STEP_RECORDS", 4)
+    sessions = 6
+    for key in range(1, sessions + 1):
+        rig.writer.track(header(key, f"s{key}"), next_seq=0, new=True)
+    next_seq = dict.fromkeys(range(1, sessions + 1), 0)
+
+    def commit(keys: range) -> None:  # one record of each of ``keys``, one commit
+        for key in keys:
+            rig.writer.submit(PendingRecord(key, next_seq[key], payload(key, next_seq[key])))
+            next_seq[key] += 1
+        rig.writer.flush(WAIT)
+
+    def all_read_back() -> None:
+        for key in range(1, sessions + 1):
+            assert read_back(rig, f"s{key}") == [payload(key, s) for s in range(next_seq[key])]
+
+    for _ in range(3):  # 18 records in 3 frames
+        commit(range(1, sessions + 1))
+    compacted_sessions = []  # after each commit of the round
+    while rig.writer.statistics().compactions == 0:
+        commit(range(1, 3))  # 2 records a commit: the third reaches 24 and starts a round
+        done = {key[:8] for key in compacted(rig)}
+        if done:
+            compacted_sessions.append(len(done))
+        all_read_back()  # exact at every step: events, journal copies and tails merged
+        assert len(compacted_sessions) < 20, "the round never ended"
+    # In steps: each commit compacted a few more sessions (about 4 records' worth), not
+    # all of them at once.
+    assert len(compacted_sessions) >= 3
+    assert compacted_sessions == sorted(compacted_sessions)
+    assert compacted_sessions[0] < sessions == compacted_sessions[-1]
+    # The last step deleted the frames from before the round; those of the round's own
+    # commits stay (their records are in ``events``, or in the tails of sessions 1 and 2
+    # if they came after their step).
+    with rig.env.begin() as txn:
+        first_frame = next(iter(txn.cursor(db=rig.dbs.journal)))[0]
+    assert first_frame > encode_u64(4)
+    assert set(rig.store.tails) <= {1, 2}
+    all_read_back()
+    assert stored(rig.env, rig.dbs) == {
+        event_key(key, s): payload(key, s)
+        for key in range(1, sessions + 1)
+        for s in range(next_seq[key])
+    }
+
+
+CRASH_MID_ROUND = """
+import os, signal, sys
+from storage import Store, writer
+from storage.events import MessageTrigger, TurnStart
+writer.JOURNAL_MAX_RECORDS = 12
+writer.COMPACT_STEP_RECORDS = 2
+store = Store.open(sys.argv[1])
+sessions = [store.create_session(f"s{i}") for i in range(4)]
+store.flush()
+for session in sessions:  # a commit each: the fourth starts a round of two steps
+    facts = [("turn/start", TurnStart(turn=t, trigger=MessageTrigger())) for t in (1, 2, 3)]
+    session.extend(facts)
+    store.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_store_killed_in_the_middle_of_a_round_reads_and_reopens_exactly(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "env"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", CRASH_MID_ROUND, str(path)], env=env, check=False, timeout=WAIT
+    )
+    assert child.returncode == -signal.SIGKILL
+
+    reader = LmdbEnv(path, readonly=True, map_size=0, sync=True)
+    try:  # the journal still holds records that events holds too: reads merge exactly
+        with reader.env.begin() as txn:
+            journaled = scan_journal(txn, reader.dbs.journal, None)
+            compacted_keys = {k[:8] for k, _ in event_records(txn, reader.dbs.events)}
+        assert any(encode_u64(key) in compacted_keys for key in journaled)  # mid-round
+        rows = reader.rows()
+        assert [row.last_seq for row in rows] == [2] * 4
+        records = {row.header.id: [v for _, p in reader.chunks(row) for v in p] for row in rows}
+        assert all(len(values) == 3 for values in records.values())
+        assert all(b'"turn":3' in values[2] for values in records.values())
+    finally:
+        reader.close()
+
+    reopened = LmdbEnv(path, readonly=False, map_size=1 << 20, sync=True)
+    try:  # compacts what events lacks, nothing twice, and empties the journal
+        with reopened.env.begin() as txn:
+            assert txn.stat(reopened.dbs.journal)["entries"] == 0
+        for row in reopened.rows():
+            assert row.last_seq == 2
+            assert [v for _, p in reopened.chunks(row) for v in p] == records[row.header.id]
     finally:
         reopened.close()
 
@@ -708,7 +825,7 @@ def test_a_read_with_a_tail_taken_just_before_a_compaction_reads_the_compacted_r
     for seq in range(1, 7):
         rig.writer.submit(PendingRecord(1, seq, payload(1, seq)))
     rig.writer.flush(WAIT)  # one compaction: 0..6 in ``events``
-    assert journal_size(rig) == 0
+    assert uncompacted(rig) == 0
     rig.store.tails = stale
     row = rig.store.row("a")
     assert row is not None and row.last_seq == 6
