@@ -37,6 +37,7 @@ from storage.events import Completed, MessageTrigger, SessionEndSeed, TurnEnd, T
 from storage.lmdb_env import (
     SCHEMA_VERSION,
     decode_row,
+    encode_frame,
     encode_row,
     encode_u64,
     event_key,
@@ -454,6 +455,39 @@ def test_a_version_2_store_is_read_as_it_is_and_upgraded_by_a_writable_open(
         assert txn.get(b"schema_version", db=env.open_db(b"meta", txn=txn)) == str(
             SCHEMA_VERSION
         ).encode("ascii")
+    env.close()
+
+
+def test_a_version_3_store_with_records_in_its_journal_is_read_and_upgraded(
+    tmp_path: Path,
+) -> None:
+    """Version 3 is version 4 without compaction rounds (its journal never holds a copy
+    of a compacted record): both opens read it as it is, a writable one stamps 4."""
+    path = tmp_path / "s"
+    with Store.open(path) as store:
+        log = two_turns(store)
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:  # as corral 3 left it: the last 3 in a frame
+        events, sessions = env.open_db(b"events", txn=txn), env.open_db(b"sessions", txn=txn)
+        raw = txn.get(b"agent-1", db=sessions)
+        row = decode_row(raw)
+        records = [value for _, value in event_records(txn, events)]
+        txn.drop(events, delete=False)
+        for seq, value in enumerate(records[:-3]):
+            txn.put(event_key(row.header.key, seq), value, db=events)
+        frame = encode_frame([(row.header.key, row.last_seq - 2, records[-3:])])
+        txn.put(encode_u64(0), frame, db=env.open_db(b"journal", txn=txn))
+        txn.put(b"agent-1", encode_row(raw[8:], row.last_seq - 3), db=sessions)
+        txn.put(b"schema_version", b"3", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with Store.open(path, readonly=True) as store:
+        assert store.read("agent-1") == log.events
+    with Store.open(path) as store:
+        assert store.read("agent-1") == log.events
+    env = lmdb.open(str(path), max_dbs=8, readonly=True)
+    with env.begin() as txn:
+        assert txn.get(b"schema_version", db=env.open_db(b"meta", txn=txn)) == b"4"
+        assert txn.stat(env.open_db(b"journal", txn=txn, create=False))["entries"] == 0
     env.close()
 
 
