@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from actors._dispatcher import Dispatcher
+from actors._dispatcher import Dispatcher, Schedulable
 from actors.errors import DispatcherShutdownError
 
 __all__ = ["Durable", "FlushCallback", "FlushGroup", "Log"]
@@ -96,10 +96,7 @@ class FlushGroup:
         first = len(members) == 1
         lock.release()
         if first:
-            try:
-                self._dispatcher.schedule(self)
-            except DispatcherShutdownError:
-                self.run_batch(0)
+            _run_soon(self._dispatcher, self)
 
     def run_batch(self, throughput: int) -> tuple[int, bool]:
         """Seal the group: ask the log for one flush for its members."""
@@ -130,10 +127,7 @@ class _Outcome:
     def deliver(self, error: BaseException | None) -> None:
         """The log's callback (on its writer thread): hand the outcome to a worker."""
         self.error = error
-        try:
-            self._dispatcher.schedule(self)
-        except DispatcherShutdownError:
-            self.run_batch(0)
+        _run_soon(self._dispatcher, self)
 
     def run_batch(self, throughput: int) -> tuple[int, bool]:
         error = self.error
@@ -146,3 +140,12 @@ class _Outcome:
             except Exception:  # noqa: BLE001 -- one member's fault must not strand the others
                 _log.exception("a flush group member's callback failed; the failure is contained")
         return len(members), False
+
+
+def _run_soon(dispatcher: Dispatcher, work: Schedulable) -> None:
+    """Put ``work`` at the back of the run queue; run it at once on the calling thread
+    if the dispatcher is shut down (no member may wait for a worker that never comes)."""
+    try:
+        dispatcher.schedule(work)
+    except DispatcherShutdownError:
+        work.run_batch(0)

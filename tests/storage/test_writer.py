@@ -500,6 +500,15 @@ def test_a_compaction_under_load_goes_in_steps_and_its_last_deletes_the_frames_i
     }
 
 
+def run_until_killed(script: str, path: Path) -> None:
+    """Run ``script`` on a store at ``path`` in a child that ends by SIGKILLing itself."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", script, str(path)], env=env, check=False, timeout=WAIT
+    )
+    assert child.returncode == -signal.SIGKILL
+
+
 CRASH_MID_ROUND = """
 import os, signal, sys
 from storage import Store, writer
@@ -521,11 +530,7 @@ def test_a_store_killed_in_the_middle_of_a_round_reads_and_reopens_exactly(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "env"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.run(
-        [sys.executable, "-c", CRASH_MID_ROUND, str(path)], env=env, check=False, timeout=WAIT
-    )
-    assert child.returncode == -signal.SIGKILL
+    run_until_killed(CRASH_MID_ROUND, path)
 
     reader = LmdbEnv(path, readonly=True, map_size=0, sync=True)
     try:  # the journal still holds records that events holds too: reads merge exactly
@@ -567,11 +572,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_a_writable_open_compacts_what_a_crash_left_in_the_journal(tmp_path: Path) -> None:
     path = tmp_path / "env"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.run(
-        [sys.executable, "-c", CRASH_AFTER_FLUSH, str(path)], env=env, check=False, timeout=WAIT
-    )
-    assert child.returncode == -signal.SIGKILL
+    run_until_killed(CRASH_AFTER_FLUSH, path)
 
     reader = LmdbEnv(path, readonly=True, map_size=0, sync=True)
     try:  # a read-only open scans the journal
