@@ -103,9 +103,10 @@ class FlushGroup:
         lock = self._lock
         lock.acquire()
         members, self._members = self._members, []
-        lock.release()
         if members:
             self._flushes += 1
+        lock.release()
+        if members:
             outcome = _Outcome(members, self._dispatcher)
             try:
                 self._log.flush_async(outcome.deliver)
