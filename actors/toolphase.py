@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -106,7 +106,7 @@ class ToolPhase:
             known = ", ".join(sorted(self._tools)) or "none"
             return _error("UNKNOWN_TOOL", f"there is no tool named {call.name!r} (tools: {known})")
         try:
-            arguments = json.loads(call.arguments or "{}", parse_constant=_no_constant)
+            arguments = _ARGUMENTS.decode(call.arguments or "{}")
         except ValueError as err:
             return _error("INVALID_ARGUMENTS", f"the arguments are not valid JSON: {err}")
         except RecursionError:
@@ -268,3 +268,7 @@ class ToolPhase:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+# One decoder for every call's arguments (json.loads with an option builds one a call).
+_ARGUMENTS: Final = json.JSONDecoder(parse_constant=_no_constant)
