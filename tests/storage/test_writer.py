@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -833,33 +834,48 @@ def test_a_read_with_a_tail_taken_just_before_a_compaction_reads_the_compacted_r
     assert read_back(rig, "a") == [payload(1, seq) for seq in range(7)]
 
 
+@pytest.mark.parametrize(
+    ("sessions", "step"),
+    [(1, None), (6, 2)],
+    ids=["one session, whole rounds", "six sessions, a round of several steps"],
+)
 def test_in_process_readers_never_see_a_gap_while_the_writer_compacts(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, sessions: int, step: int | None
 ) -> None:
-    monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 7)
-    rig.writer.track(header(1, "a"), next_seq=0, new=True)
+    monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 7 * sessions)
+    if step is not None:  # a step of ``step`` records, whatever the commit carries
+        monkeypatch.setattr(writer_module, "COMPACT_STEP_RECORDS", step)
+        monkeypatch.setattr(writer_module, "COMPACT_STEP_FACTOR", 0)
+    keys = range(1, sessions + 1)
+    for key in keys:
+        rig.writer.track(header(key, f"s{key}"), next_seq=0, new=True)
     rig.writer.flush(WAIT)
     done = threading.Event()
     problems: list[BaseException] = []
 
     def read_until_done() -> None:
         try:
-            seen = 0
+            seen = dict.fromkeys(keys, 0)
             while not done.is_set():
-                records = read_back(rig, "a")
-                assert records == [payload(1, seq) for seq in range(len(records))]
-                assert len(records) >= seen, "went backwards"
-                seen = len(records)
+                for key in keys:
+                    records = read_back(rig, f"s{key}")
+                    assert records == [payload(key, seq) for seq in range(len(records))]
+                    assert len(records) >= seen[key], "went backwards"
+                    seen[key] = len(records)
         except BaseException as err:
             problems.append(err)
 
     readers = [threading.Thread(target=read_until_done) for _ in range(2)]
     for reader in readers:
         reader.start()
+    rng = random.Random(sessions)
+    next_seq = dict.fromkeys(keys, 0)
     try:
-        for seq in range(400):
-            rig.writer.submit(PendingRecord(1, seq, payload(1, seq)))
-            if seq % 3 == 0:
+        for index in range(400 * sessions):
+            key = rng.choice(keys)  # sessions interleave at random within a commit
+            rig.writer.submit(PendingRecord(key, next_seq[key], payload(key, next_seq[key])))
+            next_seq[key] += 1
+            if index % 3 == 0:
                 rig.writer.flush(WAIT)
         rig.writer.flush(WAIT)
     finally:
@@ -868,4 +884,9 @@ def test_in_process_readers_never_see_a_gap_while_the_writer_compacts(
             reader.join(WAIT)
     assert problems == []
     assert rig.writer.statistics().compactions >= 20
-    assert read_back(rig, "a") == [payload(1, seq) for seq in range(400)]
+    expected = {
+        event_key(key, seq): payload(key, seq) for key in keys for seq in range(next_seq[key])
+    }
+    assert stored(rig.env, rig.dbs) == expected  # events and the journal's copies agree
+    for key in keys:
+        assert read_back(rig, f"s{key}") == [payload(key, s) for s in range(next_seq[key])]
