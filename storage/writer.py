@@ -61,6 +61,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Final, NamedTuple
 
 import lmdb
@@ -101,6 +102,7 @@ _log = logging.getLogger(__name__)
 FlushCallback = Callable[[BaseException | None], None]
 
 _COUNTER: Final = struct.Struct(">Q")  # a journal key
+_PAYLOADS: Final = itemgetter(2)  # a span's records
 _header_encoder: Final = msgspec.json.Encoder()
 _get_ident: Final = threading.get_ident
 
@@ -520,16 +522,18 @@ class LogWriter:
     def _route(self, runs: list[Span]) -> _Batch:
         """Split ``runs`` into those written straight to ``events`` and those appended
         to the journal (see :class:`_Batch`)."""
+        sizes = [sum(map(len, payloads)) for _, _, payloads in runs]
+        records = sum(map(len, map(_PAYLOADS, runs)))
+        size = sum(sizes)
+        if not sizes or max(sizes) < DIRECT_MIN_BYTES:  # the usual batch: loops in C only
+            return _Batch([], runs, records, size, records, size)
         tails = self._store.tails
         direct: list[Span] = []
         journaled: list[Span] = []
         journaled_keys: set[int] = set()
-        records = size = journal_records = journal_bytes = 0
-        for run in runs:
+        journal_records = journal_bytes = 0
+        for run, run_size in zip(runs, sizes, strict=True):
             key, _, payloads = run
-            run_size = sum(map(len, payloads))
-            records += len(payloads)
-            size += run_size
             if run_size >= DIRECT_MIN_BYTES and key not in tails and key not in journaled_keys:
                 direct.append(run)
             else:
