@@ -116,13 +116,17 @@ class FlushGroup:
 
 
 class _Outcome:
-    """A sealed group's flush outcome, run by a worker once the log has called back."""
+    """A sealed group's flush outcome, run by a worker once the log has called back:
+    ``throughput`` members a batch, like an actor's messages (a group may hold thousands
+    of members; a batch that long would keep other work waiting and look like a stuck
+    worker to a standby one)."""
 
-    __slots__ = ("_dispatcher", "_members", "error")
+    __slots__ = ("_dispatcher", "_done", "_members", "error")
 
     def __init__(self, members: list[_Member], dispatcher: Dispatcher) -> None:
         self._members = members
         self._dispatcher = dispatcher
+        self._done = 0  # members answered so far
         self.error: BaseException | None = None
 
     def deliver(self, error: BaseException | None) -> None:
@@ -131,21 +135,27 @@ class _Outcome:
         _run_soon(self._dispatcher, self)
 
     def run_batch(self, throughput: int) -> tuple[int, bool]:
+        """Answer the next ``throughput`` members (every one left for 0)."""
         error = self.error
         members = self._members
-        for session, mark, callback in members:
+        start = self._done
+        end = len(members) if throughput <= 0 else min(len(members), start + throughput)
+        for index in range(start, end):
+            session, mark, callback = members[index]
             try:
                 if error is None:
                     session.acknowledge(mark)
                 callback(error)
             except Exception:  # noqa: BLE001 -- one member's fault must not strand the others
                 _log.exception("a flush group member's callback failed; the failure is contained")
-        return len(members), False
+        self._done = end
+        return end - start, end < len(members)
 
 
 def _run_soon(dispatcher: Dispatcher, work: Schedulable) -> None:
-    """Put ``work`` at the back of the run queue; run it at once on the calling thread
-    if the dispatcher is shut down (no member may wait for a worker that never comes)."""
+    """Put ``work`` at the back of the run queue; run it at once and whole on the calling
+    thread if the dispatcher is shut down (no member may wait for a worker that never
+    comes)."""
     try:
         dispatcher.schedule(work)
     except DispatcherShutdownError:

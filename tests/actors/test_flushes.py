@@ -183,6 +183,44 @@ def test_a_failed_flush_reaches_every_member_and_acknowledges_nothing(
     assert journal == []
 
 
+def test_a_large_group_is_answered_throughput_members_a_batch_and_each_once_in_order() -> None:
+    dispatcher = Dispatcher(1, throughput=4, name="test-flushes-4")
+    try:
+        log, journal, order = Log(), [], []
+        group = FlushGroup(log, dispatcher)
+        done = threading.Event()
+
+        def member(name: str) -> FlushCallback:
+            def called(error: BaseException | None) -> None:
+                order.append(name)
+                if name == "m9":
+                    done.set()
+
+            return called
+
+        hold = Hold(dispatcher)
+        for index in range(10):
+            group.join(Member(f"m{index}", index, journal), member(f"m{index}"))
+        hold.release.set()
+        log.wait_asked()
+        hold = Hold(dispatcher)  # the outcome queues behind this, the probe behind it
+
+        class Probe:
+            def run_batch(self, throughput: int) -> tuple[int, bool]:
+                order.append("other work")
+                return 1, False
+
+        log.pending[0](None)
+        dispatcher.schedule(Probe())
+        hold.release.set()
+        assert done.wait(WAIT)
+        # Four members, then the work queued behind the outcome, then the rest.
+        assert order == ["m0", "m1", "m2", "m3", "other work", *(f"m{i}" for i in range(4, 10))]
+        assert journal == [f"ack m{i} {i}" for i in range(10)]
+    finally:
+        dispatcher.shutdown(timeout=WAIT)
+
+
 def test_a_closed_store_refuses_the_flush_and_every_member_hears_it(
     store: Store, dispatcher: Dispatcher
 ) -> None:
@@ -280,7 +318,9 @@ def test_concurrent_joins_are_each_answered_exactly_once(
             worker.join(WAIT)
         assert outcomes.all_in()
         names = [name for name, _ in outcomes.seen]
-        assert sorted(names) == sorted(f"{t}:{i}" for t in range(threads) for i in range(per_thread))
+        assert sorted(names) == sorted(
+            f"{t}:{i}" for t in range(threads) for i in range(per_thread)
+        )
         assert all(error is None for _, error in outcomes.seen)
         assert all(session.resident_events == 0 for session in sessions)  # all acknowledged
     finally:
