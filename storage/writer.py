@@ -120,14 +120,16 @@ _spare: Final = _Spare()
 
 class _Step(NamedTuple):
     """One commit's part of a compaction round: the sessions whose records it moves to
-    ``events``, and whether it is the round's last (which deletes the journal frames
-    the round covers)."""
+    ``events`` (with how many records and bytes their tails hold), and whether it is the
+    round's last (which deletes the journal frames the round covers)."""
 
     keys: list[int]
     last: bool
+    records: int
+    size: int
 
 
-_NO_STEP: Final = _Step([], False)
+_NO_STEP: Final = _Step([], False, 0, 0)
 
 
 class _Batch(NamedTuple):
@@ -562,7 +564,7 @@ class LogWriter:
                 keys.append(key)
                 records += len(tail.records)
                 size += sum(map(len, tail.records))
-        return _Step(keys, not pending)
+        return _Step(keys, not pending, records, size)
 
     def _commit(
         self, headers: list[SessionHeader], batch: _Batch, *, compacting: bool, step: _Step
@@ -587,12 +589,9 @@ class LogWriter:
             return
         tails = self._store.tails
         stepped = set(step.keys)
-        records, size = batch.journal_records, batch.journal_bytes
+        records = batch.journal_records - step.records
+        size = batch.journal_bytes - step.size
         if stepped:  # a new dict, as for a whole compaction: see LmdbEnv.chunks
-            for key in step.keys:
-                dropped = tails[key].records
-                records -= len(dropped)
-                size -= sum(map(len, dropped))
             tails = {key: tail for key, tail in tails.items() if key not in stepped}
         for key, first, payloads in batch.journaled:
             if key in stepped:  # compacted with its tail: in ``events`` already

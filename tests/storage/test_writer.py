@@ -890,3 +890,7 @@ def test_in_process_readers_never_see_a_gap_while_the_writer_compacts(
     assert stored(rig.env, rig.dbs) == expected  # events and the journal's copies agree
     for key in keys:
         assert read_back(rig, f"s{key}") == [payload(key, s) for s in range(next_seq[key])]
+    # The writer's count of what it has not compacted (what starts a round) is its tails.
+    tails = rig.store.tails.values()
+    assert rig.writer._journal_records == sum(len(tail.records) for tail in tails)
+    assert rig.writer._journal_bytes == sum(len(r) for tail in tails for r in tail.records)
