@@ -571,7 +571,7 @@ class LmdbEnv:
         tails = scan_journal(txn, dbs.journal, None, framed=self.framed)
         if not tails:
             return
-        rows: dict[int, tuple[bytes, bytes]] = {}  # session key -> (session id, row)
+        rows: dict[int, tuple[bytes, bytes]] = {}  # session key -> (session id, header)
         spans: list[Span] = []
         for key, tail in tails.items():
             session_id = txn.get(encode_u64(key), db=dbs.order)
@@ -581,13 +581,12 @@ class LmdbEnv:
                     f"the journal of {self.path} holds records of session key {key}, "
                     "which has no session row: restore the store from a backup or an export"
                 )
-            rows[key] = (session_id, raw)
+            rows[key] = (session_id, raw[_ROW_PREFIX.size :])
             first = max(tail.first, decode_row(raw).last_seq + 1)
             if first < tail.first + len(tail.records):
                 spans.append((key, first, tail.records[first - tail.first :]))
         last = put_spans(txn, dbs.events, spans)
-        ended = [(rows[k][0], rows[k][1][_ROW_PREFIX.size :], seq) for k, seq in last.items()]
-        compact(txn, dbs, [(sid, encode_row(header, seq)) for sid, header, seq in ended])
+        compact(txn, dbs, [(rows[k][0], encode_row(rows[k][1], seq)) for k, seq in last.items()])
 
     def close(self) -> None:
         """Close the environment once no reader is inside a transaction. Idempotent."""
