@@ -62,7 +62,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import lmdb
 import msgspec
@@ -109,10 +109,12 @@ _get_ident: Final = threading.get_ident
 
 class _Spare(threading.local):
     """This thread's idle waiter (``slot[0]``), reused by its next blocking flush: two
-    locks less per flush. A list, so that a flush looks the thread's storage up once."""
+    locks less per flush; and how many of its blocking flushes wait (``slot[1]``: more
+    than one when a signal handler flushes while the flush it interrupted waits). A
+    list, so that a flush looks the thread's storage up once."""
 
     def __init__(self) -> None:
-        self.slot: list[_Waiter | None] = [None]
+        self.slot: list[Any] = [None, 0]  # [_Waiter | None, int]
 
 
 _spare: Final = _Spare()
@@ -348,16 +350,24 @@ class LogWriter:
         if _get_ident() == self._thread_id:
             self._refuse_on_writer_thread("flush()")  # raises
         slot = _spare.slot
-        waiter = slot[0]
-        if waiter is None:
-            waiter = _Waiter()
+        nested = slot[1]
+        if nested:
+            # A signal handler's flush while this thread's flush waits: woken by the
+            # writer itself, not in a chain. In the interrupted flush's chain it would
+            # wait for this very thread to pass the turn on, after the handler returns.
+            waiter: _Waiter = _SoloWaiter()
         else:
-            slot[0] = None  # in use: a nested flush (a signal handler's) makes its own
+            waiter = slot[0]
+            if waiter is None:
+                waiter = _Waiter()
+            else:
+                slot[0] = None  # in use
         held = waiter._done
         done = woken = False  # done: woken while waiting (flush_async and wait, inline)
         lock = self._lock
-        lock.acquire()  # not `with`: as in submit (once per flush)
         try:
+            slot[1] = nested + 1
+            lock.acquire()  # not `with`: as in submit (once per flush)
             try:
                 if self._state:
                     raise self._refusal()
@@ -369,6 +379,7 @@ class LogWriter:
                 lock.release()
             done = held.acquire() if timeout is None else held.acquire(True, timeout)
         finally:  # also if an exception (KeyboardInterrupt) comes once the waiter is queued
+            slot[1] = nested
             if done:
                 _wake(waiter.next)
             else:
@@ -378,7 +389,7 @@ class LogWriter:
         error = waiter.error
         if error is not None:
             raise error
-        if done:
+        if done and not nested:
             # Reused by this thread's next flush: _resolve set error and next before the
             # wake, the waker set _woken before releasing _done (held again now). The
             # waker may still hold _guard, which only delays a later wake or give-up of
@@ -736,6 +747,13 @@ class _Waiter:
         if woken:
             _wake(self.next)  # the rest of the chain waits for us to pass the turn on
         return woken
+
+
+class _SoloWaiter(_Waiter):
+    """A blocking flush that the writer wakes itself, as any other flush callback
+    (:func:`_resolve` chains only plain :class:`_Waiter` objects)."""
+
+    __slots__ = ()
 
 
 def _wake(waiter: _Waiter | None) -> None:

@@ -750,10 +750,8 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
 
     def handler(signum: int, frame: object) -> None:
         release.set()
-        # A flush of the same commit would wait for this thread to pass the turn on:
-        # the handler's goes to the next one.
-        assert woken.wait(WAIT)
-        rig.writer.flush(WAIT)
+        assert woken.wait(WAIT)  # the handler's flush goes to the next commit (for the
+        rig.writer.flush(WAIT)  # same one, see the test after this one)
         spares.append(writer_module._spare.slot[0])
 
     def interrupt() -> None:
@@ -773,8 +771,57 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
         sender.join(WAIT)
         signal.signal(signal.SIGUSR1, previous)
         release.set()
-    assert outer is not None and len(spares) == 1 and spares[0] not in (None, outer)
-    assert writer_module._spare.slot[0] is outer  # put back last, by the outer flush
+    assert outer is not None and spares == [None]  # the handler's waiter is not kept
+    assert writer_module._spare.slot[0] is outer  # put back by the outer flush
+
+
+def test_a_flush_in_a_signal_handler_that_shares_the_interrupted_flushs_commit_returns(
+    rig: Rig,
+) -> None:
+    """The handler's flush and the one it interrupted are resolved by one commit, with
+    another thread's flush queued after them: none of the three waits for the
+    interrupted thread to run again (it cannot before the handler returns)."""
+    assert threading.current_thread() is threading.main_thread()  # signal handlers run there
+    rig.writer.flush(WAIT)
+    outer = writer_module._spare.slot[0]  # the interrupted flush takes it
+    queued = [threading.Event() for _ in range(3)]
+    outcome: dict[str, BaseException | None] = {}
+
+    def flush_into(name: str) -> None:
+        try:
+            rig.writer.flush(WAIT)
+            outcome[name] = None
+        except BaseException as err:  # reported below
+            outcome[name] = err
+
+    def handler(signum: int, frame: object) -> None:
+        flush_into("handler")
+
+    other = threading.Thread(target=flush_into, args=("other",))
+
+    def interrupt() -> None:
+        assert queued[0].wait(WAIT)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+        assert queued[1].wait(WAIT)
+        other.start()
+        assert queued[2].wait(WAIT)
+        release.set()  # one commit resolves all three
+
+    release = hold_writer(rig)
+    with rig.writer._lock:  # the writer has drained the list; it waits
+        rig.writer._callbacks = Noticed(lambda length: queued[length - 1].set())
+    previous = signal.signal(signal.SIGUSR1, handler)
+    sender = threading.Thread(target=interrupt)
+    try:
+        sender.start()
+        flush_into("interrupted")
+    finally:
+        sender.join(WAIT)
+        signal.signal(signal.SIGUSR1, previous)
+        release.set()
+    other.join(WAIT)
+    assert outcome == {"handler": None, "other": None, "interrupted": None}
+    assert writer_module._spare.slot[0] is outer  # put back by the outer flush
 
 
 def test_many_flushes_from_one_thread_and_from_many_threads_all_return_durable(
