@@ -28,6 +28,7 @@ from typing import BinaryIO, Final, Literal, Self
 import msgspec
 
 from storage import export
+from storage.aio import wait_durable
 from storage.codec import Codec, EventTypes
 from storage.errors import (
     DuplicateSessionError,
@@ -407,6 +408,10 @@ class Store:
     def flush_async(self, callback: FlushCallback) -> None:
         self._check_open()
         self._sink.flush_async(callback)
+
+    async def aflush(self) -> None:
+        """:meth:`flush` for asyncio code (see :meth:`Session.aflush`)."""
+        await wait_durable(self.flush_async)
 
     # ------------------------------------------------------------------ internals
 

@@ -41,6 +41,7 @@ from typing import Final, NamedTuple, Protocol
 
 import msgspec
 
+from storage.aio import wait_durable
 from storage.codec import Codec, EventKind
 from storage.errors import InvalidEventError, LogCorruptError, ReentrantAppendError
 from storage.events import SURFACE_TYPES, Event, Message, SurfaceReplace, UserMessage
@@ -694,6 +695,13 @@ class Session:
             callback(error)
 
         self._sink.flush_async(done)
+
+    async def aflush(self) -> None:
+        """:meth:`flush` for asyncio code: ``await session.aflush()`` returns once
+        everything appended before the call is durable, without blocking the event
+        loop; it raises what :meth:`flush` would. The loop is woken once per commit,
+        however many of its tasks wait (see :mod:`storage.aio`)."""
+        await wait_durable(self.flush_async)
 
     def acknowledge(self, mark: int) -> None:
         """Everything through seq ``mark`` is durable (a flush of this session's sink,
