@@ -10,6 +10,10 @@ Cases (each repeated, median reported):
   journal) and compacts the journal into the session-major ``events`` database. The
   time runs until the store is closed, so it includes every compaction, the last one
   too; the JSON has the writer's commits and compactions per run.
+- ``P producers as asyncio tasks``: the same appends and waits, each producer a task
+  on one event loop that awaits ``session.aflush()`` after every append: producers that
+  wait for durability without an OS thread each, so without a thread wake-up and GIL
+  hand-off per append (the loop is woken once per commit).
 - ``bulk``: one session, N ``session.append`` calls then one ``flush()`` (per
   durability mode).
 - ``bulk via Session.extend``: the same N facts in one ``session.extend`` call (one
@@ -28,6 +32,7 @@ Run: ``python benchmarks/bench_log_append.py [--repeats 3] [--json out.json]``
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import threading
@@ -39,7 +44,16 @@ from typing import Any
 import lmdb
 from _common import median, parser, print_table, write_json
 
-from storage import Codec, Event, EventTypes, MemorySink, Session, SessionHeader, Store
+from storage import (
+    Codec,
+    Event,
+    EventTypes,
+    MemorySink,
+    Session,
+    SessionHeader,
+    Store,
+    StoreStatistics,
+)
 from storage.events import (
     AgentInboxSpliced,
     AssistantChunk,
@@ -157,6 +171,42 @@ def producers(path: Path, count: int, per_producer: int, writes: list[dict[str, 
     start = time.perf_counter()
     for thread in threads:
         thread.join()
+    return _closed(store, before, start, count * per_producer, writes)
+
+
+def task_producers(
+    path: Path, count: int, per_producer: int, writes: list[dict[str, float]]
+) -> float:
+    """:func:`producers` with ``count`` asyncio tasks on one event loop instead of
+    threads, each awaiting its flush."""
+    facts = realistic_facts(per_producer)
+    store = Store.open(path)
+    sessions = [store.create_session(f"producer-{i}") for i in range(count)]
+    store.flush()
+
+    async def produce(session: Session) -> None:
+        for kind, data in facts:
+            session.append(kind, data)
+            await session.aflush()
+
+    async def run_all() -> float:
+        start = time.perf_counter()
+        await asyncio.gather(*(produce(session) for session in sessions))
+        return start
+
+    before = store.statistics()
+    start = asyncio.run(run_all())
+    return _closed(store, before, start, count * per_producer, writes)
+
+
+def _closed(
+    store: Store,
+    before: StoreStatistics,
+    start: float,
+    events: int,
+    writes: list[dict[str, float]],
+) -> float:
+    """Close ``store``; the seconds since ``start``; the writer's commits to ``writes``."""
     after = store.statistics()  # before close: a closed store answers nothing
     store.close()
     elapsed = time.perf_counter() - start
@@ -165,7 +215,7 @@ def producers(path: Path, count: int, per_producer: int, writes: list[dict[str, 
         {
             "commits": commits,
             "compactions_before_close": after.compactions - before.compactions,
-            "events_per_commit": count * per_producer / commits,
+            "events_per_commit": events / commits,
             "ms_per_commit": 1000 * elapsed / commits,
         }
     )
@@ -224,6 +274,16 @@ def main() -> None:
                 name,
                 count * per,
                 lambda c=count, p=per, w=writes[name]: producers(scratch.next(), c, p, w),
+            )
+        )
+    for count, per in ((8, 400), (64, 200)):
+        name = f"{count} producers as asyncio tasks, flush after each append"
+        writes[name] = []
+        cases.append(
+            (
+                name,
+                count * per,
+                lambda c=count, p=per, w=writes[name]: task_producers(scratch.next(), c, p, w),
             )
         )
     facts = realistic_facts(args.bulk_events)
