@@ -547,6 +547,10 @@ class Runtime:
         """Return once everything appended before the call is durable on disk."""
         self.store.flush(timeout)
 
+    async def aflush(self) -> None:
+        """:meth:`flush` for asyncio code: ``await rt.aflush()`` (see ``Store.aflush``)."""
+        await self.store.aflush()
+
     def _close_models(self, timeout: float | None) -> None:
         """Close the models agents used (their HTTP clients live on this I/O loop)."""
         for model in list(self._models.values()):

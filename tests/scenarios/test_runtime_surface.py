@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,25 @@ def test_every_durability_mode_runs_turns_and_settles(store_path: Path, durabili
         assert agent.wait_idle(WAIT)
         assert len(timeline.wait_for("agent/settled", 2)) == 2
         rt.flush()
+    check_store(store_path)
+
+
+def test_asyncio_code_awaits_durability_of_the_runtime_and_of_one_agents_session(
+    store_path: Path,
+) -> None:
+    with Runtime.open(store_path, durability="none") as rt:
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.followup("one")
+        assert agent.wait_idle(WAIT)
+
+        async def checkpoint() -> None:
+            await agent.session.aflush()
+            await rt.aflush()
+
+        asyncio.run(asyncio.wait_for(checkpoint(), WAIT))
+        events = agent.session.events()
+        assert rt.store.statistics().events_written >= len(events)
+        assert rt.store.read(agent.id) == events
     check_store(store_path)
 
 
