@@ -266,26 +266,27 @@ def main() -> None:
         )
     )
     writes: dict[str, list[dict[str, float]]] = {}
-    for count, per in ((1, 1000), (8, 400), (64, 200)):
-        name = f"{count} producers, flush after each append"
-        writes[name] = []
-        cases.append(
-            (
-                name,
-                count * per,
-                lambda c=count, p=per, w=writes[name]: producers(scratch.next(), c, p, w),
+    producer_cases = (
+        ("{} producers, flush after each append", producers, ((1, 1000), (8, 400), (64, 200))),
+        (
+            "{} producers as asyncio tasks, flush after each append",
+            task_producers,
+            ((8, 400), (64, 200)),
+        ),
+    )
+    for label, run_producers, sizes in producer_cases:
+        for count, per in sizes:
+            name = label.format(count)
+            writes[name] = []
+            cases.append(
+                (
+                    name,
+                    count * per,
+                    lambda f=run_producers, c=count, p=per, w=writes[name]: f(
+                        scratch.next(), c, p, w
+                    ),
+                )
             )
-        )
-    for count, per in ((8, 400), (64, 200)):
-        name = f"{count} producers as asyncio tasks, flush after each append"
-        writes[name] = []
-        cases.append(
-            (
-                name,
-                count * per,
-                lambda c=count, p=per, w=writes[name]: task_producers(scratch.next(), c, p, w),
-            )
-        )
     facts = realistic_facts(args.bulk_events)
     for mode in ("write-ahead", "none"):
         cases.append(
