@@ -179,6 +179,44 @@ class Mailbox:
         lock.release()
         bound._run_queue.put(self)  # Dispatcher.schedule, its closed check done above
 
+    def run_now(self, envelope: Envelope[Any], /) -> None:
+        """:meth:`put`, for a dispatcher worker that is running anyway: if the actor is
+        idle (nothing queued, not on the run queue, started, not stopping) it handles
+        ``envelope`` here and now, as its next batch would, instead of after a trip
+        through the run queue; otherwise the envelope is put. Call it only on a worker
+        of the actor's dispatcher (the actor's code runs on the calling thread)."""
+        actor = self._actor
+        lock = self._lock
+        lock.acquire()  # not `with`: once per flush of an agent (hot path)
+        bound = self._dispatcher
+        if (
+            self._scheduled
+            or self._in
+            or self._closed
+            or self._limit is not None
+            or bound is None
+            or bound._closed
+            or not self._started
+            or actor is None
+            or actor.actor_stopped._flag  # type: ignore[attr-defined]
+        ):
+            lock.release()
+            self.put(envelope)
+            return
+        self._scheduled = True  # Invariant: no worker runs it meanwhile (see _scheduled)
+        lock.release()
+        actor._actor_handle(envelope)
+        if actor.actor_stopped._flag:  # type: ignore[attr-defined]
+            self._teardown(actor)
+            return
+        lock.acquire()
+        more = bool(self._in)
+        if not more:
+            self._scheduled = False
+        lock.release()
+        if more:
+            bound._run_queue.put(self)
+
     def _put_checked(self, envelope: Envelope[Any]) -> None:
         """:meth:`put` for a mailbox that is closed, bounded or not bound to a running
         dispatcher."""

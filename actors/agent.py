@@ -236,13 +236,14 @@ class AgentActor(PooledActor):
             mailbox.put(Envelope(_StreamReady(stream, upto)))
 
         self._stream_ready = stream_ready  # one closure per actor, not one per stream
-        put = mailbox.put
+        run_now = mailbox.run_now
         flushed_envelope = Envelope(_FLUSHED)
 
         def flushed(error: BaseException | None) -> None:  # called by the flush group
             # One envelope serves every successful flush: at most one is in flight (the
             # turn awaits one effect at a time) and the mailbox drops it once handled.
-            put(flushed_envelope if error is None else Envelope(_Flushed(error)))
+            # The group calls back on a dispatcher worker: an idle agent goes on there.
+            run_now(flushed_envelope if error is None else Envelope(_Flushed(error)))
 
         self._flushed = flushed  # one closure per actor, not one per flush
 

@@ -16,7 +16,9 @@ outcome back to the dispatcher in one piece:
    appended so far (each member's facts among it), and a new group starts.
 3. The log writer calls the group back once. The outcome goes back on the run queue as
    one item, which acknowledges each member's session (it may drop its durable events
-   from memory) and calls each member's callback, in the order they joined.
+   from memory) and calls each member's callback, in the order they joined. (An agent's
+   callback goes on with its turn right there when the agent is idle, which it is while
+   it waits: see ``Mailbox.run_now``.)
 
 Nothing is acknowledged that the flush did not cover: a member's mark is read when it
 joins, after its facts were appended, and the flush is asked for after it joined. A

@@ -306,6 +306,103 @@ def test_a_message_that_reaches_a_stopped_actor_is_a_dead_letter(dispatcher: Dis
     assert recent[-2:] == ["told too late", "asked too late"]
 
 
+class OnWorker:
+    """Runs ``work`` once on a worker of the dispatcher (as a flush group's outcome does)."""
+
+    def __init__(self, dispatcher: Dispatcher, work: Any) -> None:
+        self._work = work
+        self.done = threading.Event()
+        self.result: Any = None
+        dispatcher.schedule(self)
+        assert self.done.wait(WAIT)
+
+    def run_batch(self, throughput: int) -> tuple[int, bool]:
+        try:
+            self.result = self._work()
+        finally:
+            self.done.set()
+        return 1, False
+
+
+class Recorder(Log):
+    """A Log that also records the thread of each message, and tells itself "echo" for
+    the message "tell myself"."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        log: list[tuple[str, Any]],
+        threads: dict[Any, int],
+        echoed: threading.Event,
+    ) -> None:
+        super().__init__(dispatcher, log)
+        self.threads = threads
+        self.echoed = echoed
+
+    def on_receive(self, message: Any) -> Any:
+        self.threads[message] = threading.get_ident()
+        if message == "tell myself":
+            self.actor_ref.tell("echo")
+        if message == "echo":
+            self.echoed.set()
+        return super().on_receive(message)
+
+
+def test_run_now_on_a_worker_handles_an_idle_actors_message_there_before_it_returns(
+    dispatcher: Dispatcher,
+) -> None:
+    log: list[tuple[str, Any]] = []
+    threads: dict[Any, int] = {}
+    ref = Recorder.start(dispatcher, log, threads, threading.Event())
+    assert ref.ask("ready", timeout=WAIT) == "ready"  # started, and idle again
+
+    def run() -> tuple[int, list[tuple[str, Any]]]:
+        mailbox(ref).run_now(Envelope("now"))
+        return threading.get_ident(), list(log)
+
+    worker = OnWorker(dispatcher, run)
+    thread, seen = worker.result
+    assert seen == [("a", "ready"), ("a", "now")]
+    assert threads["now"] == thread
+    assert not mailbox(ref).statistics().scheduled
+    assert ref.ask("after", timeout=WAIT) == "after"  # the mailbox runs as before
+
+
+def test_run_now_queues_the_message_behind_a_busy_actors_mail(dispatcher: Dispatcher) -> None:
+    gate, entered = threading.Event(), threading.Event()
+    log: list[tuple[str, Any]] = []
+    ref = Log.start(dispatcher, log, "a", gate, entered)
+    ref.tell("hold")
+    assert entered.wait(WAIT)
+    ref.tell("queued")
+    worker = OnWorker(dispatcher, lambda: mailbox(ref).run_now(Envelope("later")) or list(log))
+    assert worker.result == []  # nothing handled by run_now: the actor was busy
+    gate.set()
+    assert ref.ask("last", timeout=WAIT) == "last"
+    assert log == [("a", "hold"), ("a", "queued"), ("a", "later"), ("a", "last")]
+
+
+def test_mail_sent_while_run_now_handles_a_message_is_handled_by_a_worker_after_it(
+    dispatcher: Dispatcher,
+) -> None:
+    log: list[tuple[str, Any]] = []
+    echoed = threading.Event()
+    ref = Recorder.start(dispatcher, log, {}, echoed)
+    assert ref.ask("ready", timeout=WAIT) == "ready"
+    OnWorker(dispatcher, lambda: mailbox(ref).run_now(Envelope("tell myself")))
+    assert echoed.wait(WAIT)
+    assert log == [("a", "ready"), ("a", "tell myself"), ("a", "echo")]
+
+
+def test_run_now_to_a_stopped_actor_is_a_dead_letter(dispatcher: Dispatcher) -> None:
+    ref = Log.start(dispatcher, [])
+    ref.stop(timeout=WAIT)
+    before = dispatcher.dead_letters.count
+    OnWorker(dispatcher, lambda: mailbox(ref).run_now(Envelope("too late")))
+    assert dispatcher.dead_letters.count == before + 1
+    assert dispatcher.dead_letters.recent()[-1].message == "too late"
+
+
 def test_messages_left_in_the_mailbox_at_stop_are_dead_letters(dispatcher: Dispatcher) -> None:
     gate, entered = threading.Event(), threading.Event()
     ref = Log.start(dispatcher, [], "a", gate, entered)
