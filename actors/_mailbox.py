@@ -184,7 +184,10 @@ class Mailbox:
         idle (nothing queued, not on the run queue, started, not stopping) it handles
         ``envelope`` here and now, as its next batch would, instead of after a trip
         through the run queue; otherwise the envelope is put. Call it only on a worker
-        of the actor's dispatcher (the actor's code runs on the calling thread)."""
+        of the actor's dispatcher (the actor's code runs on the calling thread).
+
+        A batch of one message, written out: through :meth:`run_batch` (its loop and
+        list swap) it cost as many opcodes per turn as the trip it saves."""
         actor = self._actor
         lock = self._lock
         lock.acquire()  # not `with`: once per flush of an agent (hot path)
