@@ -325,8 +325,9 @@ class OnWorker:
 
 
 class Recorder(Log):
-    """A Log that also records the thread of each message, and tells itself "echo" for
-    the message "tell myself"."""
+    """A Log that also records the thread of each message, and tells itself
+    ``("echo", 0)``, ... ``("echo", k - 1)`` for the message ``("tell myself", k)``
+    (``echoed`` is set by the last)."""
 
     def __init__(
         self,
@@ -338,12 +339,15 @@ class Recorder(Log):
         super().__init__(dispatcher, log)
         self.threads = threads
         self.echoed = echoed
+        self.echoes = 0
 
     def on_receive(self, message: Any) -> Any:
         self.threads[message] = threading.get_ident()
-        if message == "tell myself":
-            self.actor_ref.tell("echo")
-        if message == "echo":
+        if isinstance(message, tuple) and message[0] == "tell myself":
+            self.echoes = message[1]
+            for index in range(self.echoes):
+                self.actor_ref.tell(("echo", index))
+        if isinstance(message, tuple) and message == ("echo", self.echoes - 1):
             self.echoed.set()
         return super().on_receive(message)
 
@@ -382,16 +386,28 @@ def test_run_now_queues_the_message_behind_a_busy_actors_mail(dispatcher: Dispat
     assert log == [("a", "hold"), ("a", "queued"), ("a", "later"), ("a", "last")]
 
 
-def test_mail_sent_while_run_now_handles_a_message_is_handled_by_a_worker_after_it(
+def test_mail_sent_while_run_now_handles_a_message_is_handled_next_there_up_to_the_throughput(
     dispatcher: Dispatcher,
 ) -> None:
+    # Throughput 4: the message and the first three of its six echoes are handled on the
+    # calling worker before run_now returns; the other three by a worker afterwards.
     log: list[tuple[str, Any]] = []
+    threads: dict[Any, int] = {}
     echoed = threading.Event()
-    ref = Recorder.start(dispatcher, log, {}, echoed)
+    ref = Recorder.start(dispatcher, log, threads, echoed)
     assert ref.ask("ready", timeout=WAIT) == "ready"
-    OnWorker(dispatcher, lambda: mailbox(ref).run_now(Envelope("tell myself")))
-    assert echoed.wait(WAIT)
-    assert log == [("a", "ready"), ("a", "tell myself"), ("a", "echo")]
+
+    def run() -> tuple[int, list[tuple[str, Any]]]:
+        mailbox(ref).run_now(Envelope(("tell myself", 6)))
+        return threading.get_ident(), list(log)
+
+    thread, seen = OnWorker(dispatcher, run).result
+    echoes = [("a", ("echo", index)) for index in range(6)]
+    assert seen == [("a", "ready"), ("a", ("tell myself", 6)), *echoes[:3]]
+    assert [threads[("echo", index)] for index in range(3)] == [thread] * 3
+    assert echoed.wait(WAIT)  # the rest was put on the run queue, not dropped
+    assert ref.ask("last", timeout=WAIT) == "last"
+    assert log == [("a", "ready"), ("a", ("tell myself", 6)), *echoes, ("a", "last")]
 
 
 def test_run_now_to_a_stopped_actor_is_a_dead_letter(dispatcher: Dispatcher) -> None:
