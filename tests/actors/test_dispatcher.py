@@ -347,7 +347,7 @@ class Recorder(Log):
             self.echoes = message[1]
             for index in range(self.echoes):
                 self.actor_ref.tell(("echo", index))
-        if isinstance(message, tuple) and message == ("echo", self.echoes - 1):
+        if message == ("echo", self.echoes - 1):
             self.echoed.set()
         return super().on_receive(message)
 
