@@ -93,7 +93,8 @@ def snapshot(version: str, into: Path) -> Path:
         ["git", "-C", str(repo), "archive", version], capture_output=True, check=False
     )
     if archive.returncode != 0:
-        raise SystemExit(f"not a directory or git revision: {version!r}: {archive.stderr!r}")
+        why = archive.stderr.decode(errors="replace").strip()
+        raise SystemExit(f"not a directory or git revision: {version!r} ({why})")
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
     return target
 
