@@ -16,7 +16,7 @@ from storage.events import StreamChunk
 
 from ._ioside import EffectHandle, IoSide, Outcome
 from .effects import StreamEnd
-from .model import ImmediateModel, Model, ModelError, ModelRequest
+from .model import ImmediateModel, Model, ModelError, ModelRequest, implements
 from .toolphase import ToolPlan, ToolRun
 from .tools import run_execute_chain
 
@@ -126,8 +126,8 @@ class StreamHandle:
 
 
 def is_immediate(model: Model) -> bool:
-    """Whether ``model`` may answer inline (checked once per agent: Protocol checks are slow)."""
-    return isinstance(model, ImmediateModel)
+    """Whether ``model`` may answer inline (checked once per agent)."""
+    return implements(model, ImmediateModel)
 
 
 def open_stream(

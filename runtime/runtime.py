@@ -32,7 +32,7 @@ from actors.live import (
     SessionEventLive,
     TurnSignal,
 )
-from actors.model import Model
+from actors.model import Model, implements
 from actors.toolphase import ToolPhase
 from actors.tools import Tool
 from actors.turn import Durability, TurnMachine
@@ -57,7 +57,7 @@ def _resolve_model(model: Model | str) -> Model:
         from .providers.resolve import resolve_model  # noqa: PLC0415 - optional vendor SDKs
 
         return resolve_model(model)
-    if not isinstance(model, Model):
+    if not implements(model, Model):
         raise TypeError(
             f"model must be a Model (e.g. ScriptedModel) or a model string, got {model!r}"
         )
