@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from itertools import count
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, cast
 
 from pykka import ActorDeadError, ActorRef
 from pykka.messages import ProxyCall
@@ -74,9 +74,13 @@ def _resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool
     if isinstance(tools, str | bytes):
         raise TypeError("tools must be a sequence of tools, not a string")
     for item in tools:
-        if not isinstance(item, Tool) and not callable(item):
+        resolved: Tool
+        if implements(item, Tool):
+            resolved = cast(Tool, item)
+        elif callable(item):
+            resolved = FunctionTool(item)
+        else:
             raise TypeError(f"a tool is a Tool or a typed function, got {item!r}")
-        resolved: Tool = item if isinstance(item, Tool) else FunctionTool(item)
         name = resolved.spec.name
         if name in out:
             raise ValueError(f"two tools are named {name!r}; tool names must be unique per agent")
