@@ -436,8 +436,10 @@ class Store:
     ) -> SessionHeader:
         self._check_writable()
         assert self._writer is not None
-        sid = new_session_id(self._clock) if session_id is None else session_id
-        check_session_id(sid, max_key_bytes=self._db.env.max_key_size())
+        if session_id is None:
+            sid = new_session_id(self._clock)  # 23 hex digits: nothing to check
+        else:
+            sid = check_session_id(session_id, max_key_bytes=self._db.env.max_key_size())
         with self._lock:
             if sid in self._headers:
                 raise DuplicateSessionError(f"a session {sid!r} already exists in {self.path}")
