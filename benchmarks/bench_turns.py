@@ -107,7 +107,9 @@ def run_corral(
         Runtime.open(Path(tmp) / "store", durability=durability, threads=threads) as rt,
     ):
         model = ScriptedModel(reply)
+        start = time.perf_counter()
         agents = [rt.spawn(model=model, tools=[noop] if tool else []) for _ in range(n)]
+        spawn = time.perf_counter() - start
         sender = _CorralSender(rt, agents)
         wall, cpu, latencies = _drive(n, turns, sender, wait_s=900)
         # "Durable events/s": charge what the writer still has to commit (with durability
@@ -123,7 +125,7 @@ def run_corral(
         start = time.perf_counter()
         rt.close()
         close = time.perf_counter() - start
-    return _report(wall, cpu, latencies, events, n, turns, close)
+    return _report(wall, cpu, latencies, events, n, turns, close) | {"spawn_s": spawn}
 
 
 class _NaiveSender:
