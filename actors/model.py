@@ -16,13 +16,13 @@ instead of a round trip through the I/O side.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
 from storage.events import LlmFailure, Message, RequestConfig, StreamChunk, ToolSpec
 
-__all__ = ["ImmediateModel", "Model", "ModelError", "ModelRequest", "implements"]
+__all__ = ["ImmediateModel", "Model", "ModelError", "ModelRequest"]
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,24 +71,3 @@ class ImmediateModel(Model, Protocol):
     def answer_now(self, request: ModelRequest) -> Sequence[StreamChunk] | None:
         """Return the whole reply at once, or raise :class:`ModelError`."""
         ...
-
-
-_CONFORMING: dict[tuple[type, Any], bool] = {}
-"""(class, protocol) pairs whose class itself has every member of the protocol."""
-
-
-def implements(obj: object, protocol: Any) -> bool:
-    """``isinstance(obj, protocol)`` for a runtime-checkable protocol, remembered per
-    class once the class itself has every member (then so does each of its instances).
-
-    A protocol check looks up every member by name, ~20 µs; spawning 10,000 agents that
-    share one model made two per agent.
-    """
-    cls = type(obj)
-    if _CONFORMING.get((cls, protocol)):
-        return True
-    if not isinstance(obj, protocol):
-        return False
-    if isinstance(cls, protocol):  # the members are the class's, not the instance's
-        _CONFORMING[(cls, protocol)] = True
-    return True

@@ -16,7 +16,8 @@ from storage.events import StreamChunk
 
 from ._ioside import EffectHandle, IoSide, Outcome
 from .effects import StreamEnd
-from .model import ImmediateModel, Model, ModelError, ModelRequest, implements
+from .model import ImmediateModel, Model, ModelError, ModelRequest
+from .protocols import implements
 from .toolphase import ToolPlan, ToolRun
 from .tools import run_execute_chain
 

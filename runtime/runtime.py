@@ -32,7 +32,8 @@ from actors.live import (
     SessionEventLive,
     TurnSignal,
 )
-from actors.model import Model, implements
+from actors.model import Model
+from actors.protocols import implements
 from actors.toolphase import ToolPhase
 from actors.tools import Tool
 from actors.turn import Durability, TurnMachine

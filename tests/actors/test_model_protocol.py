@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from actors.model import _CONFORMING, ImmediateModel, Model, implements
+from actors.model import ImmediateModel, Model
+from actors.protocols import _CONFORMING, implements
 from actors.streams import is_immediate
 from runtime import ScriptedModel
 
