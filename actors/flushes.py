@@ -31,18 +31,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from typing import Protocol
 
 from actors._dispatcher import Dispatcher, Schedulable
 from actors.errors import DispatcherShutdownError
+from storage.writer import FlushCallback
 
 __all__ = ["Durable", "FlushCallback", "FlushGroup", "Log"]
 
 _log = logging.getLogger("corral.actors")
-
-FlushCallback = Callable[[BaseException | None], None]
-
 
 class Log(Protocol):
     """The log a group flushes (``storage.Store`` provides it)."""

@@ -16,11 +16,13 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:  # storage.writer imports this module (through storage.session)
+    from storage.writer import FlushCallback
 
 __all__ = ["wait_durable"]
 
-FlushCallback = Callable[[BaseException | None], None]
 Resolved = tuple["asyncio.Future[None]", BaseException | None]
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from storage import StorageError, Store, StoreClosedError
-from storage.aio import FlushCallback, _LoopWaker, wait_durable
+from storage.aio import _LoopWaker, wait_durable
 from storage.events import Completed, MessageTrigger, TurnEnd, TurnStart
+from storage.writer import FlushCallback
 from tests.storage.builders import ticking_clock
 
 WAIT = 30.0
