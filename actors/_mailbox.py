@@ -215,15 +215,8 @@ class Mailbox:
         self._scheduled = True  # Invariant: no worker runs it meanwhile (see _scheduled)
         lock.release()
         actor._actor_handle(envelope)
-        if actor.actor_stopped._flag:  # type: ignore[attr-defined]
-            self._teardown(actor)
-            return
-        lock.acquire()
-        more = bool(self._in)
-        if not more:
-            self._scheduled = False
-        lock.release()
-        if more and (bound.throughput < 2 or self.run_batch(bound.throughput - 1)[1]):
+        # The rest of the batch: mail sent meanwhile, a stop, or going idle again.
+        if self.run_batch(bound.throughput - 1)[1]:
             bound._run_queue.put(self)
 
     def _put_checked(self, envelope: Envelope[Any]) -> None:
