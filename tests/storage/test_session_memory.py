@@ -155,6 +155,22 @@ def test_an_acknowledgement_drops_exactly_through_its_mark_and_refuses_one_past_
     assert session.resident_events == len(appended) - 5
 
 
+def test_every_range_read_across_the_dropped_part_and_the_tail_equals_what_was_appended() -> None:
+    """With a reader the tail holds the records of the events not yet durable and a read
+    decodes them: each inclusive range, inside, across and outside both parts, gives
+    the appended events of that range."""
+    sink = DurableSink(manual=True)
+    session = durable_session(sink, tail_bound=1000)
+    appended = two_turns(session)
+    session.acknowledge(appended[6].seq)
+    assert session.resident_events == len(appended) - 7
+    last = appended[-1].seq
+    for lower in range(last + 3):
+        for upper in [None, *range(lower - 1, last + 3)]:
+            stop = None if upper is None else upper + 1
+            assert session.events(lower, upper) == appended[lower:stop], (lower, upper)
+
+
 def test_a_session_never_flushed_asks_its_sink_once_its_tail_reaches_the_bound() -> None:
     sink = DurableSink(manual=True)
     session = durable_session(sink, tail_bound=8)
