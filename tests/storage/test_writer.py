@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,26 @@ def hold_writer(rig: Rig) -> threading.Event:
     rig.writer.flush_async(hold)  # callbacks run on the writer thread
     assert entered.wait(WAIT)
     return release
+
+
+def once() -> Callable[[], bool]:
+    """True on the first call only, also when a signal handler's call nests in another."""
+    first = threading.Lock()
+    return lambda: first.acquire(blocking=False)
+
+
+def signal_main_until(ran: threading.Event) -> None:
+    """Send SIGUSR1 to the main thread until its handler sets ``ran``. One signal is not
+    enough: one that arrives after the main thread released the GIL but before its wait
+    began does not interrupt the wait, and its handler runs only once the wait is over.
+    The handler must therefore act once (``once``) and ignore the repeats (they may also
+    interrupt its own wait, which then goes on)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+        if ran.wait(0.05):
+            return
+        assert time.monotonic() < deadline, "the main thread never ran its signal handler"
 
 
 class Noticed(list[writer_module.FlushCallback]):
@@ -748,7 +769,12 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
         if waiter is outer:
             woken.set()
 
+    ran, first = threading.Event(), once()
+
     def handler(signum: int, frame: object) -> None:
+        if not first():
+            return  # a repeated signal (see signal_main_until)
+        ran.set()
         release.set()
         assert woken.wait(WAIT)  # the handler's flush goes to the next commit (for the
         rig.writer.flush(WAIT)  # same one, see the test after this one)
@@ -756,7 +782,7 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
 
     def interrupt() -> None:
         assert queued.wait(WAIT)
-        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+        signal_main_until(ran)
 
     monkeypatch.setattr(writer_module, "_wake", wake)
     release = hold_writer(rig)
@@ -794,14 +820,18 @@ def test_a_flush_in_a_signal_handler_that_shares_the_interrupted_flushs_commit_r
         except BaseException as err:  # reported below
             outcome[name] = err
 
+    ran, first = threading.Event(), once()
+
     def handler(signum: int, frame: object) -> None:
-        flush_into("handler")
+        if first():  # else a repeated signal (see signal_main_until)
+            ran.set()
+            flush_into("handler")
 
     other = threading.Thread(target=flush_into, args=("other",))
 
     def interrupt() -> None:
         assert queued[0].wait(WAIT)
-        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+        signal_main_until(ran)
         assert queued[1].wait(WAIT)
         other.start()
         assert queued[2].wait(WAIT)
