@@ -251,7 +251,7 @@ class Session:
     (Why records and not the events: the sink holds the records anyway, and an event
     object kept until its flush comes back is freed after other sessions' work has
     pushed it out of the CPU caches; freeing it at once, while it is still hot, ran
-    ~6% more turns per second with 1,000 agents, see benchmarks/README.md.)
+    6-9% more turns per second with 1,000 agents, see benchmarks/README.md.)
     """
 
     def __init__(
