@@ -33,6 +33,8 @@ from storage.events import (
     UserMessage,
 )
 
+from . import waiting
+
 if TYPE_CHECKING:
     from storage.session import Session
 
@@ -374,7 +376,8 @@ class Agent:
         """Block until every send before this call was handled and the agent is idle.
 
         Returns False on timeout. From one of this agent's own listeners (which run on
-        the agent's actor) it would wait for itself: that raises ``AgentStateError``."""
+        the agent's actor) it would wait for itself: that raises ``AgentStateError``.
+        On the main thread a Ctrl-C ends the wait at once (see :mod:`runtime.waiting`)."""
         if self._passive:
             return True
         if self._on_own_thread():
@@ -387,7 +390,7 @@ class Agent:
             self._tell(AwaitIdle(callback=done.set))
         except AgentDisposedError:
             return True
-        return done.wait(timeout)
+        return waiting.wait(done, timeout)
 
     def dispose(self, timeout: float | None = None) -> bool:
         """Cancel (``disposed``), wait for idle, stop, emit ``agent/disposed``. Idempotent:
@@ -403,7 +406,7 @@ class Agent:
             self._runtime._dispose(self)
         if self._on_own_thread():
             return self._disposed.is_set()
-        return self._disposed.wait(timeout)
+        return waiting.wait(self._disposed, timeout)
 
     def _on_own_thread(self) -> bool:
         """Whether the caller runs on this agent's actor (one of its own listeners)."""

@@ -1,0 +1,41 @@
+"""Blocking waits that Ctrl-C can end.
+
+CPython runs a signal's Python handler (for SIGINT, the one that raises
+``KeyboardInterrupt``) on the main thread, between bytecodes. A blocking wait on the
+main thread is cut short by the signal only if the signal arrives *during* the wait's
+system call; one that arrives just before it (the interpreter lock released, the call
+not made yet) is handled only once the wait is over: for ``agent.wait_idle()`` without
+a timeout, when the turn ends, however long the model takes. Under load this happened
+to 2 of 60 ``corral run`` scripts interrupted while they waited for a slow turn.
+
+:func:`wait` waits in slices of :data:`SLICE_S` on the main thread, so such a signal is
+handled within one slice; elsewhere (threads never run signal handlers) it is a plain
+``event.wait(timeout)``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Final
+
+__all__ = ["SLICE_S", "wait"]
+
+SLICE_S: Final = 0.1
+"""The longest a Ctrl-C that just missed a wait's system call goes unhandled."""
+
+
+def wait(event: threading.Event, timeout: float | None = None) -> bool:
+    """``event.wait(timeout)`` (True once set, False on timeout) that a signal handler
+    raising on the main thread (Ctrl-C) interrupts within :data:`SLICE_S` seconds."""
+    if threading.current_thread() is not threading.main_thread() or (
+        timeout is not None and timeout <= SLICE_S
+    ):
+        return event.wait(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = SLICE_S if deadline is None else min(SLICE_S, deadline - time.monotonic())
+        if left <= 0:
+            return event.is_set()
+        if event.wait(left):
+            return True
