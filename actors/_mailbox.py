@@ -164,20 +164,19 @@ class Mailbox:
     # -- pykka's ActorInbox protocol -------------------------------------------------
 
     def put(self, envelope: Envelope[Any], /) -> None:
-        lock = self._lock
-        lock.acquire()  # not `with`: every message passes here (hot path)
-        bound = self._dispatcher
-        if self._closed or self._limit is not None or bound is None or bound._closed:
-            lock.release()
-            self._put_checked(envelope)
-            return
-        self._in.append(envelope)
-        if self._scheduled:
-            lock.release()
-            return
-        self._scheduled = True
-        lock.release()
-        bound._run_queue.put(self)  # Dispatcher.schedule, its closed check done above
+        # `with`, not a bare acquire(): any thread sends, the main thread too, where a
+        # Ctrl-C may raise inside the section (see storage.writer.LogWriter.submit).
+        with self._lock:
+            bound = self._dispatcher
+            if not (self._closed or self._limit is not None or bound is None or bound._closed):
+                self._in.append(envelope)
+                if not self._scheduled:
+                    self._scheduled = True
+                    # Dispatcher.schedule, its closed check done above; under the lock so
+                    # that an exception cannot leave the mailbox scheduled but not queued.
+                    bound._run_queue.put(self)
+                return
+        self._put_checked(envelope)
 
     def run_now(self, envelope: Envelope[Any], /) -> None:
         """:meth:`put`, for a dispatcher worker that is running anyway: if the actor is
