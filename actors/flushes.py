@@ -41,6 +41,7 @@ __all__ = ["Durable", "FlushCallback", "FlushGroup", "Log"]
 
 _log = logging.getLogger("corral.actors")
 
+
 class Log(Protocol):
     """The log a group flushes (``storage.Store`` provides it)."""
 
