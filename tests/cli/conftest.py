@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,7 @@ SESSIONS = ("alpha", "beta", "gamma")
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (see spawn_corral)
     return env
 
 
@@ -68,7 +70,9 @@ def corral(
 @contextmanager
 def spawn_corral(*args: str | Path, cwd: Path | None = None) -> Iterator[subprocess.Popen[str]]:
     """Start ``corral ARGS...`` with pipes for stdin, stdout and stderr; on exit, kill it
-    if it is still running (a failed test never leaves it behind) and close the pipes."""
+    if it is still running (a failed test never leaves it behind) and close the pipes.
+    A process still running then is first sent SIGABRT: its threads' stacks (Python's
+    fault handler) and the end of its stderr are printed into the test's report."""
     with subprocess.Popen(
         [sys.executable, "-m", "runtime.cli", *map(str, args)],
         cwd=cwd,
@@ -82,7 +86,19 @@ def spawn_corral(*args: str | Path, cwd: Path | None = None) -> Iterator[subproc
             yield process
         finally:
             if process.poll() is None:
-                process.kill()
+                _report_stuck(process)
+
+
+def _report_stuck(process: subprocess.Popen[str]) -> None:
+    process.send_signal(signal.SIGABRT)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return
+    stderr = process.stderr.read() if process.stderr is not None else ""
+    print(f"corral process {process.pid} was still running; the end of its stderr:")
+    print(stderr[-20_000:])
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess[str], *needles: str) -> str:
