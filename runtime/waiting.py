@@ -5,8 +5,8 @@ CPython runs a signal's Python handler (for SIGINT, the one that raises
 main thread is cut short by the signal only if the signal arrives *during* the wait's
 system call; one that arrives just before it (the interpreter lock released, the call
 not made yet) is handled only once the wait is over: for ``agent.wait_idle()`` without
-a timeout, when the turn ends, however long the model takes. Under load this happened
-to 2 of 60 ``corral run`` scripts interrupted while they waited for a slow turn.
+a timeout, when the turn ends, however long the model takes (the window is narrow;
+``_thread.interrupt_main()`` opens it at will, see tests/runtime/test_waiting.py).
 
 :func:`wait` waits in slices of :data:`SLICE_S` on the main thread, so such a signal is
 handled within one slice; elsewhere (threads never run signal handlers) it is a plain
