@@ -268,9 +268,15 @@ class Dispatcher:
                 seen = done
                 continue
             while not self._closed and self._eager_batches() == done:
+                # Not get(timeout=stall_s): on CPython 3.11 a timed get that is woken for
+                # an item another worker takes first, after its deadline, waits with a
+                # negative timeout, i.e. until the next put; at shutdown there is none,
+                # and Runtime.close waited its whole timeout for this thread (seen under
+                # load: tests/cli/test_log.py, 1 run in ~150).
                 try:
-                    runnable = run_queue.get(timeout=stall_s)
+                    runnable = run_queue.get_nowait()
                 except queue.Empty:
+                    time.sleep(stall_s)
                     continue
                 if runnable is None:  # a shutdown marker meant for an eager worker
                     run_queue.put(runnable)
