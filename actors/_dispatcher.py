@@ -272,7 +272,7 @@ class Dispatcher:
                 # an item another worker takes first, after its deadline, waits with a
                 # negative timeout, i.e. until the next put; at shutdown there is none,
                 # and Runtime.close waited its whole timeout for this thread (seen under
-                # load: tests/cli/test_log.py, 1 run in ~150).
+                # load: tests/cli/test_log.py, 1 run in 177).
                 try:
                     runnable = run_queue.get_nowait()
                 except queue.Empty:

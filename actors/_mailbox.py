@@ -165,7 +165,7 @@ class Mailbox:
 
     def put(self, envelope: Envelope[Any], /) -> None:
         # `with`, not a bare acquire(): any thread sends, the main thread too, where a
-        # Ctrl-C may raise inside the section (see storage.writer.LogWriter.submit).
+        # Ctrl-C may raise inside the section (see storage.locks).
         with self._lock:
             bound = self._dispatcher
             if not (self._closed or self._limit is not None or bound is None or bound._closed):
