@@ -3,9 +3,10 @@
 :meth:`Session.append` is the only way a fact enters a session. It validates the data
 (:meth:`Codec.prepare`: lossless JSON, known type, surface rules), assigns the next
 ``seq`` and ``time``, encodes the record (size check), hands it to the
-:class:`LogSink` (the log writer), commits it to the in-memory log and projections,
-and finally calls the ``session/event`` observers. Any failure before the hand-over
-leaves everything as it was; a failing observer is logged and contained.
+:class:`LogSink` (the log writer: through the session's :class:`Outbox`), commits it to
+the in-memory log and projections, and finally calls the ``session/event`` observers.
+Any failure before the hand-over leaves everything as it was; a failing observer is
+logged and contained.
 
 The record is handed to the sink *before* the in-memory commit (the order of CONTRACT
 7 lists the commit first): a sink that refuses a record (closed store, failed writer)
@@ -14,7 +15,7 @@ the event it is observing.
 
 :meth:`Session.extend` appends a batch of facts the same way, all or nothing: every fact
 is validated (surface rules also against the batch's earlier facts) and encoded before
-any is handed to the sink, in one :meth:`LogSink.submit_many`; the events are then
+any is handed to the sink, all at once; the events are then
 committed together and the observers called once per event, after the whole batch.
 
 Memory stays bounded for a long-lived session: given a :data:`DurableReader` (the store
@@ -62,6 +63,7 @@ __all__ = [
     "Fact",
     "LogSink",
     "Observer",
+    "Outbox",
     "PendingRecord",
     "Record",
     "Session",
@@ -124,8 +126,36 @@ class _Checked(NamedTuple):
     """The indexes of the facts that a projection takes (see ``Session._appliers``)."""
 
 
+class Outbox(Protocol):
+    """One session's records on their way to a sink that takes them itself (the log
+    writer, see :meth:`LogSink.submit`): the session appends its encoded records to
+    ``records`` (under its own lock, in seq order, without gaps) and the sink takes
+    them from the front when it writes. Cheaper than a call per record: an append costs
+    a list append, and the sink hears of the session once per batch of records.
+
+    Protocol: after appending, a session calls :meth:`announce` if ``records`` holds only
+    what it just appended (the sink may have emptied it: it does not know the session
+    has records) or if ``stopped`` is set (the sink refuses records: closed, failed, or
+    a newer session object of the same id took over). :meth:`announce` either accepts
+    the records or takes them back out of ``records`` and raises; then nothing was
+    appended.
+    """
+
+    records: list[bytes]
+    stopped: bool
+
+    def announce(self, last: bytes, count: int) -> None:
+        """The session just appended ``count`` records, ``last`` the last of them; raises
+        (having removed them) if the sink refuses them."""
+        ...
+
+
 class LogSink(Protocol):
-    """Where a session hands its encoded records for durable writing."""
+    """Where a session hands its encoded records for durable writing.
+
+    A sink may also have an ``outbox(session_key)`` method returning an :class:`Outbox`
+    (or ``None``): a session then hands its records over through that instead of
+    :meth:`submit` and :meth:`submit_many`."""
 
     def submit(self, record: Record) -> None:
         """Hand over a record for durable write; never blocks long. May refuse (raise).
@@ -289,6 +319,9 @@ class Session:
         # skip seqs where a store skipped unknown ignorable records).
         self._tail: list[Event | bytes] = []
         self._records = reader is not None
+        # Where appends put their records if the sink takes them itself (see Outbox).
+        opener: Callable[[int], Outbox | None] | None = getattr(sink, "outbox", None)
+        self._outbox = None if opener is None else opener(self._key)
         self._dropped = -1
         # The highest seq known durable. Written without the lock (by flush callbacks,
         # on the writer thread): racing writers may lose an update, which only delays
@@ -401,7 +434,14 @@ class Session:
                 payload = self._codec.encode_as(kind, event)
             if len(payload) > self._max_bytes:
                 self._codec.encode_as(kind, event)  # raises EventTooLargeError
-            self._sink.submit((self._key, seq, payload))  # a plain tuple: see Record
+            outbox = self._outbox
+            if outbox is None:
+                self._sink.submit((self._key, seq, payload))  # a plain tuple: see Record
+            else:  # see Outbox
+                records = outbox.records
+                records.append(payload)
+                if len(records) == 1 or outbox.stopped:
+                    outbox.announce(payload, 1)  # may refuse (and take it back)
             # Commit: cannot fail from here on.
             tail = self._tail
             tail.append(payload if self._records else event)
@@ -535,7 +575,14 @@ class Session:
         """Hand a checked, encoded batch to the sink, then commit it to the log, the
         projections (``tracked``: the indexes of the events a projection takes; None:
         look each one up) and the observers. The lock is held."""
-        self._sink.submit_many(self._key, events[0].seq, payloads)
+        outbox = self._outbox
+        if outbox is None:
+            self._sink.submit_many(self._key, events[0].seq, payloads)
+        else:  # see Outbox
+            records = outbox.records
+            records.extend(payloads)
+            if len(records) == len(payloads) or outbox.stopped:
+                outbox.announce(payloads[-1], len(payloads))  # may refuse (and take them back)
         # Commit: cannot fail from here on.
         tail = self._tail
         tail.extend(payloads if self._records else events)
