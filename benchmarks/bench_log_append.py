@@ -14,6 +14,12 @@ Cases (each repeated, median reported):
   on one event loop that awaits ``session.aflush()`` after every append: producers that
   wait for durability without an OS thread each, so without a thread wake-up and GIL
   hand-off per append (the loop is woken once per commit).
+- ``P producers as pooled actors``: the same appends and waits, each producer a
+  ``PooledActor`` on one dispatcher worker (and a standby one, as the runtime's
+  default) that appends in a message handler and joins the dispatcher's
+  ``FlushGroup``, whose callback sends it its next message: how corral's agents wait
+  for durability (one flush for every actor that waited in one round of the run
+  queue, no thread per producer).
 - ``bulk``: one session, N ``session.append`` calls then one ``flush()`` (per
   durability mode).
 - ``bulk via Session.extend``: the same N facts in one ``session.extend`` call (one
@@ -44,6 +50,8 @@ from typing import Any
 import lmdb
 from _common import median, parser, print_table, write_json
 
+from actors import Dispatcher, PooledActor
+from actors.flushes import FlushGroup
 from storage import (
     Codec,
     Event,
@@ -199,6 +207,59 @@ def task_producers(
     return _closed(store, before, start, count * per_producer, writes)
 
 
+def actor_producers(
+    path: Path, count: int, per_producer: int, writes: list[dict[str, float]]
+) -> float:
+    """:func:`producers` with ``count`` pooled actors instead of threads, as corral's
+    agents wait for durability: on the runtime's dispatcher (one worker and a standby),
+    each appends in a message handler and joins a :class:`FlushGroup`, whose callback
+    sends it its next message."""
+    facts = realistic_facts(per_producer)
+    store = Store.open(path)
+    sessions = [store.create_session(f"producer-{i}") for i in range(count)]
+    store.flush()
+    dispatcher = Dispatcher(1, standby=1, name="bench-producers")
+    group = FlushGroup(store, dispatcher)
+    finished = threading.Semaphore(0)
+    failures: list[BaseException] = []
+
+    class Producer(PooledActor):
+        actor_dispatcher = dispatcher
+
+        def __init__(self, session: Session) -> None:
+            super().__init__()
+            self.session = session
+            self.appended = 0
+
+        def on_receive(self, message: Any) -> None:
+            if isinstance(message, BaseException):  # a failed flush
+                failures.append(message)
+                finished.release()
+                return
+            if self.appended == len(facts):
+                finished.release()
+                return
+            kind, data = facts[self.appended]
+            self.appended += 1
+            self.session.append(kind, data)
+            group.join(self.session, self.actor_ref.tell)  # tell(None): durable, go on
+
+    actors = [Producer.start(session) for session in sessions]
+    before = store.statistics()
+    start = time.perf_counter()
+    for actor in actors:
+        actor.tell(None)
+    for _ in actors:
+        if not finished.acquire(timeout=600):
+            raise SystemExit("actor producers did not finish in 600 s")
+    if failures:
+        raise failures[0]
+    for actor in actors:
+        actor.stop(block=False)
+    dispatcher.shutdown(30)
+    return _closed(store, before, start, count * per_producer, writes)
+
+
 def _closed(
     store: Store,
     before: StoreStatistics,
@@ -271,6 +332,11 @@ def main() -> None:
         (
             "{} producers as asyncio tasks, flush after each append",
             task_producers,
+            ((8, 400), (64, 200)),
+        ),
+        (
+            "{} producers as pooled actors, flush after each append",
+            actor_producers,
             ((8, 400), (64, 200)),
         ),
     )
