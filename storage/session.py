@@ -128,10 +128,11 @@ class _Checked(NamedTuple):
 
 class Outbox(Protocol):
     """One session's records on their way to a sink that takes them itself (the log
-    writer, see :meth:`LogSink.submit`): the session appends its encoded records to
-    ``records`` (under its own lock, in seq order, without gaps) and the sink takes
-    them from the front when it writes. Cheaper than a call per record: an append costs
-    a list append, and the sink hears of the session once per batch of records.
+    writer's ``outbox(session_key)``, see :class:`LogSink`): the session appends its
+    encoded records to ``records`` (under its own lock, in seq order, without gaps) and
+    the sink takes them from the front when it writes. Cheaper than a call per record:
+    an append costs a list append, and the sink hears of the session once per batch of
+    records.
 
     Protocol: after appending, a session calls :meth:`announce` if ``records`` holds only
     what it just appended (the sink may have emptied it: it does not know the session
