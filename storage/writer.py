@@ -10,7 +10,7 @@ record. The writer thread drains *everything* pending — the records of every o
 and run, new session headers and flush requests — into one write transaction (group
 commit), commits it, and only then resolves the flush requests it drained. A flush is
 therefore acknowledged only once every record appended before it is on disk. (Handing
-records over through outboxes instead of a :meth:`LogWriter.submit` per record: ~8%
+records over through outboxes instead of a :meth:`LogWriter.submit` per record: 5-8%
 more turns per second with 1,000 agents, see benchmarks/README.md.)
 
 A group commit appends its records to the journal (a page or two for the whole batch,
