@@ -394,28 +394,10 @@ class LogWriter:
 
     def submit(self, record: Record) -> None:
         """Queue one encoded record; raises if it is out of order or the writer is down.
-
-        The hot path of every append: one lock, one dict lookup, one list append.
-        """
+        For producers without an outbox (tools, tests): a session appends through
+        :meth:`outbox`."""
         key, seq, payload = record
-        lock = self._lock
-        while not lock.acquire(False):  # not `with` (hot path): see storage.locks
-            wait_until_free(lock)
-        try:
-            if self._state or self._next_seq.get(key) != seq:
-                raise self._rejection(key, seq)
-            self._next_seq[key] = seq + 1
-            runs = self._runs
-            if not runs:
-                self._wake.notify()
-            else:
-                last = runs[-1]
-                if last[0] == key:  # the session's run goes on (it ends at seq - 1: see _runs)
-                    last[2].append(payload)
-                    return
-            runs.append((key, seq, [payload]))
-        finally:
-            lock.release()
+        self.submit_many(key, seq, [payload])
 
     def submit_many(self, session_key: int, first_seq: int, payloads: Sequence[bytes]) -> None:
         """Queue the records of seqs ``first_seq``, ``first_seq + 1``, ... of one session,
@@ -423,31 +405,22 @@ class LogWriter:
         writer is down. They commit in one transaction (unless the map must grow).
 
         A list is kept, not copied (the caller gives it away, see :class:`LogSink`);
-        records that continue the session's pending run join it, as in :meth:`submit`
-        (a turn hands over its facts in small batches: one run each would cost the
-        writer a run's work per batch)."""
+        records that continue the session's pending run join it."""
         if not payloads:
             return
-        lock = self._lock
-        while not lock.acquire(False):  # not `with` (hot path): see storage.locks
-            wait_until_free(lock)
-        try:
+        with self._lock:
             if self._state or self._next_seq.get(session_key) != first_seq:
                 raise self._rejection(session_key, first_seq)
             self._next_seq[session_key] = first_seq + len(payloads)
             runs = self._runs
+            if runs and runs[-1][0] == session_key:  # the session's run goes on (see _runs)
+                runs[-1][2].extend(payloads)
+                return
             if not runs:
                 self._wake.notify()
-            else:
-                last = runs[-1]
-                if last[0] == session_key:  # the session's run goes on (see _runs)
-                    last[2].extend(payloads)
-                    return
             runs.append(
                 (session_key, first_seq, payloads if type(payloads) is list else list(payloads))
             )
-        finally:
-            lock.release()
 
     def flush_async(self, callback: FlushCallback) -> None:
         """Call ``callback(None)`` once everything submitted so far is durable, or
