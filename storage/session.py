@@ -467,8 +467,9 @@ class Session:
         facts too, so a replace may cite one of them. If any fact is refused nothing is
         written and the error (the same class :meth:`append` raises) starts with its
         index: ``facts[3] ('user/message'): ...``. Otherwise the events get the next
-        seqs and one ``time`` (a single clock reading), go to the sink in one
-        :meth:`LogSink.submit_many`, and are committed to the log and projections
+        seqs and one ``time`` (a single clock reading), go to the sink at once (one
+        ``list.extend`` onto the session's outbox, or one :meth:`LogSink.submit_many`),
+        and are committed to the log and projections
         together; only then are the observers called, once per event in seq order
         (holding the lock, as for :meth:`append`): an observer never sees a batch half
         committed. Raises :class:`ReentrantAppendError` when called from an observer
