@@ -368,7 +368,11 @@ class LogWriter:
             return
         outbox.stopped = outbox.stale = True
         self._pending.pop(key, None)
-        self._take_from(outbox, self._runs)
+        runs = self._runs
+        idle = not runs
+        self._take_from(outbox, runs)
+        if idle and runs:  # as submit_many: the writer may wait for work
+            self._wake.notify()
 
     def _take(self, runs: list[Span]) -> None:
         """Append the records of every pending outbox to ``runs`` (the lock is held)."""
