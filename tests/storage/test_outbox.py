@@ -27,6 +27,13 @@ def _fact(n: int) -> tuple[str, TurnStart]:
     return ("turn/start", TurnStart(turn=n + 1, trigger=MessageTrigger()))
 
 
+def _tracked_session(writer: LogWriter, key: int, session_id: str, *, new: bool = True) -> Session:
+    """A session appending through ``writer`` (as a store's would), tracked from seq 0."""
+    header = SessionHeader(id=session_id, key=key, created=1_700_000_000_000)
+    writer.track(header, next_seq=0, new=new)
+    return Session(header, sink=writer, codec=Codec(EventTypes.default()))
+
+
 def test_records_nobody_flushes_are_written_by_the_writer_on_its_own(tmp_path: Path) -> None:
     env = LmdbEnv(tmp_path / "env", readonly=False, map_size=1 << 20, sync=True)
     writer = LogWriter(env, sync_on_flush=True)  # as durability "none"
@@ -40,9 +47,7 @@ def test_records_nobody_flushes_are_written_by_the_writer_on_its_own(tmp_path: P
 
     writer._commit = observed  # type: ignore[method-assign]
     try:
-        header = SessionHeader(id="quiet", key=1, created=1_700_000_000_000)
-        writer.track(header, next_seq=0, new=True)
-        session = Session(header, sink=writer, codec=Codec(EventTypes.default()))
+        session = _tracked_session(writer, 1, "quiet")
         for n in range(3):
             session.append(*_fact(n))
         assert committed.wait(WAIT), "the writer did not take the records without a flush"
@@ -120,12 +125,8 @@ def test_a_failed_writer_refuses_every_later_append_and_keeps_none_of_them(
     env = LmdbEnv(tmp_path / "env", readonly=True, map_size=1 << 20, sync=True)
     writer = LogWriter(env, sync_on_flush=False)
     try:
-        headers = [SessionHeader(id=f"s{i}", key=i, created=1_700_000_000_000) for i in (1, 2)]
-        for header in headers:  # not new: no header to write, the writer stays idle
-            writer.track(header, next_seq=0, new=False)
-        first, second = (
-            Session(h, sink=writer, codec=Codec(EventTypes.default())) for h in headers
-        )
+        # Not new: no header to write, the writer stays idle.
+        first, second = (_tracked_session(writer, i, f"s{i}", new=False) for i in (1, 2))
         first.append(*_fact(0))  # the writer takes it at once, or with the flush: it fails
         with pytest.raises(StorageError, match=r"could not commit|failed earlier"):
             first.flush()
@@ -168,9 +169,7 @@ def test_an_outbox_of_a_reopened_session_refuses_records_even_while_it_holds_som
 def _writer_and_session(tmp_path: Path) -> tuple[LmdbEnv, LogWriter, Session]:
     env = LmdbEnv(tmp_path / "env", readonly=False, map_size=1 << 20, sync=True)
     writer = LogWriter(env, sync_on_flush=False)
-    header = SessionHeader(id="s", key=1, created=1_700_000_000_000)
-    writer.track(header, next_seq=0, new=True)
-    return env, writer, Session(header, sink=writer, codec=Codec(EventTypes.default()))
+    return env, writer, _tracked_session(writer, 1, "s")
 
 
 def _stored_seqs(path: Path) -> list[int]:
