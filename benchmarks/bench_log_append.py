@@ -155,14 +155,21 @@ def baseline(path: Path, payloads: list[bytes]) -> float:
     return elapsed
 
 
+def _producer_store(
+    path: Path, count: int, per_producer: int
+) -> tuple[list[Fact], Store, list[Session]]:
+    """A producer's facts, and a store at ``path`` with ``count`` durable empty sessions."""
+    store = Store.open(path)
+    sessions = [store.create_session(f"producer-{i}") for i in range(count)]
+    store.flush()
+    return realistic_facts(per_producer), store, sessions
+
+
 def producers(path: Path, count: int, per_producer: int, writes: list[dict[str, float]]) -> float:
     """Seconds for ``count`` threads to each append ``per_producer`` events, each
     followed by a flush that waits for durability, and for the store to close (its
     last journal compaction). Appends the writer's commit counts to ``writes``."""
-    facts = realistic_facts(per_producer)
-    store = Store.open(path)
-    sessions = [store.create_session(f"producer-{i}") for i in range(count)]
-    store.flush()
+    facts, store, sessions = _producer_store(path, count, per_producer)
     ready = threading.Barrier(count + 1)
 
     def produce(session: Session) -> None:
@@ -187,10 +194,7 @@ def task_producers(
 ) -> float:
     """:func:`producers` with ``count`` asyncio tasks on one event loop instead of
     threads, each awaiting its flush."""
-    facts = realistic_facts(per_producer)
-    store = Store.open(path)
-    sessions = [store.create_session(f"producer-{i}") for i in range(count)]
-    store.flush()
+    facts, store, sessions = _producer_store(path, count, per_producer)
 
     async def produce(session: Session) -> None:
         for kind, data in facts:
@@ -214,10 +218,7 @@ def actor_producers(
     agents wait for durability: on the runtime's dispatcher (one worker and a standby),
     each appends in a message handler and joins a :class:`FlushGroup`, whose callback
     sends it its next message."""
-    facts = realistic_facts(per_producer)
-    store = Store.open(path)
-    sessions = [store.create_session(f"producer-{i}") for i in range(count)]
-    store.flush()
+    facts, store, sessions = _producer_store(path, count, per_producer)
     dispatcher = Dispatcher(1, standby=1, name="bench-producers")
     group = FlushGroup(store, dispatcher)
     finished = threading.Semaphore(0)
