@@ -40,7 +40,14 @@ from .effects import (
 from .flushes import FlushGroup
 from .inbox import Inbox, InboxView
 from .live import TurnSignal
-from .streams import StreamHandle, ToolHandle, is_immediate, open_stream, start_tool
+from .streams import (
+    StreamHandle,
+    ToolHandle,
+    chunks_checked,
+    is_immediate,
+    open_stream,
+    start_tool,
+)
 from .turn import TurnMachine
 
 __all__ = [
@@ -216,6 +223,7 @@ class AgentActor(PooledActor):
         self.session = session
         self.model = model
         self._immediate = is_immediate(model)
+        self._checked = chunks_checked(model)
         self.io = io
         self.scheduler = scheduler
         self.bus = bus
@@ -444,7 +452,12 @@ class AgentActor(PooledActor):
 
     def _start_open_stream(self, effect: OpenStream) -> Any:
         stream = open_stream(
-            self.model, effect.request, self.io, self._stream_ready, immediate=self._immediate
+            self.model,
+            effect.request,
+            self.io,
+            self._stream_ready,
+            immediate=self._immediate,
+            checked=self._checked,
         )
         return stream, None
 

@@ -11,18 +11,56 @@ its HTTP stream when that happens.
 A model that can answer without waiting for anything (a zero-latency scripted model)
 may also implement :class:`ImmediateModel`; the agent then takes the chunks inline
 instead of a round trip through the I/O side.
+
+What a model hands over is checked before anything of it is logged (msgspec does not
+check field types when a struct is built, and a record the log cannot read back would
+make the whole session unreadable): :func:`checked_chunk` fails the request with an
+``UNKNOWN`` failure naming a malformed chunk, after the chunks before it (unless the
+model sets ``chunks_checked = True``: its chunks are well formed by construction, as
+``ScriptedModel``'s are, which checks its script instead);
+:func:`checked_failure` turns a malformed :class:`LlmFailure` (an unknown code, a
+message that is not a str) into an ``UNKNOWN`` one that says what was wrong.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol, runtime_checkable
+from operator import attrgetter
+from typing import Final, Protocol, get_args, runtime_checkable
 
 import msgspec
 
-from storage.events import LlmFailure, Message, RequestConfig, StreamChunk, ToolSpec
+from storage.events import (
+    FinishChunk,
+    FinishReason,
+    LlmFailure,
+    Message,
+    ReasoningDelta,
+    RequestConfig,
+    StreamChunk,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+    UsageChunk,
+)
 
-__all__ = ["ImmediateModel", "Model", "ModelError", "ModelRequest"]
+__all__ = [
+    "ImmediateModel",
+    "Model",
+    "ModelError",
+    "ModelRequest",
+    "checked_chunk",
+    "checked_failure",
+    "failure_problem",
+]
+
+_FINISH_REASONS: Final = frozenset(get_args(FinishReason))
+_USAGE: Final = attrgetter(
+    "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens"
+)
+_PREVIEW_CHARS: Final = 200
 
 
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,3 +109,91 @@ class ImmediateModel(Model, Protocol):
     def answer_now(self, request: ModelRequest) -> Sequence[StreamChunk] | None:
         """Return the whole reply at once, or raise :class:`ModelError`."""
         ...
+
+
+def checked_chunk(chunk: object) -> StreamChunk:
+    """``chunk`` if it is a well-formed stream chunk (one the log can hold and read
+    back); else raises :class:`ModelError` with an ``UNKNOWN`` failure that names what
+    is wrong. The common chunks are checked field by field (every chunk of every reply
+    passes here); anything else is converted to a chunk type by msgspec or refused."""
+    kind = type(chunk)
+    if kind is TextDelta:
+        if type(chunk.text) is str:  # type: ignore[attr-defined]
+            return chunk  # type: ignore[return-value]
+    elif kind is FinishChunk:
+        reason = chunk.reason  # type: ignore[attr-defined]
+        if type(reason) is str and reason in _FINISH_REASONS:
+            return chunk  # type: ignore[return-value]
+    elif kind is UsageChunk:
+        usage = chunk.usage  # type: ignore[attr-defined]
+        if type(usage) is Usage:
+            a, b, c, d, e = _USAGE(usage)
+            if (
+                type(a) is int
+                and type(b) is int
+                and type(c) is int
+                and type(d) is int
+                and type(e) is int
+            ):
+                return chunk  # type: ignore[return-value]
+    elif kind is ToolCallDelta:
+        call_id, name = chunk.call_id, chunk.name  # type: ignore[attr-defined]
+        if (
+            type(chunk.index) is int  # type: ignore[attr-defined]
+            and (call_id is None or type(call_id) is str)
+            and (name is None or type(name) is str)
+            and type(chunk.arguments_delta) is str  # type: ignore[attr-defined]
+        ):
+            return chunk  # type: ignore[return-value]
+    elif kind is ReasoningDelta:
+        signature = chunk.signature  # type: ignore[attr-defined]
+        if type(chunk.text) is str and (signature is None or type(signature) is str):  # type: ignore[attr-defined]
+            return chunk  # type: ignore[return-value]
+    try:  # a subclass, a plain value, or a malformed chunk: msgspec says which
+        converted: StreamChunk = msgspec.convert(msgspec.to_builtins(chunk), StreamChunk)
+    except (msgspec.ValidationError, TypeError) as err:
+        failure = LlmFailure(
+            message=f"the model produced a malformed stream chunk ({err}): {_preview(chunk)}",
+            code="UNKNOWN",
+        )
+        raise ModelError(failure) from None
+    return converted
+
+
+def checked_failure(failure: object) -> LlmFailure:
+    """``failure`` if it is a well-formed :class:`LlmFailure` (a known code, a str
+    message, a finite ``retry_after_s`` >= 0, ...); else an ``UNKNOWN`` failure whose
+    message says what was wrong and shows the original."""
+    checked = _check_failure(failure)
+    if isinstance(checked, LlmFailure):
+        return checked
+    return LlmFailure(
+        message=f"the model reported a malformed failure ({checked}): {_preview(failure)}",
+        code="UNKNOWN",
+    )
+
+
+def failure_problem(failure: object) -> str | None:
+    """What makes ``failure`` unfit for the log (see :func:`checked_failure`), or None."""
+    checked = _check_failure(failure)
+    return None if isinstance(checked, LlmFailure) else checked
+
+
+def _check_failure(failure: object) -> LlmFailure | str:
+    """``failure`` as a well-formed :class:`LlmFailure` (equal to it; an int
+    ``retry_after_s`` becomes a float), or what is wrong with it."""
+    try:
+        checked: LlmFailure = msgspec.convert(msgspec.to_builtins(failure), LlmFailure)
+    except (msgspec.ValidationError, TypeError) as err:
+        return str(err)
+    retry = checked.retry_after_s
+    if retry is None or (math.isfinite(retry) and retry >= 0):
+        return checked
+    return f"retry_after_s must be a finite number of seconds >= 0, got {retry!r}"
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    if len(text) > _PREVIEW_CHARS:
+        return f"{text[:_PREVIEW_CHARS]}... ({len(text) - _PREVIEW_CHARS} more characters)"
+    return text

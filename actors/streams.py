@@ -16,12 +16,19 @@ from storage.events import StreamChunk
 
 from ._ioside import EffectHandle, IoSide, Outcome
 from .effects import StreamEnd
-from .model import ImmediateModel, Model, ModelError, ModelRequest
+from .model import ImmediateModel, Model, ModelRequest, checked_chunk
 from .protocols import implements
 from .toolphase import ToolPlan, ToolRun
 from .tools import run_execute_chain
 
-__all__ = ["StreamHandle", "ToolHandle", "is_immediate", "open_stream", "start_tool"]
+__all__ = [
+    "StreamHandle",
+    "ToolHandle",
+    "chunks_checked",
+    "is_immediate",
+    "open_stream",
+    "start_tool",
+]
 
 
 class _Failure:
@@ -131,6 +138,12 @@ def is_immediate(model: Model) -> bool:
     return implements(model, ImmediateModel)
 
 
+def chunks_checked(model: Model) -> bool:
+    """Whether ``model`` vouches that its chunks are well formed (``chunks_checked =
+    True``), so that they need not be checked one by one (see ``actors.model``)."""
+    return getattr(model, "chunks_checked", False) is True
+
+
 def open_stream(
     model: Model,
     request: ModelRequest,
@@ -138,24 +151,31 @@ def open_stream(
     notify: Callable[[StreamHandle, int], None],
     *,
     immediate: bool,
+    checked: bool = False,
 ) -> StreamHandle:
-    """Start ``model`` on ``request``; an immediate model answers inline."""
+    """Start ``model`` on ``request``; an immediate model answers inline. ``checked``:
+    the model's chunks are well formed by construction (see :func:`chunks_checked`)."""
     handle = StreamHandle(notify)
     if immediate:
+        items: list[StreamChunk | StreamEnd | _Failure] = []
         try:
             answer = model.answer_now(request)  # type: ignore[attr-defined]
-        except ModelError as err:
-            handle.prefill([_Failure(err)], failed=True)
+            if answer is not None:
+                items += answer if checked else map(checked_chunk, answer)  # up to a bad one
+                items.append(_END)
+        except Exception as err:  # noqa: BLE001 - the request's failure, as from stream()
+            items.append(_Failure(err))
+            handle.prefill(items, failed=True)
             return handle
         if answer is not None:
-            handle.prefill([*answer, _END])
+            handle.prefill(items)
             return handle
 
     async def pump() -> None:
         chunks = model.stream(request)
         try:
             async for chunk in chunks:
-                handle.push(chunk)
+                handle.push(chunk if checked else checked_chunk(chunk))
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - delivered to the turn as the failure

@@ -74,7 +74,7 @@ from .live import (
     TurnSignal,
     TurnStopping,
 )
-from .model import ModelError, ModelRequest
+from .model import ModelError, ModelRequest, checked_failure
 from .streams import StreamHandle
 from .toolphase import ToolPhase
 
@@ -130,8 +130,10 @@ def _announced(stream: Any) -> Sequence[Any] | None:
 
 
 def _bounded(failure: LlmFailure) -> LlmFailure:
-    """A failure that fits in a log record: a server may send megabytes of error text, or
+    """A failure that fits in a log record: well formed (a model may build a malformed
+    one by hand: see ``checked_failure``); a server may send megabytes of error text, or
     text that is not UTF-8 (a lone surrogate)."""
+    failure = checked_failure(failure)
     message = failure.message
     if len(message) > _MAX_FAILURE_CHARS:
         rest = len(message) - _MAX_FAILURE_CHARS

@@ -17,7 +17,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from actors.model import ModelError, ModelRequest
+from actors.model import ModelError, ModelRequest, failure_problem
 from storage.events import (
     FinishChunk,
     LlmFailure,
@@ -62,8 +62,58 @@ def _split(text: str, parts: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def _checked_item(item: object, where: str) -> ScriptItem:
+    """``item`` if it is a script item a reply can be made of; else ``TypeError`` or
+    ``ValueError`` naming ``where`` and what is wrong (a malformed item would otherwise
+    fail deep inside the agent, or reach the log as a record it cannot read back)."""
+    if type(item) is str:
+        return item
+    if isinstance(item, LlmFailure):
+        problem = failure_problem(item)
+        if problem is not None:
+            raise ValueError(f"{where}: a malformed LlmFailure ({problem}): {item!r}")
+        return item
+    if not isinstance(item, Sequence) or isinstance(item, str | bytes | bytearray):
+        raise TypeError(
+            f"{where}: a script item is a str (a text reply), a list of ToolCall or an "
+            f"LlmFailure; got {type(item).__name__}"
+        )
+    if not item:
+        raise ValueError(f"{where}: an empty list of tool calls (a text reply is a str)")
+    for index, call in enumerate(item):
+        _check_call(call, f"{where}[{index}]")
+    return item
+
+
+def _check_call(call: object, where: str) -> None:
+    if not isinstance(call, ToolCall):
+        raise TypeError(f"{where}: expected a ToolCall, got {type(call).__name__}")
+    if type(call.name) is not str or not call.name:
+        raise ValueError(f"{where}: a tool call's name is a non-empty str, got {call.name!r}")
+    if call.raw_arguments is not None:
+        if type(call.raw_arguments) is not str:
+            raise TypeError(
+                f"{where}: raw_arguments is a str (JSON text) or None, got "
+                f"{type(call.raw_arguments).__name__}"
+            )
+        return
+    if type(call.arguments) is not dict:
+        raise TypeError(
+            f"{where}: arguments is a dict (a JSON object), got {type(call.arguments).__name__}"
+        )
+    try:
+        _encoder.encode(call.arguments)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise TypeError(f"{where}: arguments cannot be encoded as JSON: {err}") from None
+
+
 class ScriptedModel:
-    """A model whose replies are scripted (or computed by a function of the request)."""
+    """A model whose replies are scripted (or computed by a function of the request).
+
+    Every item is checked (a list when the model is built, a function's result when it
+    is called), so the chunks made of them are well formed: ``chunks_checked``."""
+
+    chunks_checked = True
 
     def __init__(
         self,
@@ -84,7 +134,9 @@ class ScriptedModel:
         if callable(replies):
             self._fn = replies
         else:
-            self._script = iter(list(replies))
+            self._script = iter(
+                [_checked_item(item, f"replies[{i}]") for i, item in enumerate(replies)]
+            )
         self._lock = threading.Lock()
         self._latency = latency
         self._chunks = chunks
@@ -124,7 +176,7 @@ class ScriptedModel:
         with self._lock:
             self.requests += 1
             if self._fn is not None:
-                return self._fn(request)
+                return _checked_item(self._fn(request), "the reply function's result")
             assert self._script is not None
             item = next(self._script, None)
         return last_user_text(request.messages) if item is None else item

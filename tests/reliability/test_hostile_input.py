@@ -32,6 +32,7 @@ from runtime import (
     Agent,
     InvalidMessageError,
     LlmFailure,
+    ModelError,
     Runtime,
     ScriptedModel,
     TextBlock,
@@ -50,6 +51,7 @@ from storage import (
     UnknownSessionError,
     lmdb_env,
 )
+from storage.events import FinishChunk, TextDelta, ToolCallDelta, Usage, UsageChunk
 from storage.lmdb_env import SCHEMA_VERSION, decode_row, encode_row, event_key
 
 from .conftest import FAST_RETRY, WAIT, check_whole_store, corral, one_error_line, python
@@ -194,6 +196,155 @@ def test_a_model_reply_with_a_lone_surrogate_ends_the_turn_as_error(rt: Runtime)
     assert end.reason.kind == "error"
     assert "encoded" in end.reason.error.message
     assert_alive(rt, agent)
+
+
+# --------------------------------------------------------------------------- model output
+# msgspec does not check field types when a struct is built: a chunk or a failure a model
+# builds by hand could reach the log as a record it cannot read back, which would make
+# the whole session unreadable. The rt fixture re-reads every log after each test.
+
+
+class Emits:
+    """A hand-written model: each request streams the next of ``replies`` (chunks, or an
+    exception raised at that point), then answers "fine" once they are used up."""
+
+    provider = "custom"
+    name = "emits"
+
+    def __init__(self, *replies: list[Any]) -> None:
+        self.replies = list(replies)
+
+    def _next(self) -> list[Any]:
+        if self.replies:
+            return self.replies.pop(0)
+        return [TextDelta(text="fine"), FinishChunk(reason="stop")]
+
+    async def stream(self, request: Any) -> Any:
+        for item in self._next():
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+class EmitsInline(Emits):
+    """:class:`Emits` answering inline (an ``ImmediateModel``, as ``ScriptedModel``)."""
+
+    def answer_now(self, request: Any) -> list[Any]:
+        reply = self._next()
+        for item in reply:
+            if isinstance(item, BaseException):
+                raise item
+        return reply
+
+
+MODEL_KINDS = pytest.mark.parametrize("kind", [Emits, EmitsInline], ids=["streamed", "inline"])
+
+
+@MODEL_KINDS
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        (TextDelta(text=5), "Expected `str`, got `int` - at `$.text`"),  # type: ignore[arg-type]
+        ("hello", "Expected `object`, got `str`"),
+        (None, "Expected `object`, got `null`"),
+        (FinishChunk(reason="done"), "Invalid enum value 'done'"),  # type: ignore[arg-type]
+        (UsageChunk(usage=Usage(input_tokens="many")), "$.usage.inputTokens"),  # type: ignore[arg-type]
+        (ToolCallDelta(index=0, call_id="c", name=5), "at `$.name`"),  # type: ignore[arg-type]
+    ],
+    ids=["text not a str", "a plain str", "None", "unknown finish", "usage a str", "name an int"],
+)
+def test_a_malformed_chunk_ends_the_turn_as_error_naming_it_and_keeps_the_chunks_before(
+    rt: Runtime, kind: type[Emits], bad: Any, said: str
+) -> None:
+    model = kind(
+        [TextDelta(text="before "), bad, TextDelta(text="after"), FinishChunk(reason="stop")]
+    )
+    agent = run_turn(rt, model)
+    (end,) = facts(agent, "turn/end")
+    assert end.reason.kind == "error" and end.reason.error.code == "UNKNOWN"
+    assert "malformed stream chunk" in end.reason.error.message
+    assert said in end.reason.error.message
+    assert [c.chunk for c in facts(agent, "assistant/chunk")] == [TextDelta(text="before ")]
+    assert facts(agent, "llm/retry") == []  # UNKNOWN: the model is broken, not busy
+    assert_alive(rt, agent)
+
+
+@MODEL_KINDS
+def test_a_model_that_raises_a_plain_exception_ends_the_turn_as_error_not_the_agent(
+    rt: Runtime, kind: type[Emits]
+) -> None:
+    agent = run_turn(rt, kind([TextDelta(text="partial"), RuntimeError("the adapter broke")]))
+    (end,) = facts(agent, "turn/end")
+    assert end.reason.kind == "error" and end.reason.error.code == "UNKNOWN"
+    assert "the adapter broke" in end.reason.error.message
+    assert_alive(rt, agent)
+
+
+@MODEL_KINDS
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (LlmFailure(message="slow down", code="rate_limit"), "Invalid enum value 'rate_limit'"),  # type: ignore[arg-type]
+        (LlmFailure(message=5, code="SERVER"), "Expected `str`, got `int` - at `$.message`"),  # type: ignore[arg-type]
+        (LlmFailure(message="x", code="SERVER", status="500"), "at `$.status`"),  # type: ignore[arg-type]
+        (LlmFailure(message="x", code="RATE_LIMIT", retry_after_s=math.nan), "retry_after_s"),
+    ],
+    ids=["unknown code", "message an int", "status a str", "retry after NaN"],
+)
+def test_a_malformed_model_failure_is_logged_as_unknown_naming_the_problem(
+    rt: Runtime, kind: type[Emits], failure: LlmFailure, said: str
+) -> None:
+    agent = run_turn(rt, kind([ModelError(failure)]))
+    (end,) = facts(agent, "turn/end")  # not retried: UNKNOWN, whatever the code said
+    assert end.reason.kind == "error" and end.reason.error.code == "UNKNOWN"
+    assert "malformed failure" in end.reason.error.message
+    assert said in end.reason.error.message
+    assert_alive(rt, agent)
+
+
+@pytest.mark.parametrize(
+    ("script", "error", "said"),
+    [
+        ([b"bytes"], TypeError, "replies[0]: a script item is a str"),
+        (["fine", 42], TypeError, "replies[1]: a script item is a str"),
+        ([[]], ValueError, "replies[0]: an empty list of tool calls"),
+        ([["add"]], TypeError, "replies[0][0]: expected a ToolCall, got str"),
+        ([[ToolCall(name=5)]], ValueError, "replies[0][0]: a tool call's name"),  # type: ignore[arg-type]
+        ([[ToolCall(name="add", arguments=[1])]], TypeError, "arguments is a dict"),  # type: ignore[arg-type]
+        ([[ToolCall(name="add", arguments={"a": object()})]], TypeError, "cannot be encoded"),
+        ([[ToolCall(name="add", raw_arguments=b"{}")]], TypeError, "raw_arguments is a str"),  # type: ignore[arg-type]
+        ([LlmFailure(message="x", code="rate_limit")], ValueError, "Invalid enum value"),  # type: ignore[arg-type]
+    ],
+    ids=[
+        "bytes",
+        "an int after a str",
+        "no tool calls",
+        "a name for a call",
+        "a call's name an int",
+        "arguments a list",
+        "arguments not JSON",
+        "raw arguments bytes",
+        "an unknown failure code",
+    ],
+)
+def test_a_malformed_script_is_refused_when_the_scripted_model_is_built_naming_the_item(
+    script: list[Any], error: type[Exception], said: str
+) -> None:
+    with pytest.raises(error) as caught:
+        ScriptedModel(script)
+    assert said in str(caught.value)
+
+
+@pytest.mark.parametrize("latency", [0.0, 0.001], ids=["inline", "with latency"])
+def test_a_reply_function_returning_a_malformed_item_fails_that_request_only(
+    rt: Runtime, latency: float
+) -> None:
+    answers = iter([42, "fine"])
+    agent = run_turn(rt, ScriptedModel(lambda request: next(answers), latency=latency))
+    (end,) = facts(agent, "turn/end")
+    assert end.reason.kind == "error" and end.reason.error.code == "UNKNOWN"
+    assert "the reply function's result" in end.reason.error.message
+    assert_alive(rt, agent)  # the next request gets "fine"
 
 
 # --------------------------------------------------------------------------- verbs
