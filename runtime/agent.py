@@ -7,8 +7,9 @@ message, reserve its id (a duplicate is refused here, synchronously) and return 
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -321,6 +322,11 @@ class Agent:
             raise InvalidMessageError(f"lane must be 'next-turn' or 'next-step', got {lane!r}")
         if not isinstance(start, int) or not isinstance(removed_count, int) or removed_count < 0:
             raise InvalidMessageError("start is an int and removed_count an int >= 0")
+        if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
+            raise InvalidMessageError(
+                f"messages is a list of messages, got {type(messages).__name__} "
+                "(one text is one message: pass [text])"
+            )
         new = tuple(self._message(m, None, "user") for m in messages)
         with self._live_lock:
             self._live()
@@ -378,6 +384,8 @@ class Agent:
         Returns False on timeout. From one of this agent's own listeners (which run on
         the agent's actor) it would wait for itself: that raises ``AgentStateError``.
         On the main thread a Ctrl-C ends the wait at once (see :mod:`runtime.waiting`)."""
+        if timeout is not None and (type(timeout) not in (int, float) or math.isnan(timeout)):
+            raise TypeError(f"timeout is a number of seconds or None, got {timeout!r}")
         if self._passive:
             return True
         if self._on_own_thread():

@@ -44,7 +44,7 @@ from storage.session import Session
 from . import gctune
 from .agent import Agent
 from .policy import RetryPolicy
-from .tool import FunctionTool
+from .tool import FunctionTool, check_tool_name
 
 __all__ = ["Runtime"]
 
@@ -82,7 +82,7 @@ def _resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool
             resolved = FunctionTool(item)
         else:
             raise TypeError(f"a tool is a Tool or a typed function, got {item!r}")
-        name = resolved.spec.name
+        name = check_tool_name(resolved.spec.name)
         if name in out:
             raise ValueError(f"two tools are named {name!r}; tool names must be unique per agent")
         out[name] = resolved
@@ -306,6 +306,10 @@ class Runtime:
         (an inclusive seq that must not end inside an open turn). Turn numbers continue;
         the parent's pending inbox is not inherited."""
         self._check_open()
+        if type(boundary) is not int:
+            raise TypeError(
+                f"boundary is the int seq of the last event to inherit, got {boundary!r}"
+            )
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         session = self.store.fork(source_id, boundary, session_id)
         return self._start(session, resolved, tool_map, system, "startup", limits)

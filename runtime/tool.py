@@ -8,17 +8,32 @@ runs. A body concludes the turn by returning :func:`conclude` (``ToolReturn``).
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
-from typing import Any, TypeVar, get_type_hints, overload
+from typing import Any, Final, TypeVar, get_type_hints, overload
 
 import msgspec
 
 from actors.tools import ToolArgumentError, ToolReturn
 from storage.events import ToolSpec
 
-__all__ = ["FunctionTool", "conclude", "tool"]
+__all__ = ["FunctionTool", "check_tool_name", "conclude", "tool"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What both OpenAI (function names) and Anthropic (``^[a-zA-Z0-9_-]{1,64}$``) accept."""
+
+
+def check_tool_name(name: object) -> str:
+    """``name`` if model providers accept it as a tool name; else ``ValueError`` (a
+    provider would refuse every request that offers the tool, 400 INVALID_REQUEST)."""
+    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        raise ValueError(
+            f"tool name {name!r}: model providers accept 1 to 64 letters, digits, '_' or "
+            "'-' (OpenAI and Anthropic refuse anything else); name it with tool(name=...)"
+        )
+    return name
 
 
 def conclude(output: Any = None) -> ToolReturn:
@@ -67,7 +82,7 @@ class FunctionTool:
                 fields.append((param.name, annotation))
             else:
                 fields.append((param.name, annotation, param.default))
-        tool_name = name or fn.__name__
+        tool_name = check_tool_name(name or getattr(fn, "__name__", repr(fn)))
         self._args = msgspec.defstruct(f"{tool_name}_arguments", fields, forbid_unknown_fields=True)
         schema = msgspec.json.schema(self._args)
         parameters = _inline_refs(schema, schema.get("$defs", {}))

@@ -425,6 +425,20 @@ def _wrong_calls(rt: Runtime, agent: Agent) -> list[tuple[str, Callable[[], Any]
         ("resume(123)", lambda: rt.resume(123, model=echo), InvalidSessionIdError),
         ("resume(live id)", lambda: rt.resume(agent.id, model=echo), ValueError),
         ("resume(system=1)", lambda: rt.resume("missing", model=echo, system=1), TypeError),
+        ("fork(boundary='3')", lambda: rt.fork(agent.id, "3", model=echo), TypeError),  # type: ignore[arg-type]
+        ("fork(boundary=None)", lambda: rt.fork(agent.id, None, model=echo), TypeError),  # type: ignore[arg-type]
+        (
+            "splice(messages='abc')",
+            lambda: agent.splice("next-turn", 0, 0, "abc"),
+            InvalidMessageError,
+        ),
+        ("splice(messages=5)", lambda: agent.splice("next-turn", 0, 0, 5), InvalidMessageError),  # type: ignore[arg-type]
+        ("wait_idle('1')", lambda: agent.wait_idle("1"), TypeError),  # type: ignore[arg-type]
+        ("wait_idle(nan)", lambda: agent.wait_idle(math.nan), TypeError),
+        ("spawn(tools=[lambda])", lambda: rt.spawn(model=echo, tools=[lambda x: x]), ValueError),
+        ("tool(name='a b')", lambda: tool(name="a b")(probe.fn), ValueError),
+        ("tool(name='x' * 65)", lambda: tool(name="x" * 65)(probe.fn), ValueError),
+        ("tool(name='ns.get')", lambda: tool(name="ns.get")(probe.fn), ValueError),
     ]
 
 
