@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -247,12 +248,21 @@ class Agent:
         ref.actor_inbox.put(Envelope(message))
 
     def _tell(self, message: object) -> None:
-        self._live()
-        assert self._ref is not None
-        try:
-            self._ref.tell(message)
-        except ActorDeadError as err:
-            raise AgentDisposedError(f"agent {self.id} is no longer running") from err
+        with self._exclusive():
+            self._live()
+            assert self._ref is not None
+            try:
+                self._ref.tell(message)
+            except ActorDeadError as err:
+                raise AgentDisposedError(f"agent {self.id} is no longer running") from err
+
+    def _exclusive(self) -> AbstractContextManager[object]:
+        """What a caller holds from making the agent live until its message is in the
+        actor's mailbox: the live lock, which a passivation holds while it stops the
+        actor (a message told meanwhile would never be handled). Not on the agent's own
+        actor: that runs the caller's listener, so no passivation can stop it, and one
+        that waits for it holds the lock."""
+        return nullcontext() if self._on_own_thread() else self._live_lock
 
     def followup(
         self, message: MessageLike, *, id: MessageId | None = None, source: str = "user"
@@ -275,15 +285,17 @@ class Agent:
     # ------------------------------------------------------------------ editing (blocking)
 
     def _ask(self, edit: Edit, timeout: float | None) -> Any:
-        self._live()
         if self._on_own_thread():
             # called by one of this agent's own listeners, on the actor's thread: asking
             # the actor would wait for itself, so the edit is applied here, in order
             assert self._inbox is not None
             return apply_edit(self._inbox, edit)
-        assert self._ref is not None
         try:
-            return self._ref.ask(edit, timeout=timeout)
+            with self._live_lock:  # the edit is queued before a passivation may stop it
+                self._live()
+                assert self._ref is not None
+                reply = self._ref.ask(edit, block=False)
+            return reply.get(timeout=timeout)  # not under the lock: the edit's listeners
         except ActorDeadError as err:
             raise AgentDisposedError(f"agent {self.id} is no longer running") from err
 
@@ -365,18 +377,19 @@ class Agent:
 
     def cancel(self, cause: CancelCause | None = None, *, keep_inbox: bool = False) -> None:
         """Clear the inbox durably (unless ``keep_inbox``) and abort the active turn."""
-        self._live()  # a passivated agent's pending inbox is cleared durably too
         cause = cause or UserCause()
         if getattr(cause, "kind", None) not in _CAUSES:
             raise InvalidMessageError(
                 f"cause must be one of the CancelCause structs, got {cause!r}"
             )
-        if self._ref is None or not self._ref.is_alive():
-            return
-        target = self._active_signal()
-        if target is not None:
-            target.abort(cause)
-        self._tell(Cancel(cause=cause, keep_inbox=keep_inbox, target=target))
+        with self._exclusive():
+            self._live()  # a passivated agent's pending inbox is cleared durably too
+            if self._ref is None or not self._ref.is_alive():
+                return
+            target = self._active_signal()
+            if target is not None:
+                target.abort(cause)
+            self._tell(Cancel(cause=cause, keep_inbox=keep_inbox, target=target))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every send before this call was handled and the agent is idle.
@@ -410,8 +423,11 @@ class Agent:
             first = not self._disposing
             self._disposing = True
         if first:
-            self._live()  # disposal discards the pending inbox durably: needs the actor
-            self._runtime._dispose(self)
+            with self._exclusive():
+                self._live()  # disposal discards the pending inbox durably: needs the actor
+                running = self._runtime._dispose_live(self)
+            if not running:  # its actor crashed
+                self._runtime._forget(self)
         if self._on_own_thread():
             return self._disposed.is_set()
         return waiting.wait(self._disposed, timeout)

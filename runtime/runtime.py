@@ -441,6 +441,8 @@ class Runtime:
             try:
                 if not ref.ask(Quiescent(), timeout=timeout):
                     return False
+                if handle._disposing:  # a disposal from the agent's own actor, meanwhile
+                    return False
                 ref.stop(block=True, timeout=timeout)
             except ActorDeadError:
                 return False
@@ -523,13 +525,17 @@ class Runtime:
         self.bus.emit("agent/disposed", AgentDisposed(agent=handle), scope=agent_id)
         handle._disposed.set()
 
-    def _dispose(self, handle: Agent, *, keep_inbox: bool = False) -> None:
+    def _dispose_live(self, handle: Agent, *, keep_inbox: bool = False) -> bool:
+        """Start disposing the agent's actor, if it runs: cancel (``disposed``), then stop
+        it once idle, which announces ``agent/disposed``. False if no actor runs (passivated
+        or crashed): then :meth:`_forget` it.
+
+        Call it holding the handle's live lock, or on the agent's own actor: otherwise a
+        passivation could stop the actor between the check and the two messages, which
+        would then never be handled, and the disposal never end."""
         ref = self._refs.get(handle.id)
-        if ref is None or not ref.is_alive():  # passivated (or crashed): no actor to stop
-            forget = ProxyCall(attr_path=("remove",), args=(handle.id,), kwargs={"stop": False})
-            if not self._registry.ask(forget):  # the registry announces when it knew the id
-                self._announce_disposed(handle.id)
-            return
+        if ref is None or not ref.is_alive():
+            return False
         registry = self._registry
 
         def stop() -> None:
@@ -537,6 +543,15 @@ class Runtime:
 
         ref.tell(Cancel(cause=DisposedCause(), keep_inbox=keep_inbox))
         ref.tell(AwaitIdle(callback=stop))
+        return True
+
+    def _forget(self, handle: Agent) -> None:
+        """Dispose an agent that has no actor running: the registry forgets it and
+        announces ``agent/disposed`` (asked without the live lock: a listener of that
+        event may use the agent)."""
+        forget = ProxyCall(attr_path=("remove",), args=(handle.id,), kwargs={"stop": False})
+        if not self._registry.ask(forget):  # the registry announces when it knew the id
+            self._announce_disposed(handle.id)
 
     def get(self, agent_id: str) -> Agent:
         """The live agent with this id; ``KeyError`` if none."""
@@ -586,7 +601,10 @@ class Runtime:
                 first = not handle._disposing
                 handle._disposing = True
             if first:
-                self._dispose(handle, keep_inbox=True)
+                with handle._live_lock:
+                    running = self._dispose_live(handle, keep_inbox=True)
+                if not running:
+                    self._forget(handle)
         for handle in agents:
             if not handle._disposed.wait(timeout):
                 log.warning("agent %s did not stop within %s s", handle.id, timeout)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from runtime import Runtime, ScriptedModel, ToolCall, tool
+import pytest
+from pykka import ActorRef
+from pykka.messages import _ActorStop
+
+from actors.agent import AwaitIdle, Cancel, Edit
+from runtime import Agent, Runtime, ScriptedModel, ToolCall, tool
 from storage import assert_invariants
 from storage.events import MessageTrigger, StepStart, ToolCallData, TurnStart
 from storage.lmdb_store import Store
@@ -183,3 +191,121 @@ def test_a_busy_agent_is_not_passivated(rt: Runtime) -> None:
     assert rt.passivate_idle() == 1
     assert agent.passive
     assert agent.dispose(WAIT)  # a passive agent disposes (its inbox durably discarded)
+
+
+class _SpyLock:
+    """An agent's live lock that says when a thread has to wait for it."""
+
+    def __init__(self, inner: Any, contended: threading.Event) -> None:
+        self._inner = inner
+        self._contended = contended
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._inner.acquire(False):
+            return True
+        if not blocking:
+            return False
+        self._contended.set()
+        return bool(self._inner.acquire(True, timeout))
+
+    def release(self) -> None:
+        self._inner.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _call_racing_a_passivation(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, call: Callable[[Agent], Any]
+) -> tuple[Runtime, Agent, Any]:
+    """Run ``call(agent)`` from another thread at the worst moment for it: a passivation
+    found the agent idle and asked its actor to stop, and the only dispatcher worker is
+    held (by another agent's listener) so the stop is not handled yet. Returns what the
+    call returned (or raised), once the worker is let go and the call ended."""
+    rt = Runtime.open(store_path, threads=1)  # one worker, no standby: holding it holds all
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("one")
+    assert agent.wait_idle(WAIT)
+    agent.inject("pending")  # what a cancel or a remove must discard
+    assert agent.wait_idle(WAIT)
+    blocker, held, gate = rt.spawn(model=ScriptedModel.echo()), threading.Event(), threading.Event()
+
+    def hold_the_worker(event: Any) -> None:
+        held.set()
+        gate.wait(WAIT)
+
+    blocker.on("agent/settled", hold_the_worker)
+    stop_queued, reached = threading.Event(), threading.Event()
+    agent._live_lock = _SpyLock(agent._live_lock, reached)  # type: ignore[assignment]
+    real_ask, agent_ref = ActorRef.ask, agent._ref
+
+    def ask(self: ActorRef[Any], message: Any, **kwargs: Any) -> Any:
+        if self is agent_ref and isinstance(message, _ActorStop) and not stop_queued.is_set():
+            blocker.followup("hold the worker")
+            assert held.wait(WAIT)
+            future = real_ask(self, message, **kwargs)  # queued; the held worker cannot run it
+            stop_queued.set()
+            return future
+        if self is agent_ref and isinstance(message, Edit):
+            reached.set()
+        return real_ask(self, message, **kwargs)
+
+    real_tell = ActorRef.tell
+
+    def tell(self: ActorRef[Any], message: Any) -> None:
+        if self is agent_ref and isinstance(message, Cancel | AwaitIdle):
+            reached.set()  # told the old actor, behind its stop
+        real_tell(self, message)
+
+    monkeypatch.setattr(ActorRef, "ask", ask)
+    monkeypatch.setattr(ActorRef, "tell", tell)
+    passivating = threading.Thread(target=agent.passivate)
+    passivating.start()
+    assert stop_queued.wait(WAIT)
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call(agent))
+        except Exception as err:  # the test looks at it
+            outcome.append(err)
+
+    caller = threading.Thread(target=run)
+    caller.start()
+    assert reached.wait(WAIT)  # the call waits for the passivation, or told the old actor
+    gate.set()
+    passivating.join(WAIT)
+    caller.join(2 * WAIT)
+    assert not caller.is_alive()
+    return rt, agent, outcome[0]
+
+
+@pytest.mark.parametrize("verb", ["dispose", "cancel", "wait_idle", "remove"])
+def test_a_verb_sent_while_a_passivation_stops_the_agent_is_not_lost(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, verb: str
+) -> None:
+    calls: dict[str, Callable[[Agent], Any]] = {
+        "dispose": lambda agent: agent.dispose(timeout=WAIT),
+        "cancel": lambda agent: agent.cancel(),
+        "wait_idle": lambda agent: agent.wait_idle(timeout=WAIT),
+        "remove": lambda agent: agent.remove(agent.inbox.ids()[0]),
+    }
+    rt, agent, result = _call_racing_a_passivation(store_path, monkeypatch, calls[verb])
+    try:
+        assert not isinstance(result, Exception), result
+        if verb == "dispose":
+            assert result is True
+            assert agent.id not in [a.id for a in rt.agents()]
+        elif verb == "wait_idle":
+            assert result is True
+        else:  # the pending message is discarded, durably (a cancel is told: wait for it)
+            assert agent.wait_idle(WAIT)
+            assert agent.inbox.ids() == []
+            spliced = [e.data for e in agent.session.events() if e.type == "agent/inbox/spliced"]
+            assert spliced[-1].removed_count == 1
+    finally:
+        rt.close()
+    check_store(store_path)
