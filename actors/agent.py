@@ -18,7 +18,7 @@ from typing import Any, Literal
 import msgspec
 from pykka._envelope import Envelope
 
-from storage.events import CancelCause, InboxLane, MessageId, UserMessage
+from storage.events import CancelCause, DisposedCause, InboxLane, MessageId, UserMessage
 
 from ._ioside import IoSide, Outcome
 from ._mailbox import Mailbox
@@ -234,6 +234,9 @@ class AgentActor(PooledActor):
         self._waiting_token = 0
         self._cancel_waiting: Callable[[], None] | None = None
         self._idle_waiters: list[Callable[[], None]] = []
+        # A disposal's cancel was handled: no turn starts any more (a wake sent at the same
+        # moment may land after it, before the stop; its message stays pending in the log).
+        self._disposing = False
         self._mailbox = mailbox
         # A thread-safe "tell myself" for completions (admissions, tools, async work; a
         # flush's completion takes _flushed below): straight into the mailbox, which records
@@ -353,7 +356,7 @@ class AgentActor(PooledActor):
                 "agent %s could not insert message %s", self.session.id, message.message.id
             )
             return
-        if wake and self._coro is None:
+        if wake and self._coro is None and not self._disposing:
             self._coro = self.machine.drain()  # start a drain
             self._advance(None)
 
@@ -361,6 +364,8 @@ class AgentActor(PooledActor):
         return apply_edit(self.inbox, edit)
 
     def _cancel(self, cause: CancelCause, *, keep_inbox: bool, target: TurnSignal | None) -> None:
+        if isinstance(cause, DisposedCause):
+            self._disposing = True
         if not keep_inbox:
             self.inbox.clear()
         waiting = self._waiting

@@ -222,6 +222,8 @@ class Agent:
         if self._disposing:
             self._check_open(wake)
         with self._live_lock:
+            if self._disposing:  # again: a disposal tells its messages under this lock
+                self._check_open(wake)
             if self._passive:
                 self._live()
             assert self._inbox is not None

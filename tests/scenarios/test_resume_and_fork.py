@@ -11,10 +11,19 @@ import pytest
 from pykka import ActorRef
 from pykka.messages import _ActorStop
 
-from actors.agent import AwaitIdle, Cancel, Edit
-from runtime import Agent, Runtime, ScriptedModel, ToolCall, tool
+from actors.agent import AwaitIdle, Cancel, Edit, Insert
+from runtime import (
+    Agent,
+    AgentDisposedError,
+    Runtime,
+    ScriptedModel,
+    TextBlock,
+    ToolCall,
+    UserMessage,
+    tool,
+)
 from storage import assert_invariants
-from storage.events import MessageTrigger, StepStart, ToolCallData, TurnStart
+from storage.events import DisposedCause, MessageTrigger, StepStart, ToolCallData, TurnStart
 from storage.lmdb_store import Store
 
 from .conftest import WAIT, Timeline, check_store
@@ -309,3 +318,52 @@ def test_a_verb_sent_while_a_passivation_stops_the_agent_is_not_lost(
     finally:
         rt.close()
     check_store(store_path)
+
+
+def test_a_send_that_passed_its_check_before_a_dispose_is_refused_once_it_gets_the_lock(
+    rt: Runtime,
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    contended = threading.Event()
+    lock = agent._live_lock
+    agent._live_lock = _SpyLock(lock, contended)  # type: ignore[assignment]
+    outcome: list[Any] = []
+
+    def send() -> None:
+        try:
+            outcome.append(agent.followup("late"))
+        except Exception as err:  # the test looks at it
+            outcome.append(err)
+
+    with lock:  # as a disposal holds it while it tells its messages
+        sender = threading.Thread(target=send)
+        sender.start()
+        assert contended.wait(WAIT)  # the send passed its first check and waits
+        with agent._dispose_lock:
+            agent._disposing = True  # what dispose() does first
+    sender.join(WAIT)
+    assert isinstance(outcome[0], AgentDisposedError), outcome
+    assert [e.type for e in agent.session.events()] == []  # nothing was written
+    agent._disposing = False  # the disposal the test stood in for, for real
+    assert agent.dispose(WAIT)
+
+
+def test_a_wake_that_reaches_the_actor_after_its_disposal_began_starts_no_turn(
+    rt: Runtime,
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("one")
+    assert agent.wait_idle(WAIT)
+    ref = agent._ref
+    assert ref is not None and agent._inbox is not None
+    ref.tell(Cancel(cause=DisposedCause(), keep_inbox=False))  # a disposal's first message
+    late = UserMessage(id="late", content=[TextBlock(text="too late")])
+    agent._inbox.reserve(late.id)  # as a send that raced the disposal does
+    ref.tell(Insert(lane="next-turn", message=late, wake=True, unwinding=False))
+    done = threading.Event()
+    ref.tell(AwaitIdle(callback=done.set))
+    assert done.wait(WAIT)
+    types = [e.type for e in agent.session.events()]
+    assert types.count("turn/start") == 1, "the late wake started a turn"
+    assert agent.inbox.ids() == ["late"]  # kept, durably: a resume would run it
+    assert types[-1] == "agent/inbox/spliced"
