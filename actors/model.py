@@ -116,16 +116,14 @@ def checked_chunk(chunk: object) -> StreamChunk:
     back); else raises :class:`ModelError` with an ``UNKNOWN`` failure that names what
     is wrong. The common chunks are checked field by field (every chunk of every reply
     passes here); anything else is converted to a chunk type by msgspec or refused."""
-    kind = type(chunk)
-    if kind is TextDelta:
-        if type(chunk.text) is str:  # type: ignore[attr-defined]
-            return chunk  # type: ignore[return-value]
-    elif kind is FinishChunk:
-        reason = chunk.reason  # type: ignore[attr-defined]
-        if type(reason) is str and reason in _FINISH_REASONS:
-            return chunk  # type: ignore[return-value]
-    elif kind is UsageChunk:
-        usage = chunk.usage  # type: ignore[attr-defined]
+    if type(chunk) is TextDelta:
+        if type(chunk.text) is str:
+            return chunk
+    elif type(chunk) is FinishChunk:
+        if type(chunk.reason) is str and chunk.reason in _FINISH_REASONS:
+            return chunk
+    elif type(chunk) is UsageChunk:
+        usage = chunk.usage
         if type(usage) is Usage:
             a, b, c, d, e = _USAGE(usage)
             if (
@@ -135,20 +133,20 @@ def checked_chunk(chunk: object) -> StreamChunk:
                 and type(d) is int
                 and type(e) is int
             ):
-                return chunk  # type: ignore[return-value]
-    elif kind is ToolCallDelta:
-        call_id, name = chunk.call_id, chunk.name  # type: ignore[attr-defined]
+                return chunk
+    elif type(chunk) is ToolCallDelta:
+        call_id, name = chunk.call_id, chunk.name
         if (
-            type(chunk.index) is int  # type: ignore[attr-defined]
+            type(chunk.index) is int
             and (call_id is None or type(call_id) is str)
             and (name is None or type(name) is str)
-            and type(chunk.arguments_delta) is str  # type: ignore[attr-defined]
+            and type(chunk.arguments_delta) is str
         ):
-            return chunk  # type: ignore[return-value]
-    elif kind is ReasoningDelta:
-        signature = chunk.signature  # type: ignore[attr-defined]
-        if type(chunk.text) is str and (signature is None or type(signature) is str):  # type: ignore[attr-defined]
-            return chunk  # type: ignore[return-value]
+            return chunk
+    elif type(chunk) is ReasoningDelta:
+        signature = chunk.signature
+        if type(chunk.text) is str and (signature is None or type(signature) is str):
+            return chunk
     try:  # a subclass, a plain value, or a malformed chunk: msgspec says which
         converted: StreamChunk = msgspec.convert(msgspec.to_builtins(chunk), StreamChunk)
     except (msgspec.ValidationError, TypeError) as err:
