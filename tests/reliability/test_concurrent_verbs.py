@@ -96,8 +96,9 @@ def _run(path: Path, rng: random.Random, *, threads: int, ops: int, agents: int)
                     failures.append(f"dispose of {agent.id} did not finish")
                 fresh = rt.spawn(model=model, tools=[add])
                 with lock:
-                    pool[pool.index(agent)] = fresh
                     everyone.append(fresh)
+                    if agent in pool:  # not yet replaced by another thread that disposed it
+                        pool[pool.index(agent)] = fresh
                 return "dispose"
             rt.flush(WAIT)
             return "flush"
