@@ -221,7 +221,7 @@ class Agent:
         message = self._message(value, message_id, source)
         if self._disposing:
             self._check_open(wake)
-        with self._live_lock:
+        with self._exclusive():
             if self._disposing:  # again: a disposal tells its messages under this lock
                 self._check_open(wake)
             if self._passive:

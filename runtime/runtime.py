@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import count
 from typing import Any, Literal, NamedTuple, cast
 
-from pykka import ActorDeadError, ActorRef
+from pykka import ActorDeadError, ActorRef, Timeout
 from pykka.messages import ProxyCall
 
 from actors import ActorDeath, Bus, Dispatcher, IoSide, RegistryActor, Scheduler, watch
@@ -439,10 +439,12 @@ class Runtime:
             if handle._disposing or ref is None or not ref.is_alive():
                 return False
             try:
-                if not ref.ask(Quiescent(), timeout=timeout):
-                    return False
-                if handle._disposing:  # a disposal from the agent's own actor, meanwhile
-                    return False
+                quiescent = ref.ask(Quiescent(), timeout=timeout)
+            except (Timeout, ActorDeadError):  # busy in one handler all that while, or gone
+                return False
+            if not quiescent or handle._disposing:  # (a disposal from its own actor meanwhile)
+                return False
+            try:
                 ref.stop(block=True, timeout=timeout)
             except ActorDeadError:
                 return False

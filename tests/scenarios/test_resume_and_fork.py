@@ -11,7 +11,7 @@ import pytest
 from pykka import ActorRef
 from pykka.messages import _ActorStop
 
-from actors.agent import AwaitIdle, Cancel, Edit, Insert
+from actors.agent import AwaitIdle, Cancel, Edit, Insert, Quiescent
 from runtime import (
     Agent,
     AgentDisposedError,
@@ -367,3 +367,41 @@ def test_a_wake_that_reaches_the_actor_after_its_disposal_began_starts_no_turn(
     assert types.count("turn/start") == 1, "the late wake started a turn"
     assert agent.inbox.ids() == ["late"]  # kept, durably: a resume would run it
     assert types[-1] == "agent/inbox/spliced"
+
+
+def test_a_listener_that_sends_to_its_own_agent_while_it_is_being_passivated_goes_on(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    asked, passivated = threading.Event(), threading.Event()
+    outcome: list[Any] = []
+    real_ask = ActorRef.ask
+
+    def ask(self: ActorRef[Any], message: Any, **kwargs: Any) -> Any:
+        if isinstance(message, Quiescent):
+            asked.set()  # queued behind the listener's handler, which is running
+        return real_ask(self, message, **kwargs)
+
+    monkeypatch.setattr(ActorRef, "ask", ask)
+
+    def passivate() -> None:
+        try:
+            outcome.append(agent.passivate(timeout=WAIT))
+        except Exception as err:  # the test looks at it
+            outcome.append(err)
+        passivated.set()
+
+    def on_settled(event: Any) -> None:
+        if event.turn != 1:
+            return
+        threading.Thread(target=passivate).start()
+        assert asked.wait(WAIT)  # the passivation holds the agent's live lock and waits
+        agent.steer("more")  # from the agent's own actor: must not wait for it
+
+    agent.on("agent/settled", on_settled)
+    agent.followup("one")
+    assert passivated.wait(2 * WAIT)
+    assert outcome == [False], outcome  # the steer made it busy, not idle (and no Timeout)
+    assert agent.wait_idle(WAIT)
+    starts = [e.data.turn for e in agent.session.events() if e.type == "turn/start"]
+    assert starts == [1, 2]  # the steer ran as the next turn
