@@ -313,7 +313,7 @@ class Agent:
         """Swap a pending message for a new one in the same place; returns the new id."""
         _check_id(message_id)
         new = self._message(message, None, "user")
-        with self._live_lock:
+        with self._exclusive():
             self._live()
             assert self._inbox is not None
             self._inbox.reserve(new.id)
@@ -342,7 +342,7 @@ class Agent:
                 "(one text is one message: pass [text])"
             )
         new = tuple(self._message(m, None, "user") for m in messages)
-        with self._live_lock:
+        with self._exclusive():
             self._live()
             return self._splice(lane, start, removed_count, new, timeout)
 

@@ -369,11 +369,18 @@ def test_a_wake_that_reaches_the_actor_after_its_disposal_began_starts_no_turn(
     assert types[-1] == "agent/inbox/spliced"
 
 
+_OWN_VERBS: dict[str, Callable[[Agent], Any]] = {
+    "steer": lambda agent: agent.steer("more"),
+    "splice": lambda agent: agent.splice("next-step", 0, 0, ["more"]),
+}
+
+
+@pytest.mark.parametrize("verb", list(_OWN_VERBS))
 def test_a_listener_that_sends_to_its_own_agent_while_it_is_being_passivated_goes_on(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch, verb: str
 ) -> None:
     agent = rt.spawn(model=ScriptedModel.echo())
-    asked, passivated = threading.Event(), threading.Event()
+    asked, passivated, sent = threading.Event(), threading.Event(), threading.Event()
     outcome: list[Any] = []
     real_ask = ActorRef.ask
 
@@ -389,6 +396,7 @@ def test_a_listener_that_sends_to_its_own_agent_while_it_is_being_passivated_goe
             outcome.append(agent.passivate(timeout=WAIT))
         except Exception as err:  # the test looks at it
             outcome.append(err)
+        outcome.append(sent.is_set())  # the verb did not wait for the passivation
         passivated.set()
 
     def on_settled(event: Any) -> None:
@@ -396,12 +404,15 @@ def test_a_listener_that_sends_to_its_own_agent_while_it_is_being_passivated_goe
             return
         threading.Thread(target=passivate).start()
         assert asked.wait(WAIT)  # the passivation holds the agent's live lock and waits
-        agent.steer("more")  # from the agent's own actor: must not wait for it
+        _OWN_VERBS[verb](agent)  # from the agent's own actor: must not wait for it
+        sent.set()
 
     agent.on("agent/settled", on_settled)
     agent.followup("one")
     assert passivated.wait(2 * WAIT)
-    assert outcome == [False], outcome  # the steer made it busy, not idle (and no Timeout)
+    # No Timeout, and no wait: the verb was done before the passivation gave up; the new
+    # message goes on the chain as its next turn, so the agent was busy, not idle.
+    assert outcome == [False, True], outcome
     assert agent.wait_idle(WAIT)
     starts = [e.data.turn for e in agent.session.events() if e.type == "turn/start"]
-    assert starts == [1, 2]  # the steer ran as the next turn
+    assert starts == [1, 2]
