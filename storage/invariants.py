@@ -18,6 +18,14 @@ the first); :func:`assert_invariants` raises an ``AssertionError`` listing them.
   and every call is answered before its step ends [``tool-call-unanswered``];
 * ``sourceEventSeqs`` cite earlier seqs [``source-seq``]; a ``replace`` surfaceOp
   targets an earlier surface event [``replace-target``];
+* the inbox (CONTRACT 3), replayed from ``agent/inbox/spliced`` facts (a seeded prefix's
+  pending inbox is dropped at ``session/end-seed``, as a resume does): a splice's
+  coordinates lie inside its lane, it changes something, and only a removal carries an
+  ``outcome`` [``inbox-splice``]; a message id is pending at most once across both lanes
+  [``inbox-duplicate``]; a claim (a pure deletion: no ``outcome``) takes messages from
+  the front of its lane inside an open turn [``inbox-claim``]; a ``user/message`` of a
+  message that went through the inbox appends it only after it was claimed in the same
+  turn, and only once [``inbox-entry``] (checked for a whole log only);
 * the log ends outside any turn [``open-tail``], unless ``allow_open_tail=True``.
 """
 
@@ -26,7 +34,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
-from storage.events import SURFACE_TYPES, Event, SurfaceReplace
+from storage.events import (
+    SURFACE_TYPES,
+    AgentInboxSpliced,
+    Event,
+    SurfaceAppend,
+    SurfaceReplace,
+)
 
 __all__ = ["Violation", "assert_invariants", "check_invariants"]
 
@@ -68,6 +82,10 @@ class _Checker:
         self.answered: set[str] = set()
         self.seqs: set[int] = set()
         self.surface: set[int] = set()
+        self.lanes: dict[str, list[str]] = {"next-turn": [], "next-step": []}
+        self.inboxed: set[str] = set()  # ids that ever went through the inbox
+        self.claimed: set[str] = set()  # claimed in the open turn, not entered yet
+        self.entered: set[str] = set()  # inbox messages appended by a user/message
 
     def bad(self, event: Event | None, rule: str, message: str) -> None:
         self.found.append(Violation(None if event is None else event.seq, rule, message))
@@ -94,6 +112,12 @@ class _Checker:
             self.tool_call(event)
         elif kind == "tool/result":
             self.tool_result(event)
+        elif kind == "agent/inbox/spliced":
+            self.splice(event, data)
+        elif kind == "user/message" and self.whole_log:
+            self.entry(event)
+        elif kind == "session/end-seed":  # a seeded prefix's pending inbox is not inherited
+            self.lanes = {"next-turn": [], "next-step": []}
         if kind in SURFACE_TYPES:
             self.surface_refs(event)
         self.seqs.add(event.seq)
@@ -118,6 +142,7 @@ class _Checker:
         self.last_turn = number if self.last_turn is None else max(self.last_turn, number)
         self.turn, self.step, self.last_step = number, None, 0
         self.calls, self.answered = {}, set()
+        self.claimed = set()
 
     def turn_end(self, event: Event) -> None:
         number = event.data.turn
@@ -176,6 +201,48 @@ class _Checker:
         elif call_id in self.answered:
             self.bad(event, "tool-result-unmatched", f"call {call_id!r} answered twice")
         self.answered.add(call_id)
+
+    def splice(self, event: Event, data: AgentInboxSpliced) -> None:
+        lane = self.lanes.get(data.target)
+        if lane is None:  # the codec refuses an unknown lane: only a hand-built event
+            self.bad(event, "inbox-splice", f"unknown lane {data.target!r}")
+            return
+        start, removed = data.start, data.removed_count
+        where = f"{data.target} [{start}:{start + removed}] of {len(lane)} pending"
+        if not (0 <= start <= len(lane) and 0 <= removed <= len(lane) - start):
+            self.bad(event, "inbox-splice", f"removes {where}")
+            return
+        if not removed and not data.inserted:
+            self.bad(event, "inbox-splice", f"changes nothing ({where})")
+        if data.outcome is not None and not removed:
+            self.bad(event, "inbox-splice", f"outcome {data.outcome!r} with nothing removed")
+        if data.outcome is None and removed:  # a claim
+            if self.turn is None:
+                self.bad(event, "inbox-claim", f"claims {where} outside any turn")
+            if start != 0 or data.inserted:
+                self.bad(event, "inbox-claim", f"a claim takes the front of a lane: {where}")
+            self.claimed.update(lane[start : start + removed])
+        pending = {*self.lanes["next-turn"], *self.lanes["next-step"]}
+        pending.difference_update(lane[start : start + removed])
+        ids = [message.id for message in data.inserted]
+        for message_id in ids:
+            if message_id in pending:
+                self.bad(event, "inbox-duplicate", f"inserts {message_id!r}, already pending")
+            pending.add(message_id)
+        self.inboxed.update(ids)
+        lane[start : start + removed] = ids
+
+    def entry(self, event: Event) -> None:
+        data = event.data
+        message_id = data.message.id
+        if type(data.surface_op) is not SurfaceAppend or message_id not in self.inboxed:
+            return  # not an inbox message (a seed, a plugin's or a replaced one)
+        if message_id in self.entered:
+            self.bad(event, "inbox-entry", f"message {message_id!r} entered twice")
+        elif message_id not in self.claimed:
+            self.bad(event, "inbox-entry", f"message {message_id!r} entered unclaimed")
+        self.entered.add(message_id)
+        self.claimed.discard(message_id)
 
     def surface_refs(self, event: Event) -> None:
         data = event.data

@@ -267,7 +267,11 @@ def followup(log: LogBuilder, text: str = "hello") -> UserMessage:
 
 
 def _lanes(log: LogBuilder) -> tuple[list[UserMessage], list[UserMessage]]:
-    return log.session.pending_inbox() if log.session else pending_inbox(log.events)
+    if log.session:
+        return log.session.pending_inbox()
+    # a seeded prefix's pending inbox is not inherited (as Store.fork's seed_length)
+    ends = [e.seq for e in log.events if e.type == "session/end-seed"]
+    return pending_inbox(log.events, seed_length=ends[-1] + 1 if ends else 0)
 
 
 def completed_turn(log: LogBuilder, text: str = "hello", reply: str = "hi there") -> LogBuilder:

@@ -17,6 +17,7 @@ from storage.events import (
     ToolCallData,
     TurnEnd,
     TurnStart,
+    UserMessageData,
 )
 from tests.storage.builders import (
     LogBuilder,
@@ -24,6 +25,7 @@ from tests.storage.builders import (
     followup,
     open_turn_with_pending_call,
     tool_turn,
+    user_message,
 )
 
 
@@ -223,6 +225,91 @@ def _user_names_another_turn(log: LogBuilder) -> list[Event]:
     return log.events
 
 
+def _splice_past_the_end(log: LogBuilder) -> list[Event]:
+    followup(log, "one")
+    log.splice("next-turn", start=0, removed=2, canceled=True)
+    return log.events
+
+
+def _splice_of_nothing(log: LogBuilder) -> list[Event]:
+    followup(log, "one")
+    log.splice("next-step", start=0)
+    return log.events
+
+
+def _outcome_without_removal(log: LogBuilder) -> list[Event]:
+    log.splice("next-turn", inserted=[user_message("x")], canceled=True)
+    return log.events
+
+
+def _id_pending_twice(log: LogBuilder) -> list[Event]:
+    log.splice("next-turn", inserted=[user_message("x", "same")])
+    log.splice("next-step", inserted=[user_message("y", "same")])
+    return log.events
+
+
+def _claim_outside_turn(log: LogBuilder) -> list[Event]:
+    followup(log, "one")
+    log.splice("next-turn", removed=1)
+    return log.events
+
+
+def _claim_behind_the_front(log: LogBuilder) -> list[Event]:
+    followup(log, "one")
+    followup(log, "two")
+    log.turn_start()
+    log.splice("next-turn", start=1, removed=1)
+    log.turn_end()
+    return log.events
+
+
+def _entered_unclaimed(log: LogBuilder) -> list[Event]:
+    message = followup(log, "one")
+    log.turn_start()
+    log.step_start()
+    log.add("user/message", UserMessageData(message=message, turn=log.turn, step=log.step))
+    log.step_end()
+    log.turn_end()
+    return log.events
+
+
+def _entered_after_its_discard(log: LogBuilder) -> list[Event]:
+    message = followup(log, "one")
+    log.splice("next-turn", start=0, removed=1, canceled=True)
+    log.turn_start()
+    log.step_start()
+    log.add("user/message", UserMessageData(message=message, turn=log.turn, step=log.step))
+    log.step_end()
+    log.turn_end()
+    return log.events
+
+
+def _entered_twice(log: LogBuilder) -> list[Event]:
+    message = followup(log, "one")
+    log.turn_start()
+    log.splice("next-turn", removed=1)
+    for step in (1, 2):
+        log.step_start()
+        data = UserMessageData(message=message, turn=log.turn, step=step)
+        log.add("user/message", data)
+        log.step_end()
+    log.turn_end()
+    return log.events
+
+
+def _entered_in_a_later_turn(log: LogBuilder) -> list[Event]:
+    message = followup(log, "one")
+    log.turn_start()
+    log.splice("next-turn", removed=1)
+    log.turn_end()
+    log.turn_start()
+    log.step_start()
+    log.add("user/message", UserMessageData(message=message, turn=log.turn, step=log.step))
+    log.step_end()
+    log.turn_end()
+    return log.events
+
+
 CASES: dict[str, tuple[str, Callable[[LogBuilder], list[Event]]]] = {
     "seqs out of order": ("seq-order", _seq_order),
     "a gap in the seqs": ("seq-gap", _seq_gap),
@@ -243,6 +330,16 @@ CASES: dict[str, tuple[str, Callable[[LogBuilder], list[Event]]]] = {
     "a call never answered": ("tool-call-unanswered", _call_unanswered),
     "sourceEventSeqs citing a later seq": ("source-seq", _cites_the_future),
     "a replace of a non-surface event": ("replace-target", _replaces_a_boundary),
+    "a splice past its lane's end": ("inbox-splice", _splice_past_the_end),
+    "a splice that changes nothing": ("inbox-splice", _splice_of_nothing),
+    "an outcome with nothing removed": ("inbox-splice", _outcome_without_removal),
+    "a message id pending twice": ("inbox-duplicate", _id_pending_twice),
+    "a claim outside a turn": ("inbox-claim", _claim_outside_turn),
+    "a claim behind the front of its lane": ("inbox-claim", _claim_behind_the_front),
+    "an inbox message entered unclaimed": ("inbox-entry", _entered_unclaimed),
+    "a discarded message entered": ("inbox-entry", _entered_after_its_discard),
+    "an inbox message entered twice": ("inbox-entry", _entered_twice),
+    "a message claimed in one turn, entered in the next": ("inbox-entry", _entered_in_a_later_turn),
 }
 
 
@@ -267,6 +364,20 @@ def test_turn_numbers_continue_from_a_seeded_prefix() -> None:
     completed_turn(log)
     assert check_invariants(log.events) == []
     assert log.turn == 3
+
+
+def test_a_claimed_message_need_not_be_entered_and_a_fork_inherits_no_pending_inbox() -> None:
+    log = LogBuilder()
+    followup(log, "rejected by pre-step")
+    log.turn_start()
+    log.splice("next-turn", removed=1)  # claimed, then the turn ends without a step
+    log.turn_end()
+    followup(log, "pending at the fork")
+    log.add("session/end-seed", SessionEndSeed(source_session="p", source_seq=log.next_seq - 1))
+    completed_turn(log, "the child's own")  # inserted at 0: the parent's is not pending here
+    assert check_invariants(log.events) == []
+    inserted = [e for e in log.events if e.type == "agent/inbox/spliced" and e.data.inserted]
+    assert inserted[-1].data.start == 0
 
 
 def test_a_replace_may_target_an_earlier_replacement() -> None:
