@@ -107,3 +107,8 @@ class AgentDisposedError(AgentStateError):
 
 class InvalidMessageError(AgentStateError, TypeError):
     """A verb was given something that is not a message."""
+
+
+class EditTimeoutError(AgentStateError, TimeoutError):
+    """An inbox edit was queued but not applied within its timeout. It stays queued: the
+    agent applies it in order (or refuses it, then its new ids are free again)."""

@@ -3,6 +3,7 @@
 from actors.errors import (
     AgentDisposedError,
     DuplicateMessageError,
+    EditTimeoutError,
     InboxFullError,
     InvalidMessageError,
     UnknownMessageError,
@@ -35,6 +36,7 @@ __all__ = [
     "Deny",
     "DisposedCause",
     "DuplicateMessageError",
+    "EditTimeoutError",
     "Enter",
     "FunctionTool",
     "HookCause",

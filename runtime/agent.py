@@ -14,11 +14,16 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from pykka import ActorDeadError, ActorRef
+from pykka import ActorDeadError, ActorRef, Timeout
 from pykka._envelope import Envelope
 
 from actors.agent import AwaitIdle, Cancel, Edit, Insert, Kill, apply_edit
-from actors.errors import AgentDisposedError, AgentStateError, InvalidMessageError
+from actors.errors import (
+    AgentDisposedError,
+    AgentStateError,
+    EditTimeoutError,
+    InvalidMessageError,
+)
 from actors.inbox import Inbox, InboxView
 from actors.live import TurnSignal
 from storage.events import (
@@ -287,6 +292,12 @@ class Agent:
     # ------------------------------------------------------------------ editing (blocking)
 
     def _ask(self, edit: Edit, timeout: float | None) -> Any:
+        """Apply ``edit`` on the actor and return its result. Raises
+        :class:`AgentDisposedError` when it was not applied (the agent is disposed, or
+        stopped before reaching it), :class:`EditTimeoutError` when it is queued but was
+        not applied within ``timeout`` (the actor applies it later, in order), and the
+        edit's own error when the actor refused it (having released the ids it
+        reserved: see :func:`actors.agent.apply_edit`)."""
         if self._on_own_thread():
             # called by one of this agent's own listeners, on the actor's thread: asking
             # the actor would wait for itself, so the edit is applied here, in order
@@ -300,6 +311,17 @@ class Agent:
             return reply.get(timeout=timeout)  # not under the lock: the edit's listeners
         except ActorDeadError as err:
             raise AgentDisposedError(f"agent {self.id} is no longer running") from err
+        except Timeout as err:
+            raise EditTimeoutError(
+                f"the {edit.op} edit of agent {self.id}'s inbox was not applied within "
+                f"{timeout} s; it stays queued and is applied in order"
+            ) from err
+
+    def _release(self, message_ids: Iterable[MessageId]) -> None:
+        """Free the ids of an edit that was never applied (see :meth:`_ask`)."""
+        assert self._inbox is not None
+        for message_id in message_ids:
+            self._inbox.release(message_id)
 
     def remove(self, message_id: MessageId, *, timeout: float | None = 10.0) -> UserMessage:
         """Discard one pending message (``outcome: canceled``); raises if it is not pending."""
@@ -317,7 +339,11 @@ class Agent:
             self._live()
             assert self._inbox is not None
             self._inbox.reserve(new.id)
-            self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
+            try:
+                self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
+            except AgentDisposedError:
+                self._release([new.id])
+                raise
         return new.id
 
     def splice(
@@ -360,14 +386,17 @@ class Agent:
             for message in new:
                 self._inbox.reserve(message.id)
                 reserved.append(message.id)
-            edit = Edit(
-                op="splice", lane=lane, start=start, removed_count=removed_count, messages=new
-            )
-            removed: list[UserMessage] = self._ask(edit, timeout)
         except BaseException:
-            for message_id in reserved:
-                self._inbox.release(message_id)
+            self._release(reserved)
             raise
+        edit = Edit(op="splice", lane=lane, start=start, removed_count=removed_count, messages=new)
+        try:
+            removed: list[UserMessage] = self._ask(edit, timeout)
+        except AgentDisposedError:
+            self._release(reserved)
+            raise
+        # Any other error: the actor refused the edit (and released the ids itself), or
+        # it is still queued (a timeout, Ctrl-C) and will be applied with these ids.
         return removed
 
     def clear(self, *, timeout: float | None = 10.0) -> list[UserMessage]:

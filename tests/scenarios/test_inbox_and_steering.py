@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
 from runtime import (
     DuplicateMessageError,
+    EditTimeoutError,
     Enter,
     InvalidMessageError,
     Runtime,
@@ -203,3 +205,35 @@ def test_the_general_splice_edits_a_lane_like_list_slicing(rt: Runtime, timeline
     assert [d.message.id for d in timeline.of("agent/inbox/discarded")] == [ids[1]]
     assert agent.splice("next-turn", 5, 3) == []  # a no-op writes nothing
     assert [e.type for e in agent.session.events()].count("agent/inbox/spliced") == 4
+
+
+@pytest.mark.parametrize("edit", ["splice", "replace"])
+def test_an_edit_that_times_out_stays_queued_and_keeps_its_message_ids(
+    rt: Runtime, edit: str
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    busy, go = threading.Event(), threading.Event()
+
+    def hold_the_actor(event: Any) -> None:  # a sync listener runs on the agent's actor
+        if event.message.content[0].text == "hold":
+            busy.set()
+            go.wait(WAIT)
+
+    agent.on("agent/inbox/inserted", hold_the_actor)
+    held = agent.inject("hold")
+    assert busy.wait(WAIT)
+    mine = UserMessage(id="mine", content=[TextBlock(text="mine")])
+    def send_edit() -> object:
+        if edit == "splice":
+            return agent.splice("next-step", 1, 0, [mine], timeout=0.05)
+        return agent.replace(held, mine, timeout=0.05)
+
+    with pytest.raises(EditTimeoutError, match="stays queued"):
+        send_edit()
+    # The edit will still insert "mine": until then the id stays taken (it used to be
+    # released here, and this send was accepted: the same id pending twice in the log).
+    with pytest.raises(DuplicateMessageError):
+        agent.inject(UserMessage(id="mine", content=[TextBlock(text="again")]))
+    go.set()
+    assert agent.wait_idle(WAIT)
+    assert agent.inbox.ids() == ([held, "mine"] if edit == "splice" else ["mine"])
