@@ -225,10 +225,10 @@ class Agent:
     ) -> MessageId:
         message = self._message(value, message_id, source)
         if self._disposing:
-            self._check_open(wake)
+            self._check_open("a wake" if wake else "a message")
         with self._exclusive():
             if self._disposing:  # again: a disposal tells its messages under this lock
-                self._check_open(wake)
+                self._check_open("a wake" if wake else "a message")
             if self._passive:
                 self._live()
             assert self._inbox is not None
@@ -241,10 +241,13 @@ class Agent:
                 raise
         return message.id
 
-    def _check_open(self, wake: bool) -> None:
+    def _check_open(self, what: str) -> None:
+        """Refuse ``what`` (a send, or an edit that inserts) once a disposal began: the
+        disposal discards the inbox, and anything inserted after it would stay pending
+        in a disposed agent's log. Called again under the live lock, under which a
+        disposal tells its messages: what passes it there is queued before them."""
         if self._disposing:
-            what = "wake" if wake else "message"
-            raise AgentDisposedError(f"agent {self.id} is disposed; a {what} sent to it is refused")
+            raise AgentDisposedError(f"agent {self.id} is disposed; {what} sent to it is refused")
 
     def _tell_live(self, message: object) -> None:
         """``_tell`` for a caller that made the agent live (``ActorRef.tell``, inline)."""
@@ -336,6 +339,7 @@ class Agent:
         _check_id(message_id)
         new = self._message(message, None, "user")
         with self._exclusive():
+            self._check_open("a replacement")
             self._live()
             assert self._inbox is not None
             self._inbox.reserve(new.id)
@@ -369,6 +373,8 @@ class Agent:
             )
         new = tuple(self._message(m, None, "user") for m in messages)
         with self._exclusive():
+            if new:
+                self._check_open("a splice inserting messages")
             self._live()
             return self._splice(lane, start, removed_count, new, timeout)
 

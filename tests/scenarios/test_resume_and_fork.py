@@ -22,7 +22,7 @@ from runtime import (
     UserMessage,
     tool,
 )
-from storage import assert_invariants
+from storage import assert_invariants, pending_inbox
 from storage.events import DisposedCause, MessageTrigger, StepStart, ToolCallData, TurnStart
 from storage.lmdb_store import Store
 
@@ -367,6 +367,35 @@ def test_a_wake_that_reaches_the_actor_after_its_disposal_began_starts_no_turn(
     assert types.count("turn/start") == 1, "the late wake started a turn"
     assert agent.inbox.ids() == ["late"]  # kept, durably: a resume would run it
     assert types[-1] == "agent/inbox/spliced"
+
+
+def test_a_splice_sent_while_a_disposal_waits_for_the_agent_is_refused(rt: Runtime) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    busy, go = threading.Event(), threading.Event()
+
+    def hold_the_actor(event: Any) -> None:  # a sync listener runs on the agent's actor
+        busy.set()
+        go.wait(WAIT)
+
+    agent.on("agent/inbox/inserted", hold_the_actor)
+    held = agent.inject("held")
+    assert busy.wait(WAIT)
+    assert not agent.dispose(timeout=0)  # begun: its cancel waits behind the listener
+    with pytest.raises(AgentDisposedError):
+        agent.splice("next-step", 0, 0, ["late"])  # was queued behind the disposal's cancel
+    with pytest.raises(AgentDisposedError):
+        agent.replace(held, "late")
+    go.set()
+    assert agent.dispose(WAIT)
+    events = agent.session.events()
+    assert pending_inbox(events) == ([], [])  # the disposal discarded it all, durably
+    texts = [
+        m.content[0].text
+        for e in events
+        if e.type == "agent/inbox/spliced"
+        for m in e.data.inserted
+    ]
+    assert texts == ["held"]
 
 
 _OWN_VERBS: dict[str, Callable[[Agent], Any]] = {
