@@ -156,6 +156,7 @@ class Runtime:
         self._flushes = FlushGroup(store, self.dispatcher)
         self._lock = threading.Lock()
         self._agents: dict[str, Agent] = {}
+        self._resuming: set[str] = set()  # ids a resume() is rebuilding: see resume()
         self._refs: dict[str, ActorRef[Any]] = {}
         self._models: dict[int, Model] = {}
         self._session_listeners = 0  # session/event listeners: appends skip the bridge at 0
@@ -283,13 +284,22 @@ class Runtime:
         self._check_open()
         check_session_id(session_id)
         _check_system(system)
-        with self._lock:
-            if session_id in self._agents:
-                raise ValueError(f"agent {session_id!r} is already live in this runtime")
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
-        session = self.store.open_session(session_id)
-        session.repair()
-        return self._start(session, resolved, tool_map, system, "resume", limits)
+        # One resume at a time per id: a second one opening the session again would
+        # make the first one's session object refuse every later append (the store
+        # hands appends to the newest), and its failed start would unregister the
+        # agent the first one started.
+        with self._lock:
+            if session_id in self._agents or session_id in self._resuming:
+                raise ValueError(f"agent {session_id!r} is already live in this runtime")
+            self._resuming.add(session_id)
+        try:
+            session = self.store.open_session(session_id)
+            session.repair()
+            return self._start(session, resolved, tool_map, system, "resume", limits)
+        finally:
+            with self._lock:
+                self._resuming.discard(session_id)
 
     def fork(
         self,

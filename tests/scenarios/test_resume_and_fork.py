@@ -398,6 +398,41 @@ def test_a_splice_sent_while_a_disposal_waits_for_the_agent_is_refused(rt: Runti
     assert texts == ["held"]
 
 
+def test_a_second_resume_of_a_session_while_the_first_runs_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "store"
+    with Runtime.open(path) as rt:
+        agent_id = rt.spawn(model=ScriptedModel.echo()).id
+    with Runtime.open(path) as rt:
+        inside, go = threading.Event(), threading.Event()
+        real_open = rt.store.open_session
+
+        def open_session(session_id: str) -> Any:
+            if not inside.is_set():  # the first resume waits in here
+                inside.set()
+                assert go.wait(WAIT)
+            return real_open(session_id)
+
+        monkeypatch.setattr(rt.store, "open_session", open_session)
+        first: list[Any] = []
+        resumer = threading.Thread(
+            target=lambda: first.append(rt.resume(agent_id, model=ScriptedModel.echo()))
+        )
+        resumer.start()
+        assert inside.wait(WAIT)
+        with pytest.raises(ValueError, match="already live"):
+            rt.resume(agent_id, model=ScriptedModel.echo())
+        go.set()
+        resumer.join(WAIT)
+        (agent,) = first
+        assert rt.get(agent_id) is agent  # still registered
+        agent.followup("after both")  # its session takes appends: nothing reopened it
+        assert agent.wait_idle(WAIT)
+        assert [e.type for e in agent.session.events()][-1] == "turn/end"
+    check_store(path)
+
+
 _OWN_VERBS: dict[str, Callable[[Agent], Any]] = {
     "steer": lambda agent: agent.steer("more"),
     "splice": lambda agent: agent.splice("next-step", 0, 0, ["more"]),
