@@ -12,7 +12,8 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import count
 from typing import Any, Literal, NamedTuple, cast
 
@@ -157,6 +158,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._agents: dict[str, Agent] = {}
         self._resuming: set[str] = set()  # ids a resume() is rebuilding: see resume()
+        self._starting = 0  # spawns, resumes and forks under way: see _starting_agent()
+        self._started = threading.Condition(self._lock)
         self._refs: dict[str, ActorRef[Any]] = {}
         self._models: dict[int, Model] = {}
         self._session_listeners = 0  # session/event listeners: appends skip the bridge at 0
@@ -267,8 +270,10 @@ class Runtime:
         self._check_open()
         _check_system(system)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
-        session = self.store.create_session(session_id)
-        return self._start(session, resolved, tool_map, system, "startup", limits)
+        with self._starting_agent():
+            session = self.store.create_session(session_id)
+            handle = self._start(session, resolved, tool_map, system, limits)
+        return self._announce_start(handle, "startup")
 
     def resume(
         self,
@@ -294,12 +299,14 @@ class Runtime:
                 raise ValueError(f"agent {session_id!r} is already live in this runtime")
             self._resuming.add(session_id)
         try:
-            session = self.store.open_session(session_id)
-            session.repair()
-            return self._start(session, resolved, tool_map, system, "resume", limits)
+            with self._starting_agent():
+                session = self.store.open_session(session_id)
+                session.repair()
+                handle = self._start(session, resolved, tool_map, system, limits)
         finally:
             with self._lock:
                 self._resuming.discard(session_id)
+        return self._announce_start(handle, "resume")
 
     def fork(
         self,
@@ -321,8 +328,28 @@ class Runtime:
                 f"boundary is the int seq of the last event to inherit, got {boundary!r}"
             )
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
-        session = self.store.fork(source_id, boundary, session_id)
-        return self._start(session, resolved, tool_map, system, "startup", limits)
+        with self._starting_agent():
+            session = self.store.fork(source_id, boundary, session_id)
+            handle = self._start(session, resolved, tool_map, system, limits)
+        return self._announce_start(handle, "startup")
+
+    @contextmanager
+    def _starting_agent(self) -> Iterator[None]:
+        """Held by a spawn, resume or fork from before it touches the store until its
+        agent is registered and live (or it failed). :meth:`close` refuses new ones and
+        waits for those under way before it stops every agent: an agent started while
+        it swept would be left running over a closed store."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this runtime is closed; open a new one with Runtime.open()")
+            self._starting += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._starting -= 1
+                if not self._starting:
+                    self._started.notify_all()
 
     def _start(
         self,
@@ -330,7 +357,6 @@ class Runtime:
         model: Model,
         tools: dict[str, Tool],
         system: str | None,
-        source: Literal["startup", "resume"],
         limits: UsageLimits | None = None,
     ) -> Agent:
         spec = _Spec(model=model, tools=tools, system=system, limits=limits)
@@ -353,9 +379,13 @@ class Runtime:
                 self._agents.pop(agent_id, None)
             raise
         self._go_live(handle, session, ref, parts)
-        self.bus.emit(
-            "agent/session-start", AgentSessionStart(agent=handle, source=source), scope=agent_id
-        )
+        return handle
+
+    def _announce_start(self, handle: Agent, source: Literal["startup", "resume"]) -> Agent:
+        """Emit ``agent/session-start`` (after :meth:`_starting_agent`: its listeners
+        may close the runtime)."""
+        event = AgentSessionStart(agent=handle, source=source)
+        self.bus.emit("agent/session-start", event, scope=handle.id)
         return handle
 
     def _assemble(self, handle: Agent, session: Session, spec: _Spec) -> _Parts:
@@ -604,10 +634,13 @@ class Runtime:
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Cancel running turns (inboxes kept), stop agents, flush, release everything."""
-        if self._closed:
-            return
-        self._closed = True
-        agents = self.agents()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if not self._started.wait_for(lambda: not self._starting, timeout):
+                log.warning("an agent was still starting after %s s; closing anyway", timeout)
+            agents = list(self._agents.values())
         for handle in agents:
             with handle._dispose_lock:
                 first = not handle._disposing

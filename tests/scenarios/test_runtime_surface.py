@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +170,42 @@ def test_a_session_event_listener_keeps_seeing_an_agent_after_it_is_passivated(
 def test_the_default_runtime_has_one_worker_and_a_standby_one(rt: Runtime) -> None:
     stats = rt.dispatcher.statistics()
     assert (stats.workers, stats.standby) == (2, 1)
+
+
+def test_a_spawn_under_way_when_close_begins_is_waited_for_and_stopped(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = Runtime.open(store_path)
+    creating, go, closing = threading.Event(), threading.Event(), threading.Event()
+    real_create = rt.store.create_session
+    real_wait_for = rt._started.wait_for
+
+    def create_session(session_id: str | None = None) -> Any:
+        creating.set()
+        assert go.wait(WAIT)
+        return real_create(session_id)
+
+    def wait_for(predicate: Any, timeout: float | None = None) -> Any:
+        closing.set()  # close() waits here for the spawn under way
+        return real_wait_for(predicate, timeout)
+
+    monkeypatch.setattr(rt.store, "create_session", create_session)
+    monkeypatch.setattr(rt._started, "wait_for", wait_for)
+    spawned: list[Any] = []
+    spawner = threading.Thread(target=lambda: spawned.append(rt.spawn(model=ScriptedModel.echo())))
+    spawner.start()
+    assert creating.wait(WAIT)
+    closer = threading.Thread(target=rt.close)
+    closer.start()
+    assert closing.wait(WAIT)
+    with pytest.raises(RuntimeError, match="closed"):
+        rt.spawn(model=ScriptedModel.echo())  # no new start once close began
+    go.set()
+    spawner.join(WAIT)
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    (agent,) = spawned
+    ref = agent._ref
+    assert ref is not None and not ref.is_alive()  # it used to run on past the close
+    assert not rt._registry.is_alive()
+    check_store(store_path)
