@@ -17,6 +17,7 @@ from storage.events import (
     ToolCallData,
     TurnEnd,
     TurnStart,
+    UserMessage,
     UserMessageData,
 )
 from tests.storage.builders import (
@@ -263,37 +264,33 @@ def _claim_behind_the_front(log: LogBuilder) -> list[Event]:
     return log.events
 
 
-def _entered_unclaimed(log: LogBuilder) -> list[Event]:
-    message = followup(log, "one")
+def _enter_in_a_turn(log: LogBuilder, message: UserMessage, *, claim: bool = False) -> None:
+    """A one-step turn whose step appends ``message`` (claimed first if ``claim``)."""
     log.turn_start()
+    if claim:
+        log.splice("next-turn", removed=1)
     log.step_start()
     log.add("user/message", UserMessageData(message=message, turn=log.turn, step=log.step))
     log.step_end()
     log.turn_end()
+
+
+def _entered_unclaimed(log: LogBuilder) -> list[Event]:
+    _enter_in_a_turn(log, followup(log, "one"))
     return log.events
 
 
 def _entered_after_its_discard(log: LogBuilder) -> list[Event]:
     message = followup(log, "one")
     log.splice("next-turn", start=0, removed=1, canceled=True)
-    log.turn_start()
-    log.step_start()
-    log.add("user/message", UserMessageData(message=message, turn=log.turn, step=log.step))
-    log.step_end()
-    log.turn_end()
+    _enter_in_a_turn(log, message)
     return log.events
 
 
 def _entered_twice(log: LogBuilder) -> list[Event]:
     message = followup(log, "one")
-    log.turn_start()
-    log.splice("next-turn", removed=1)
-    for step in (1, 2):
-        log.step_start()
-        data = UserMessageData(message=message, turn=log.turn, step=step)
-        log.add("user/message", data)
-        log.step_end()
-    log.turn_end()
+    _enter_in_a_turn(log, message, claim=True)
+    _enter_in_a_turn(log, message)
     return log.events
 
 
@@ -302,11 +299,7 @@ def _entered_in_a_later_turn(log: LogBuilder) -> list[Event]:
     log.turn_start()
     log.splice("next-turn", removed=1)
     log.turn_end()
-    log.turn_start()
-    log.step_start()
-    log.add("user/message", UserMessageData(message=message, turn=log.turn, step=log.step))
-    log.step_end()
-    log.turn_end()
+    _enter_in_a_turn(log, message)
     return log.events
 
 
