@@ -1,6 +1,12 @@
 """Live machinery: dispatcher, I/O side, bus, agent actor and turn machine, registry."""
 
-from actors._dispatcher import DeadLetter, DeadLetters, Dispatcher, DispatcherStatistics
+from actors._dispatcher import (
+    DeadLetter,
+    DeadLetters,
+    Dispatcher,
+    DispatcherStatistics,
+    in_nonblocking_thread,
+)
 from actors._ioside import (
     BlockingWork,
     EffectCompleted,
@@ -87,5 +93,6 @@ __all__: list[str] = [
     "TimerHandle",
     "Work",
     "blocking",
+    "in_nonblocking_thread",
     "watch",
 ]

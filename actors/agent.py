@@ -54,6 +54,7 @@ __all__ = [
     "AgentActor",
     "AgentMailbox",
     "AwaitIdle",
+    "Barrier",
     "Cancel",
     "Edit",
     "Insert",
@@ -112,6 +113,11 @@ class AwaitIdle(msgspec.Struct, frozen=True):
     """Call ``callback`` once every envelope sent before this one ran and the agent is idle."""
 
     callback: Callable[[], None]
+
+
+class Barrier(msgspec.Struct, frozen=True):
+    """Ask: answered once every envelope sent before it ran, so the splice of every
+    send told before it is appended (``Runtime.flush`` waits for it)."""
 
 
 class Kill(msgspec.Struct, frozen=True):
@@ -324,6 +330,8 @@ class AgentActor(PooledActor):
             return self._edit(message)
         elif isinstance(message, Quiescent):
             return self._coro is None and self.actor_mailbox.empty()
+        elif isinstance(message, Barrier):
+            return None
         elif isinstance(message, Kill):
             raise AgentKilledError(f"agent {self.session.id} killed: {message.reason}")
         else:

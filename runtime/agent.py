@@ -14,10 +14,10 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from pykka import ActorDeadError, ActorRef, Timeout
+from pykka import ActorDeadError, ActorRef, Future, Timeout
 from pykka._envelope import Envelope
 
-from actors.agent import AwaitIdle, Cancel, Edit, Insert, Kill, apply_edit
+from actors.agent import AwaitIdle, Barrier, Cancel, Edit, Insert, Kill, apply_edit
 from actors.errors import (
     AgentDisposedError,
     AgentStateError,
@@ -265,6 +265,18 @@ class Agent:
                 self._ref.tell(message)
             except ActorDeadError as err:
                 raise AgentDisposedError(f"agent {self.id} is no longer running") from err
+
+    def _sends_handled(self) -> Future[Any] | None:
+        """A future answered once the agent handled every send told before this call
+        (so their splices are appended), or None when none is outstanding."""
+        with self._exclusive():  # not while a passivation stops the actor
+            inbox, ref = self._inbox, self._ref
+            if self._passive or inbox is None or ref is None or not inbox.in_flight():
+                return None
+            try:
+                return ref.ask(Barrier(), block=False)
+            except ActorDeadError:
+                return None  # what it had not handled died with it
 
     def _exclusive(self) -> AbstractContextManager[object]:
         """What a caller holds from making the agent live until its message is in the

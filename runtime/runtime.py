@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,7 +21,16 @@ from typing import Any, Literal, NamedTuple, cast
 from pykka import ActorDeadError, ActorRef, Timeout
 from pykka.messages import ProxyCall
 
-from actors import ActorDeath, Bus, Dispatcher, IoSide, RegistryActor, Scheduler, watch
+from actors import (
+    ActorDeath,
+    Bus,
+    Dispatcher,
+    IoSide,
+    RegistryActor,
+    Scheduler,
+    in_nonblocking_thread,
+    watch,
+)
 from actors.agent import AgentActor, AwaitIdle, Cancel, Quiescent
 from actors.flushes import FlushGroup
 from actors.inbox import Inbox
@@ -610,12 +620,41 @@ class Runtime:
     # ------------------------------------------------------------------ durability
 
     def flush(self, timeout: float | None = None) -> None:
-        """Return once everything appended before the call is durable on disk."""
-        self.store.flush(timeout)
+        """Return once everything appended before the call is durable on disk, and with
+        it every message a send (``followup``, ``steer``, ``inject``) accepted before the
+        call: an agent appends a send's splice when it handles the send, and the flush
+        waits for that first. Called on a dispatcher or I/O thread (from a listener or a
+        tool) it covers only what was appended: the agents it would wait for may need
+        that thread. Raises ``TimeoutError`` after ``timeout`` seconds."""
+        deadline = _deadline(timeout)
+        self._await_sends(timeout)
+        self.store.flush(_remaining(deadline))
 
     async def aflush(self) -> None:
         """:meth:`flush` for asyncio code: ``await rt.aflush()`` (see ``Store.aflush``)."""
+        if self._sends_outstanding():
+            await asyncio.get_running_loop().run_in_executor(None, self._await_sends, None)
         await self.store.aflush()
+
+    def _sends_outstanding(self) -> list[Agent]:
+        """The agents with sends they have not handled yet."""
+        return [h for h in self.agents() if (inbox := h._inbox) is not None and inbox.in_flight()]
+
+    def _await_sends(self, timeout: float | None) -> None:
+        """Wait until every agent handled the sends told to it before the call."""
+        if in_nonblocking_thread():
+            return
+        futures = [f for h in self._sends_outstanding() if (f := h._sends_handled()) is not None]
+        deadline = _deadline(timeout)
+        for future in futures:
+            try:
+                future.get(timeout=_remaining(deadline))
+            except ActorDeadError:
+                pass  # stopped or crashed: what it had not handled went with it
+            except Timeout as err:
+                raise TimeoutError(
+                    f"sends to {len(futures)} agents were not handled within {timeout} s"
+                ) from err
 
     def _close_models(self, timeout: float | None) -> None:
         """Close the models agents used (their HTTP clients live on this I/O loop)."""
@@ -662,3 +701,12 @@ class Runtime:
             self.store.close()
         if self._tuned_gc:
             gctune.release_gc_tuning()
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (None: no limit), never negative."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

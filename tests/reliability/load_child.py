@@ -3,6 +3,7 @@
 Usage::
 
     python load_child.py load STORE --agents 50 --seed 7 [--fail-rate 0.1] [--map-size BYTES]
+    python load_child.py sends STORE --agents 300
     python load_child.py import STORE JSONL --copies 8
 
 ``load`` opens a runtime on ``STORE`` (write-ahead durability, a fast retry policy), resumes
@@ -18,12 +19,18 @@ kill can only tear the last line (which acknowledges nothing):
     per agent, after resume/spawn (``-1``: an empty session);
 ``ready``
     once every agent got its first followup;
-``ack <n> <resizes> <id>:<seq>:<time>:<type> ...``
+``ack <n> <resizes> <id>:<seq>:<time>:<type> ... [sent=<id>/<message id>,...]``
     after ``rt.flush()`` returned: for each agent, its last seq *read before the flush
     was called* (so the flush acknowledged it), with that event's time and type;
-    ``resizes`` is how often the writer grew the map so far;
+    ``resizes`` is how often the writer grew the map so far; ``sent=`` lists the
+    followups whose send returned since the previous flush was called and before this
+    one was (the flush acknowledged them too: each must be in its agent's log);
 ``settled <id> <turn> <reason kind>``
     from every ``agent/settled`` (emitted only once its ``turn/end`` is durable).
+
+``sends`` spawns ``--agents`` agents, sends each two followups (the second waits behind
+the first one's turn), calls ``rt.flush()``, prints ``flushed <id>/<message id> ...``
+(the second followups) and SIGKILLs itself: each of them must be in its agent's log.
 
 ``import`` opens the store with :class:`~storage.lmdb_store.Store` and imports the export
 ``JSONL`` again and again as sessions ``imp<run>-<i>``: it prints ``importing <id>``
@@ -33,7 +40,9 @@ before ``store.import_jsonl`` and ``imported <id>`` once the flush after it retu
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -99,18 +108,28 @@ def run_load(opts: argparse.Namespace, out: Out) -> None:
         out.line(f"loaded {agent_id} {agent.session.last_seq}")
         agents.append(agent)
     counter = [0]
+    sent: list[str] = []  # "<agent id>/<message id>" of each followup, once it returned
+    sent_lock = threading.Lock()
+
+    def send(agent: Any, text: str) -> None:
+        message_id = agent.followup(text)
+        with sent_lock:
+            sent.append(f"{agent.id}/{message_id}")
 
     def settled(event: Any) -> None:
         out.line(f"settled {event.agent.id} {event.turn} {event.reason.kind}")
         counter[0] += 1
-        event.agent.followup(f"work {counter[0]}")
+        send(event.agent, f"work {counter[0]}")
 
     rt.on("agent/settled", settled)
     for agent in agents:
-        agent.followup("start")
+        send(agent, "start")
     out.line("ready")
     rounds = 0
+    told = 0  # how many of ``sent`` an earlier ack covered
     while True:
+        with sent_lock:
+            covered = len(sent)  # returned before this flush is called
         marks = []
         for agent in agents:
             session = agent.session
@@ -121,7 +140,22 @@ def run_load(opts: argparse.Namespace, out: Out) -> None:
         rt.flush()
         rounds += 1
         resizes = rt.store.statistics().resizes
-        out.line(f"ack {rounds} {resizes} " + " ".join(marks))
+        with sent_lock:
+            sends = ",".join(sent[told:covered])
+        told = covered
+        out.line(f"ack {rounds} {resizes} " + " ".join(marks) + (f" sent={sends}" if sends else ""))
+
+
+def run_sends(opts: argparse.Namespace, out: Out) -> None:
+    rt = Runtime.open(opts.store)
+    agents = [rt.spawn(model=ScriptedModel.echo()) for _ in range(opts.agents)]
+    rt.flush()
+    for agent in agents:
+        agent.followup("first")
+    second = [f"{agent.id}/{agent.followup('second')}" for agent in agents]
+    rt.flush()
+    out.line("flushed " + " ".join(second))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_imports(opts: argparse.Namespace, out: Out) -> None:
@@ -147,6 +181,9 @@ def main() -> None:
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--fail-rate", type=float, default=0.1)
     load.add_argument("--map-size", type=int, default=None)
+    sends = modes.add_parser("sends")
+    sends.add_argument("store")
+    sends.add_argument("--agents", type=int, default=300)
     imports = modes.add_parser("import")
     imports.add_argument("store")
     imports.add_argument("jsonl")
@@ -157,6 +194,8 @@ def main() -> None:
     out = Out()
     if opts.mode == "load":
         run_load(opts, out)
+    elif opts.mode == "sends":
+        run_sends(opts, out)
     else:
         run_imports(opts, out)
 

@@ -209,3 +209,54 @@ def test_a_spawn_under_way_when_close_begins_is_waited_for_and_stopped(
     assert ref is not None and not ref.is_alive()  # it used to run on past the close
     assert not rt._registry.is_alive()
     check_store(store_path)
+
+
+def test_rt_flush_waits_for_the_sends_accepted_before_it(store_path: Path) -> None:
+    with Runtime.open(store_path) as rt:
+        agent = rt.spawn(model=ScriptedModel.echo())
+        busy, go = threading.Event(), threading.Event()
+
+        def hold_the_actor(event: Any) -> None:  # a sync listener runs on the agent's actor
+            if event.message.content[0].text == "hold":
+                busy.set()
+                go.wait(WAIT)
+
+        agent.on("agent/inbox/inserted", hold_the_actor)
+        agent.inject("hold")
+        assert busy.wait(WAIT)
+        later = agent.followup("accepted")  # queued behind the held handler: not logged yet
+        with pytest.raises(TimeoutError, match="not handled"):
+            rt.flush(timeout=0.05)  # it cannot be appended while the actor is held
+        go.set()
+        rt.flush(WAIT)
+        inserted = [
+            m.id
+            for e in agent.session.events()
+            if e.type == "agent/inbox/spliced"
+            for m in e.data.inserted
+        ]
+        assert later in inserted  # appended before the flush went to the store
+        assert agent.wait_idle(WAIT)
+
+
+def test_rt_flush_from_a_listener_does_not_wait_for_agents_that_need_its_thread(
+    store_path: Path,
+) -> None:
+    with Runtime.open(store_path, threads=1) as rt:  # one worker: the listener's
+        first, second = rt.spawn(model=ScriptedModel.echo()), rt.spawn(model=ScriptedModel.echo())
+        flushed: list[object] = []
+
+        def on_settled(event: Any) -> None:
+            second.followup("queued on the busy worker")
+            try:
+                rt.flush(WAIT)  # the second agent's send waits for this very thread
+                flushed.append("returned")
+            except Exception as err:  # the test looks at it
+                flushed.append(err)
+
+        first.on("agent/settled", on_settled)
+        first.followup("go")
+        assert first.wait_idle(WAIT)
+        assert second.wait_idle(WAIT)
+        assert flushed == ["returned"]
+        assert second.session.messages()[-1].content[0].text == "queued on the busy worker"
