@@ -350,8 +350,7 @@ class Runtime:
         waits for those under way before it stops every agent: an agent started while
         it swept would be left running over a closed store."""
         with self._lock:
-            if self._closed:
-                raise RuntimeError("this runtime is closed; open a new one with Runtime.open()")
+            self._check_open()  # again, under the lock close() takes to set it
             self._starting += 1
         try:
             yield
