@@ -21,7 +21,7 @@ from pykka._envelope import Envelope
 from storage.events import CancelCause, DisposedCause, InboxLane, MessageId, UserMessage
 
 from ._ioside import IoSide, Outcome
-from ._mailbox import Mailbox
+from ._mailbox import Mailbox, MailboxOwner
 from ._pooled import PooledActor
 from ._scheduler import Scheduler
 from .effects import (
@@ -195,6 +195,28 @@ class AgentMailbox(Mailbox):
     def pending_messages(self) -> InboxView:
         assert self.lanes is not None
         return self.lanes.view()
+
+    def _refuse(self, envelope: Envelope[Any], reason: str) -> None:
+        """A send the actor will never handle because it crashed: its caller holds the
+        message's id, so the message is logged pending (the crashed handler's turn stays
+        open; ``rt.resume`` repairs it and finds the message in the inbox). Anything
+        else, or after a requested stop, is a dead letter as for any actor."""
+        message = envelope.message
+        death, lanes = self._death, self.lanes
+        if type(message) is Insert and death is not None and death.failed and lanes is not None:
+            try:
+                lanes.insert(message.lane, message.message)
+            except Exception:  # a failed log: the message is lost with the actor
+                log.exception(
+                    "agent could not keep message %s sent before it crashed", message.message.id
+                )
+            else:
+                return
+        super()._refuse(envelope, reason)
+
+    def _teardown(self, actor: MailboxOwner) -> None:
+        super()._teardown(actor)  # refuses what is left: a crashed actor's sends are kept
+        self.lanes = None
 
 
 class AgentActor(PooledActor):
@@ -519,22 +541,27 @@ class AgentActor(PooledActor):
     # ------------------------------------------------------------------ lifecycle
 
     def on_failure(self, *_exc_info: object) -> None:
-        self.on_stop()
+        # The mailbox keeps the inbox until it has logged the sends left in it (see
+        # AgentMailbox._refuse); it lets go of it then.
+        self._stopped(keep_lanes=True)
 
     def on_stop(self) -> None:
+        self._stopped(keep_lanes=False)
+
+    def _stopped(self, *, keep_lanes: bool) -> None:
         if self._coro is not None:
             self._coro.close()
             self._coro = None
         waiters, self._idle_waiters = self._idle_waiters, []
         for callback in waiters:
             callback()
-        self._release()
+        self._release(keep_lanes=keep_lanes)
 
-    def _release(self) -> None:
+    def _release(self, *, keep_lanes: bool = False) -> None:
         """Let go of the session and its projections once stopped: refs to a stopped
         actor (registries, dead letters) must not keep an evicted session in memory."""
         mailbox = self.actor_inbox
-        if isinstance(mailbox, AgentMailbox):
+        if isinstance(mailbox, AgentMailbox) and not keep_lanes:
             mailbox.lanes = None
         for name in ("machine", "inbox", "session", "model", "bus"):
             self.__dict__.pop(name, None)

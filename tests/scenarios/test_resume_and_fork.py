@@ -146,6 +146,34 @@ def test_a_killed_agent_is_unregistered_and_resume_repairs_its_open_turn(store_p
     check_store(store_path)
 
 
+def test_a_send_queued_behind_a_crash_is_kept_for_the_resume(store_path: Path) -> None:
+    with Runtime.open(store_path) as rt:
+        timeline = Timeline(rt)
+        agent = rt.spawn(model=ScriptedModel.echo(), session_id="victim")
+        busy, go = threading.Event(), threading.Event()
+
+        def hold_the_actor(event: Any) -> None:  # a sync listener runs on the agent's actor
+            if event.message.content[0].text == "hold":
+                busy.set()
+                go.wait(WAIT)
+
+        agent.on("agent/inbox/inserted", hold_the_actor)
+        held = agent.inject("hold")
+        assert busy.wait(WAIT)
+        agent.kill("crash with mail queued")
+        late = agent.followup("sent before the crash")  # behind the kill: never handled
+        go.set()
+        assert timeline.wait_for("agent/disposed")
+        rt.flush()
+        revived = rt.resume("victim", model=ScriptedModel.echo())
+        assert revived.inbox.ids() == [late, held]  # it used to be lost with the actor
+        revived.followup("wake")
+        assert revived.wait_idle(WAIT)
+        texts = [m.content[0].text for m in revived.session.messages() if m.role == "user"]
+        assert texts == ["sent before the crash", "hold", "wake"]
+    check_store(store_path)
+
+
 def test_the_agents_mailbox_is_its_inbox(rt: Runtime) -> None:
     from actors.agent import AgentMailbox
 
