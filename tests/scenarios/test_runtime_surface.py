@@ -227,8 +227,14 @@ def test_rt_flush_waits_for_the_sends_accepted_before_it(store_path: Path) -> No
         later = agent.followup("accepted")  # queued behind the held handler: not logged yet
         with pytest.raises(TimeoutError, match="not handled"):
             rt.flush(timeout=0.05)  # it cannot be appended while the actor is held
+        flushed = threading.Event()
+        waiter = threading.Thread(target=lambda: (asyncio.run(rt.aflush()), flushed.set()))
+        waiter.start()  # asyncio code waits for the send too, off the event loop
+        assert not flushed.is_set()
         go.set()
         rt.flush(WAIT)
+        waiter.join(WAIT)
+        assert flushed.is_set()
         inserted = [
             m.id
             for e in agent.session.events()
