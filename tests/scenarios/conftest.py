@@ -69,6 +69,27 @@ class Timeline:
         return self.of(name)
 
 
+class HeldActor:
+    """An agent's actor held busy in a handler, so that what is sent to it meanwhile waits
+    in its mailbox: a sync ``agent/inbox/inserted`` listener (it runs on the actor) that
+    blocks when the message injected here arrives, until :meth:`release`."""
+
+    def __init__(self, agent: Any, text: str = "hold") -> None:
+        busy, self._go = threading.Event(), threading.Event()
+
+        def hold(event: Any) -> None:
+            if event.message.content[0].text == text:
+                busy.set()
+                self._go.wait(WAIT)
+
+        agent.on("agent/inbox/inserted", hold)
+        self.message_id = agent.inject(text)
+        assert busy.wait(WAIT), "the actor did not reach the hold"
+
+    def release(self) -> None:
+        self._go.set()
+
+
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     return tmp_path / "store"

@@ -19,7 +19,7 @@ from runtime import (
 )
 from storage.events import TextBlock
 
-from .conftest import WAIT, Timeline
+from .conftest import WAIT, HeldActor, Timeline
 from .models import GateModel
 
 
@@ -131,7 +131,6 @@ def test_an_empty_enter_on_the_first_step_closes_a_no_step_completed_turn(rt: Ru
 
 
 def test_async_listeners_run_on_the_io_side(rt: Runtime) -> None:
-    import threading
 
     threads: list[str] = []
 
@@ -212,17 +211,10 @@ def test_an_edit_that_times_out_stays_queued_and_keeps_its_message_ids(
     rt: Runtime, edit: str
 ) -> None:
     agent = rt.spawn(model=ScriptedModel.echo())
-    busy, go = threading.Event(), threading.Event()
-
-    def hold_the_actor(event: Any) -> None:  # a sync listener runs on the agent's actor
-        if event.message.content[0].text == "hold":
-            busy.set()
-            go.wait(WAIT)
-
-    agent.on("agent/inbox/inserted", hold_the_actor)
-    held = agent.inject("hold")
-    assert busy.wait(WAIT)
+    hold = HeldActor(agent)
+    held = hold.message_id
     mine = UserMessage(id="mine", content=[TextBlock(text="mine")])
+
     def send_edit() -> object:
         if edit == "splice":
             return agent.splice("next-step", 1, 0, [mine], timeout=0.05)
@@ -234,6 +226,6 @@ def test_an_edit_that_times_out_stays_queued_and_keeps_its_message_ids(
     # released here, and this send was accepted: the same id pending twice in the log).
     with pytest.raises(DuplicateMessageError):
         agent.inject(UserMessage(id="mine", content=[TextBlock(text="again")]))
-    go.set()
+    hold.release()
     assert agent.wait_idle(WAIT)
     assert agent.inbox.ids() == ([held, "mine"] if edit == "splice" else ["mine"])

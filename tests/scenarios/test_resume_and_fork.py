@@ -26,7 +26,7 @@ from storage import assert_invariants, pending_inbox
 from storage.events import DisposedCause, MessageTrigger, StepStart, ToolCallData, TurnStart
 from storage.lmdb_store import Store
 
-from .conftest import WAIT, Timeline, check_store
+from .conftest import WAIT, HeldActor, Timeline, check_store
 
 
 def test_a_resumed_session_with_pending_inbox_items_stays_idle_until_a_waking_send(
@@ -150,23 +150,14 @@ def test_a_send_queued_behind_a_crash_is_kept_for_the_resume(store_path: Path) -
     with Runtime.open(store_path) as rt:
         timeline = Timeline(rt)
         agent = rt.spawn(model=ScriptedModel.echo(), session_id="victim")
-        busy, go = threading.Event(), threading.Event()
-
-        def hold_the_actor(event: Any) -> None:  # a sync listener runs on the agent's actor
-            if event.message.content[0].text == "hold":
-                busy.set()
-                go.wait(WAIT)
-
-        agent.on("agent/inbox/inserted", hold_the_actor)
-        held = agent.inject("hold")
-        assert busy.wait(WAIT)
+        hold = HeldActor(agent)
         agent.kill("crash with mail queued")
         late = agent.followup("sent before the crash")  # behind the kill: never handled
-        go.set()
+        hold.release()
         assert timeline.wait_for("agent/disposed")
         rt.flush()
         revived = rt.resume("victim", model=ScriptedModel.echo())
-        assert revived.inbox.ids() == [late, held]  # it used to be lost with the actor
+        assert revived.inbox.ids() == [late, hold.message_id]  # it used to be lost
         revived.followup("wake")
         assert revived.wait_idle(WAIT)
         texts = [m.content[0].text for m in revived.session.messages() if m.role == "user"]
@@ -399,21 +390,13 @@ def test_a_wake_that_reaches_the_actor_after_its_disposal_began_starts_no_turn(
 
 def test_a_splice_sent_while_a_disposal_waits_for_the_agent_is_refused(rt: Runtime) -> None:
     agent = rt.spawn(model=ScriptedModel.echo())
-    busy, go = threading.Event(), threading.Event()
-
-    def hold_the_actor(event: Any) -> None:  # a sync listener runs on the agent's actor
-        busy.set()
-        go.wait(WAIT)
-
-    agent.on("agent/inbox/inserted", hold_the_actor)
-    held = agent.inject("held")
-    assert busy.wait(WAIT)
+    hold = HeldActor(agent, "held")
     assert not agent.dispose(timeout=0)  # begun: its cancel waits behind the listener
     with pytest.raises(AgentDisposedError):
         agent.splice("next-step", 0, 0, ["late"])  # was queued behind the disposal's cancel
     with pytest.raises(AgentDisposedError):
-        agent.replace(held, "late")
-    go.set()
+        agent.replace(hold.message_id, "late")
+    hold.release()
     assert agent.dispose(WAIT)
     events = agent.session.events()
     assert pending_inbox(events) == ([], [])  # the disposal discarded it all, durably

@@ -13,7 +13,7 @@ import pytest
 from runtime import Runtime, ScriptedModel
 from storage import DuplicateSessionError, UnknownSessionError
 
-from .conftest import WAIT, Timeline, check_store
+from .conftest import WAIT, HeldActor, Timeline, check_store
 
 
 @pytest.mark.parametrize("durability", ["write-ahead", "turn", "none"])
@@ -214,16 +214,7 @@ def test_a_spawn_under_way_when_close_begins_is_waited_for_and_stopped(
 def test_rt_flush_waits_for_the_sends_accepted_before_it(store_path: Path) -> None:
     with Runtime.open(store_path) as rt:
         agent = rt.spawn(model=ScriptedModel.echo())
-        busy, go = threading.Event(), threading.Event()
-
-        def hold_the_actor(event: Any) -> None:  # a sync listener runs on the agent's actor
-            if event.message.content[0].text == "hold":
-                busy.set()
-                go.wait(WAIT)
-
-        agent.on("agent/inbox/inserted", hold_the_actor)
-        agent.inject("hold")
-        assert busy.wait(WAIT)
+        hold = HeldActor(agent)
         later = agent.followup("accepted")  # queued behind the held handler: not logged yet
         with pytest.raises(TimeoutError, match="not handled"):
             rt.flush(timeout=0.05)  # it cannot be appended while the actor is held
@@ -231,7 +222,7 @@ def test_rt_flush_waits_for_the_sends_accepted_before_it(store_path: Path) -> No
         waiter = threading.Thread(target=lambda: (asyncio.run(rt.aflush()), flushed.set()))
         waiter.start()  # asyncio code waits for the send too, off the event loop
         assert not flushed.is_set()
-        go.set()
+        hold.release()
         rt.flush(WAIT)
         waiter.join(WAIT)
         assert flushed.is_set()
