@@ -167,8 +167,8 @@ class Runtime:
         self._flushes = FlushGroup(store, self.dispatcher)
         self._lock = threading.Lock()
         self._agents: dict[str, Agent] = {}
-        self._resuming: set[str] = set()  # ids a resume() is rebuilding: see resume()
         self._starting = 0  # spawns, resumes and forks under way: see _starting_agent()
+        self._resuming: set[str] = set()  # the sessions of the resumes among them
         self._started = threading.Condition(self._lock)
         self._refs: dict[str, ActorRef[Any]] = {}
         self._models: dict[int, Model] = {}
@@ -300,22 +300,10 @@ class Runtime:
         check_session_id(session_id)
         _check_system(system)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
-        # One resume at a time per id: a second one opening the session again would
-        # make the first one's session object refuse every later append (the store
-        # hands appends to the newest), and its failed start would unregister the
-        # agent the first one started.
-        with self._lock:
-            if session_id in self._agents or session_id in self._resuming:
-                raise ValueError(f"agent {session_id!r} is already live in this runtime")
-            self._resuming.add(session_id)
-        try:
-            with self._starting_agent():
-                session = self.store.open_session(session_id)
-                session.repair()
-                handle = self._start(session, resolved, tool_map, system, limits)
-        finally:
-            with self._lock:
-                self._resuming.discard(session_id)
+        with self._starting_agent(resuming=session_id):
+            session = self.store.open_session(session_id)
+            session.repair()
+            handle = self._start(session, resolved, tool_map, system, limits)
         return self._announce_start(handle, "resume")
 
     def fork(
@@ -344,19 +332,30 @@ class Runtime:
         return self._announce_start(handle, "startup")
 
     @contextmanager
-    def _starting_agent(self) -> Iterator[None]:
+    def _starting_agent(self, *, resuming: str | None = None) -> Iterator[None]:
         """Held by a spawn, resume or fork from before it touches the store until its
         agent is registered and live (or it failed). :meth:`close` refuses new ones and
         waits for those under way before it stops every agent: an agent started while
-        it swept would be left running over a closed store."""
+        it swept would be left running over a closed store.
+
+        ``resuming``: the session a resume rebuilds, one resume at a time per id (a
+        second one would open the session again, so the first one's session object
+        would refuse every later append, and its failed start would unregister the
+        agent the first one started)."""
         with self._lock:
             self._check_open()  # again, under the lock close() takes to set it
+            if resuming is not None:
+                if resuming in self._agents or resuming in self._resuming:
+                    raise ValueError(f"agent {resuming!r} is already live in this runtime")
+                self._resuming.add(resuming)
             self._starting += 1
         try:
             yield
         finally:
             with self._lock:
                 self._starting -= 1
+                if resuming is not None:
+                    self._resuming.discard(resuming)
                 if not self._starting:
                     self._started.notify_all()
 
