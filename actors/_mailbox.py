@@ -262,6 +262,11 @@ class Mailbox:
     def empty(self) -> bool:
         return not self._in and self._pos >= len(self._out)
 
+    def busy(self) -> bool:
+        """Whether envelopes are queued or a batch is running (a snapshot): an envelope
+        put before this call and not yet handled makes it True."""
+        return self._scheduled or not self.empty()
+
     # -- observation -----------------------------------------------------------------
 
     @property

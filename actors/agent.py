@@ -116,8 +116,9 @@ class AwaitIdle(msgspec.Struct, frozen=True):
 
 
 class Barrier(msgspec.Struct, frozen=True):
-    """Ask: answered once every envelope sent before it ran, so the splice of every
-    send told before it is appended (``Runtime.flush`` waits for it)."""
+    """Ask: answered once every envelope sent before it ran, so the facts of every
+    message told before it (a send's splice, a cancel's discards) are appended
+    (``Runtime.flush`` waits for it)."""
 
 
 class Kill(msgspec.Struct, frozen=True):

@@ -92,12 +92,6 @@ class Inbox:
         with self._lock:
             self._reserved.discard(message_id)
 
-    def in_flight(self) -> int:
-        """How many reserved ids are not in a lane yet: sends (and inserting edits) the
-        owner has not handled."""
-        with self._lock:
-            return len(self._reserved) - len(self._next_turn) - len(self._next_step)
-
     def view(self) -> InboxView:
         with self._lock:
             return InboxView(tuple(self._lanes["next-turn"]), tuple(self._lanes["next-step"]))

@@ -17,6 +17,7 @@ import msgspec
 from pykka import ActorDeadError, ActorRef, Future, Timeout
 from pykka._envelope import Envelope
 
+from actors import Mailbox
 from actors.agent import AwaitIdle, Barrier, Cancel, Edit, Insert, Kill, apply_edit
 from actors.errors import (
     AgentDisposedError,
@@ -266,17 +267,24 @@ class Agent:
             except ActorDeadError as err:
                 raise AgentDisposedError(f"agent {self.id} is no longer running") from err
 
-    def _sends_handled(self) -> Future[Any] | None:
-        """A future answered once the agent handled every send told before this call
-        (so their splices are appended), or None when none is outstanding."""
+    def _told_handled(self) -> Future[Any] | None:
+        """A future answered once the agent handled every message told to it before
+        this call (a send, a cancel: their facts are then appended), or None when
+        nothing is queued or running."""
         with self._exclusive():  # not while a passivation stops the actor
-            inbox, ref = self._inbox, self._ref
-            if self._passive or inbox is None or ref is None or not inbox.in_flight():
+            ref = self._ref
+            if self._passive or ref is None or not self._busy():
                 return None
             try:
                 return ref.ask(Barrier(), block=False)
             except ActorDeadError:
-                return None  # what it had not handled died with it
+                return None  # what it had not handled died with it (or was kept: a crash)
+
+    def _busy(self) -> bool:
+        """Whether the agent's actor has messages queued or is handling some."""
+        ref = self._ref
+        mailbox = None if self._passive or ref is None else ref.actor_inbox
+        return isinstance(mailbox, Mailbox) and mailbox.busy()
 
     def _exclusive(self) -> AbstractContextManager[object]:
         """What a caller holds from making the agent live until its message is in the

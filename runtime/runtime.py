@@ -619,30 +619,31 @@ class Runtime:
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything appended before the call is durable on disk, and with
-        it every message a send (``followup``, ``steer``, ``inject``) accepted before the
-        call: an agent appends a send's splice when it handles the send, and the flush
+        it what every message told to an agent before the call made it append: the
+        splice of a send (``followup``, ``steer``, ``inject``), the discards of a
+        ``cancel()``. An agent appends those when it handles the message; the flush
         waits for that first. Called on a dispatcher or I/O thread (from a listener or a
         tool) it covers only what was appended: the agents it would wait for may need
         that thread. Raises ``TimeoutError`` after ``timeout`` seconds."""
         deadline = _deadline(timeout)
-        self._await_sends(timeout)
+        self._await_told(timeout)
         self.store.flush(_remaining(deadline))
 
     async def aflush(self) -> None:
         """:meth:`flush` for asyncio code: ``await rt.aflush()`` (see ``Store.aflush``)."""
-        if self._sends_outstanding():
-            await asyncio.get_running_loop().run_in_executor(None, self._await_sends, None)
+        if self._busy_agents():
+            await asyncio.get_running_loop().run_in_executor(None, self._await_told, None)
         await self.store.aflush()
 
-    def _sends_outstanding(self) -> list[Agent]:
-        """The agents with sends they have not handled yet."""
-        return [h for h in self.agents() if (inbox := h._inbox) is not None and inbox.in_flight()]
+    def _busy_agents(self) -> list[Agent]:
+        """The agents whose actors have messages queued or are handling some."""
+        return [handle for handle in self.agents() if handle._busy()]
 
-    def _await_sends(self, timeout: float | None) -> None:
-        """Wait until every agent handled the sends told to it before the call."""
+    def _await_told(self, timeout: float | None) -> None:
+        """Wait until every agent handled the messages told to it before the call."""
         if in_nonblocking_thread():
             return
-        futures = [f for h in self._sends_outstanding() if (f := h._sends_handled()) is not None]
+        futures = [f for h in self._busy_agents() if (f := h._told_handled()) is not None]
         deadline = _deadline(timeout)
         for future in futures:
             try:
@@ -651,7 +652,7 @@ class Runtime:
                 pass  # stopped or crashed: what it had not handled went with it
             except Timeout as err:
                 raise TimeoutError(
-                    f"sends to {len(futures)} agents were not handled within {timeout} s"
+                    f"messages to {len(futures)} agents were not handled within {timeout} s"
                 ) from err
 
     def _close_models(self, timeout: float | None) -> None:

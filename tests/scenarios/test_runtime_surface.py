@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from runtime import Runtime, ScriptedModel
-from storage import DuplicateSessionError, UnknownSessionError
+from storage import DuplicateSessionError, UnknownSessionError, pending_inbox
 
 from .conftest import WAIT, HeldActor, Timeline, check_store
 
@@ -234,6 +234,23 @@ def test_rt_flush_waits_for_the_sends_accepted_before_it(store_path: Path) -> No
         ]
         assert later in inserted  # appended before the flush went to the store
         assert agent.wait_idle(WAIT)
+
+
+def test_rt_flush_waits_for_a_cancel_told_before_it_to_discard_the_inbox(
+    store_path: Path,
+) -> None:
+    with Runtime.open(store_path) as rt:
+        agent = rt.spawn(model=ScriptedModel.echo())
+        hold = HeldActor(agent)
+        agent.cancel()  # clears the inbox durably: queued behind the held handler
+        with pytest.raises(TimeoutError, match="not handled"):
+            rt.flush(timeout=0.05)  # the discard cannot be appended while the actor is held
+        hold.release()
+        rt.flush(WAIT)
+        events = agent.session.events()
+        discards = [e.data for e in events if e.type == "agent/inbox/spliced" and e.data.outcome]
+        assert [(d.target, d.removed_count) for d in discards] == [("next-step", 1)]
+        assert pending_inbox(events) == ([], [])  # appended before the flush went to the store
 
 
 def test_rt_flush_from_a_listener_does_not_wait_for_agents_that_need_its_thread(
