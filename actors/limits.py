@@ -60,9 +60,21 @@ class UsageMeter:
             )
         return None
 
-    def count_request(self) -> None:
+    def take_request(self) -> LimitExceeded | None:
+        """Count one request if the request limit allows it (checked and counted in one
+        step, so that agents racing for the last requests never send more than the
+        limit); else return why not."""
+        limit = self.limits.max_requests
         with self._lock:
-            self.requests += 1
+            if limit is None or self.requests < limit:
+                self.requests += 1
+                return None
+        return self.exceeded()
+
+    def give_back_request(self) -> None:
+        """Undo a :meth:`take_request` whose request was not sent after all."""
+        with self._lock:
+            self.requests -= 1
 
     def count_usage(self, usage: Usage) -> None:
         with self._lock:

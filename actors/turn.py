@@ -496,6 +496,10 @@ class TurnMachine:
                 system=self.system,
                 tools=specs,
             )
+            if self.meters:  # the request counts now, or the turn ends at its limit
+                limited = self._take_request()
+                if limited is not None:
+                    return _StepResult(end=limited)
             if self.on_request is not None:
                 self.on_request(request)
             return await self._exchange(turn, step, request, signal)
@@ -518,13 +522,25 @@ class TurnMachine:
         self.session.append_fact(header)
         self._last_header = header
 
+    def _take_request(self) -> LimitExceeded | None:
+        """Count the request about to be sent on every meter, or none of them: the
+        first limit it would pass (a check at the step's start can race with other
+        agents spending the same runtime-wide limit)."""
+        taken: list[UsageMeter] = []
+        for meter in self.meters:
+            limited = meter.take_request()
+            if limited is not None:
+                for earlier in taken:
+                    earlier.give_back_request()
+                return limited
+            taken.append(meter)
+        return None
+
     async def _exchange(
         self, turn: int, step: int, request: ModelRequest, signal: TurnSignal
     ) -> _StepResult:
         append = self.session.append_fact
         assembler = Assembler(turn, step)
-        for meter in self.meters:
-            meter.count_request()
         try:
             stream = await OpenStream(request)
             done = False

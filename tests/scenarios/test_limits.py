@@ -135,3 +135,35 @@ def test_the_admission_queue_is_first_come_first_served() -> None:
     assert order == ["a", "b", "c"]
     admission.leave()
     assert admission.holders == 0
+
+
+def test_agents_racing_for_the_last_request_of_a_runtime_limit_send_only_one(
+    store_path: Path,
+) -> None:
+    import asyncio
+
+    arrived: list[str] = []
+    both: asyncio.Event | None = None
+
+    async def meet(event: Any, next_: Any) -> Any:  # both pass the step-start check first
+        nonlocal both
+        both = both or asyncio.Event()
+        arrived.append(event.agent.id)
+        if len(arrived) == 2:
+            both.set()
+        await both.wait()
+        return await next_()
+
+    requests: list[Any] = []
+    with Runtime.open(store_path, limits=UsageLimits(max_requests=1)) as rt:
+        rt.on("agent/pre-step", meet)
+        model = ScriptedModel(lambda request: requests.append(request) or "ok")
+        agents = [rt.spawn(model=model) for _ in range(2)]
+        for agent in agents:
+            agent.followup("go")
+        for agent in agents:
+            assert agent.wait_idle(WAIT)
+        kinds = sorted(ends(agent)[0].kind for agent in agents)
+    assert len(requests) == 1  # both used to send: 2 requests against a limit of 1
+    assert kinds == ["completed", "limit"]
+    check_store(store_path)
