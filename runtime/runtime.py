@@ -7,12 +7,14 @@ their inboxes for a later resume), stops every agent, flushes and closes the sto
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import count
@@ -193,6 +195,10 @@ class Runtime:
             retry_policy = RetryPolicy()
         if retry_policy is not None:
             self.bus.on("agent/request-error", retry_policy)
+        # A script that ends without close() still closes: sends not handled yet are
+        # logged (pending, for a resume), running turns end aborted, everything flushed.
+        self._close_at_exit = _close_at_exit(weakref.ref(self))
+        atexit.register(self._close_at_exit)
 
     @classmethod
     def open(
@@ -676,6 +682,7 @@ class Runtime:
             if self._closed:
                 return
             self._closed = True
+            atexit.unregister(self._close_at_exit)
             if not self._started.wait_for(lambda: not self._starting, timeout):
                 log.warning("an agent was still starting after %s s; closing anyway", timeout)
             agents = list(self._agents.values())
@@ -700,6 +707,21 @@ class Runtime:
             self.store.close()
         if self._tuned_gc:
             gctune.release_gc_tuning()
+
+
+def _close_at_exit(ref: weakref.ref[Runtime]) -> Callable[[], None]:
+    """An exit hook that closes the runtime if it is still open (it holds it weakly)."""
+
+    def close() -> None:
+        runtime = ref()
+        if runtime is None:
+            return
+        try:
+            runtime.close()
+        except Exception:  # the interpreter is exiting: say so, do not stop the exit
+            log.exception("closing a runtime at exit failed")
+
+    return close
 
 
 def _deadline(timeout: float | None) -> float | None:

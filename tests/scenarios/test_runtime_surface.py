@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 
 from runtime import Runtime, ScriptedModel
 from storage import DuplicateSessionError, UnknownSessionError, pending_inbox
+from storage.lmdb_store import Store
 
 from .conftest import WAIT, HeldActor, Timeline, check_store
 
@@ -274,3 +277,25 @@ def test_rt_flush_from_a_listener_does_not_wait_for_agents_that_need_its_thread(
         assert second.wait_idle(WAIT)
         assert flushed == ["returned"]
         assert second.session.messages()[-1].content[0].text == "queued on the busy worker"
+
+
+def test_a_script_that_exits_without_close_still_logs_what_it_sent(store_path: Path) -> None:
+    script = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from runtime import Runtime, ScriptedModel
+rt = Runtime.open({str(store_path)!r})
+agent = rt.spawn(model=ScriptedModel.echo(), session_id="script")
+agent.followup("one")
+agent.wait_idle(10)
+print(agent.followup("two, not waited for"))
+"""  # no rt.close(): the interpreter's exit closes the runtime
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    last = done.stdout.split()[-1]
+    with Store.open(store_path, readonly=True) as store:
+        events = store.read("script")
+    inserted = [m.id for e in events if e.type == "agent/inbox/spliced" for m in e.data.inserted]
+    assert last in inserted  # it used to be lost with the process
+    check_store(store_path)
