@@ -710,11 +710,13 @@ class Runtime:
 
 
 def _close_at_exit(ref: weakref.ref[Runtime]) -> Callable[[], None]:
-    """An exit hook that closes the runtime if it is still open (it holds it weakly)."""
+    """An exit hook that closes the runtime if it is still open (it holds it weakly).
+    Not in a child forked from its process: the runtime's threads did not go with it."""
+    pid = os.getpid()
 
     def close() -> None:
         runtime = ref()
-        if runtime is None:
+        if runtime is None or os.getpid() != pid:
             return
         try:
             runtime.close()
