@@ -678,7 +678,17 @@ class Runtime:
             raise RuntimeError("this runtime is closed; open a new one with Runtime.open()")
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Cancel running turns (inboxes kept), stop agents, flush, release everything."""
+        """Cancel running turns (inboxes kept), stop agents, flush, release everything.
+
+        Not from the runtime's own threads (a sync listener or hook, an async one, the
+        scheduler): it would wait for the agents that thread runs. That raises
+        ``RuntimeError``, and the runtime stays open."""
+        if in_nonblocking_thread():
+            raise RuntimeError(
+                "rt.close() was called on a dispatcher or I/O thread (from a listener or "
+                "a hook): it would wait for the agents that thread runs; close the "
+                "runtime from another thread, e.g. tell the main thread to"
+            )
         with self._lock:
             if self._closed:
                 return

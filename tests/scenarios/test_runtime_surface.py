@@ -299,3 +299,37 @@ print(agent.followup("two, not waited for"))
     inserted = [m.id for e in events if e.type == "agent/inbox/spliced" for m in e.data.inserted]
     assert last in inserted  # it used to be lost with the process
     check_store(store_path)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_rt_close_from_a_listener_is_refused_and_the_runtime_goes_on(
+    store_path: Path, kind: str
+) -> None:
+    outcome: list[object] = []
+    tried = threading.Event()
+
+    def close_it(rt: Runtime) -> None:
+        try:
+            rt.close()
+            outcome.append("closed")
+        except RuntimeError as err:
+            outcome.append(err)
+        tried.set()
+
+    with Runtime.open(store_path) as rt:
+        if kind == "sync":
+            rt.on("agent/settled", lambda event: close_it(rt))
+        else:
+
+            async def on_settled(event: Any) -> None:
+                close_it(rt)
+
+            rt.on("agent/settled", on_settled)
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.followup("one")
+        assert tried.wait(WAIT)
+        assert isinstance(outcome[0], RuntimeError), outcome  # it used to hang, then crash
+        assert "dispatcher or I/O thread" in str(outcome[0])
+        agent.followup("two")  # still open
+        assert agent.wait_idle(WAIT)
+    check_store(store_path)
