@@ -486,6 +486,8 @@ class Runtime:
     def _passivate(self, handle: Agent, timeout: float | None) -> bool:
         """Stop an idle agent's actor and drop its in-memory session; the next send
         rehydrates it from its log. False if it is busy (or gone)."""
+        if handle._on_own_thread():
+            return False  # one of its own listeners is running: busy (asking would stall)
         with handle._live_lock:
             if handle._passive:
                 return True

@@ -491,3 +491,22 @@ def test_a_listener_that_sends_to_its_own_agent_while_it_is_being_passivated_goe
     assert agent.wait_idle(WAIT)
     starts = [e.data.turn for e in agent.session.events() if e.type == "turn/start"]
     assert starts == [1, 2]
+
+
+def test_passivate_from_the_agents_own_listener_answers_busy_without_waiting_for_itself(
+    rt: Runtime,
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    answered = threading.Event()
+    answers: list[bool] = []
+
+    def on_settled(event: Any) -> None:
+        answers.append(event.agent.passivate(timeout=None))  # no timeout: it used to hang
+        answered.set()
+
+    agent.on("agent/settled", on_settled)
+    agent.followup("one")
+    assert answered.wait(WAIT)
+    assert answers == [False]  # busy: running this listener
+    assert agent.wait_idle(WAIT)
+    assert agent.passivate()  # from outside, once idle
