@@ -315,23 +315,43 @@ class Agent:
     # ------------------------------------------------------------------ editing (blocking)
 
     def _ask(self, edit: Edit, timeout: float | None) -> Any:
-        """Apply ``edit`` on the actor and return its result. Raises
-        :class:`AgentDisposedError` when it was not applied (the agent is disposed, or
-        stopped before reaching it), :class:`EditTimeoutError` when it is queued but was
-        not applied within ``timeout`` (the actor applies it later, in order), and the
-        edit's own error when the actor refused it (having released the ids it
-        reserved: see :func:`actors.agent.apply_edit`)."""
+        """Apply ``edit`` on the actor and return its result; the ids of the messages it
+        inserts are reserved first (a duplicate is refused here), once a disposal began
+        such an edit is refused. Raises :class:`AgentDisposedError` when it was not
+        applied (the agent is disposed, or stopped before reaching it: the ids are
+        freed), :class:`EditTimeoutError` when it is queued but was not applied within
+        ``timeout`` (the actor applies it later, in order: the ids stay taken), and the
+        edit's own error when the actor refused it (having freed the ids: see
+        :func:`actors.agent.apply_edit`)."""
+        inserted = [m.id for m in _inserted_by(edit)]
         if self._on_own_thread():
             # called by one of this agent's own listeners, on the actor's thread: asking
             # the actor would wait for itself, so the edit is applied here, in order
+            if inserted:
+                self._check_open(f"a {edit.op} inserting messages")
             assert self._inbox is not None
+            self._reserve(inserted)
             return apply_edit(self._inbox, edit)
         try:
-            with self._live_lock:  # the edit is queued before a passivation may stop it
+            # The edit is queued before a passivation may stop the actor (and the ids are
+            # reserved in the inbox that actor owns); its reply is awaited outside the
+            # lock: the edit's listeners may use the agent.
+            with self._live_lock:
+                if inserted:
+                    self._check_open(f"a {edit.op} inserting messages")
                 self._live()
                 assert self._ref is not None
-                reply = self._ref.ask(edit, block=False)
-            return reply.get(timeout=timeout)  # not under the lock: the edit's listeners
+                self._reserve(inserted)
+                try:
+                    reply = self._ref.ask(edit, block=False)
+                except ActorDeadError:
+                    self._release(inserted)
+                    raise
+            try:
+                return reply.get(timeout=timeout)
+            except ActorDeadError:
+                self._release(inserted)  # stopped before it reached the edit
+                raise
         except ActorDeadError as err:
             raise AgentDisposedError(f"agent {self.id} is no longer running") from err
         except Timeout as err:
@@ -339,6 +359,16 @@ class Agent:
                 f"the {edit.op} edit of agent {self.id}'s inbox was not applied within "
                 f"{timeout} s; it stays queued and is applied in order"
             ) from err
+
+    def _reserve(self, message_ids: Sequence[MessageId]) -> None:
+        """Reserve every id, or none (a duplicate raises ``DuplicateMessageError``)."""
+        assert self._inbox is not None
+        for index, message_id in enumerate(message_ids):
+            try:
+                self._inbox.reserve(message_id)
+            except BaseException:
+                self._release(message_ids[:index])
+                raise
 
     def _release(self, message_ids: Iterable[MessageId]) -> None:
         """Free the ids of an edit that was never applied (see :meth:`_ask`)."""
@@ -358,16 +388,7 @@ class Agent:
         """Swap a pending message for a new one in the same place; returns the new id."""
         _check_id(message_id)
         new = self._message(message, None, "user")
-        with self._exclusive():
-            self._check_open("a replacement")
-            self._live()
-            assert self._inbox is not None
-            self._inbox.reserve(new.id)
-            try:
-                self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
-            except AgentDisposedError:
-                self._release([new.id])
-                raise
+        self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
         return new.id
 
     def splice(
@@ -392,37 +413,8 @@ class Agent:
                 "(one text is one message: pass [text])"
             )
         new = tuple(self._message(m, None, "user") for m in messages)
-        with self._exclusive():
-            if new:
-                self._check_open("a splice inserting messages")
-            self._live()
-            return self._splice(lane, start, removed_count, new, timeout)
-
-    def _splice(
-        self,
-        lane: InboxLane,
-        start: int,
-        removed_count: int,
-        new: tuple[UserMessage, ...],
-        timeout: float | None,
-    ) -> list[UserMessage]:
-        assert self._inbox is not None
-        reserved: list[MessageId] = []
-        try:
-            for message in new:
-                self._inbox.reserve(message.id)
-                reserved.append(message.id)
-        except BaseException:
-            self._release(reserved)
-            raise
         edit = Edit(op="splice", lane=lane, start=start, removed_count=removed_count, messages=new)
-        try:
-            removed: list[UserMessage] = self._ask(edit, timeout)
-        except AgentDisposedError:
-            self._release(reserved)
-            raise
-        # Any other error: the actor refused the edit (and released the ids itself), or
-        # it is still queued (a timeout, Ctrl-C) and will be applied with these ids.
+        removed: list[UserMessage] = self._ask(edit, timeout)
         return removed
 
     def clear(self, *, timeout: float | None = 10.0) -> list[UserMessage]:
@@ -446,7 +438,7 @@ class Agent:
             target = self._active_signal()
             if target is not None:
                 target.abort(cause)
-            self._tell(Cancel(cause=cause, keep_inbox=keep_inbox, target=target))
+            self._tell_live(Cancel(cause=cause, keep_inbox=keep_inbox, target=target))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every send before this call was handled and the agent is idle.
@@ -476,18 +468,25 @@ class Agent:
 
         From one of this agent's own listeners it starts the disposal and returns False
         at once: the disposal needs the actor that is running the listener."""
-        with self._dispose_lock:
-            first = not self._disposing
-            self._disposing = True
-        if first:
-            with self._exclusive():
-                self._live()  # disposal discards the pending inbox durably: needs the actor
-                running = self._runtime._dispose_live(self)
-            if not running:  # its actor crashed
-                self._runtime._forget(self)
+        self._begin_disposal(keep_inbox=False)
         if self._on_own_thread():
             return self._disposed.is_set()
         return waiting.wait(self._disposed, timeout)
+
+    def _begin_disposal(self, *, keep_inbox: bool) -> None:
+        """Start this agent's one disposal, unless one began (``dispose()``, or the
+        runtime's ``close()``, which keeps the inbox for a resume)."""
+        with self._dispose_lock:
+            first = not self._disposing
+            self._disposing = True
+        if not first:
+            return
+        with self._exclusive():
+            if not keep_inbox:
+                self._live()  # the disposal discards the pending inbox durably: the actor
+            running = self._runtime._dispose_live(self, keep_inbox=keep_inbox)
+        if not running:  # passive (kept inbox) or crashed: no actor to stop
+            self._runtime._forget(self)
 
     def _on_own_thread(self) -> bool:
         """Whether the caller runs on this agent's actor (one of its own listeners)."""
@@ -509,3 +508,11 @@ class Agent:
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
         """Listen to ``name`` for this agent only; returns a disposer."""
         return self._runtime._listen(name, listener, self.id)
+
+
+def _inserted_by(edit: Edit) -> Sequence[UserMessage]:
+    """The messages ``edit`` puts into the inbox."""
+    if edit.op == "replace":
+        assert edit.message is not None
+        return (edit.message,)
+    return edit.messages  # a splice's; () for the others
