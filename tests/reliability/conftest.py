@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from runtime import RetryPolicy, Runtime
-from storage import check_invariants
+from storage import Event, check_invariants
 from storage.lmdb_store import Store
 
 WAIT = 10.0
@@ -110,6 +111,29 @@ def assert_killed(run: ChildRun) -> None:
     assert run.returncode == -9, (
         f"the child did not die by SIGKILL ({run.returncode}); stderr:\n{run.stderr[-3000:]}"
     )
+
+
+INBOX_EVENTS = ("inserted", "claimed", "discarded")  # the live agent/inbox/* events
+
+
+class InboxFates:
+    """What a session's splices did to each message (how often it was inserted, claimed,
+    discarded) and what is still pending at the end of the log."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.done: dict[str, Counter[str]] = {name: Counter() for name in INBOX_EVENTS}
+        lanes: dict[str, list[str]] = {"next-turn": [], "next-step": []}
+        for event in events:
+            if event.type != "agent/inbox/spliced":
+                continue
+            data = event.data
+            lane = lanes[data.target]
+            taken = lane[data.start : data.start + data.removed_count]
+            self.done["discarded" if data.outcome else "claimed"].update(taken)
+            ids = [message.id for message in data.inserted]
+            self.done["inserted"].update(ids)
+            lane[data.start : data.start + data.removed_count] = ids
+        self.pending = lanes["next-turn"] + lanes["next-step"]
 
 
 def check_whole_store(path: Path) -> int:

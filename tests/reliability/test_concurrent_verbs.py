@@ -46,10 +46,9 @@ from runtime import (
     UserMessage,
     tool,
 )
-from storage import Event
 from storage.lmdb_store import Store
 
-from .conftest import WAIT, check_whole_store, seeded
+from .conftest import INBOX_EVENTS, WAIT, InboxFates, check_whole_store, seeded
 
 
 @tool(concurrency_safe=True)
@@ -67,29 +66,6 @@ def _reply(request: Any) -> Any:
     return "ok"
 
 
-class _Fates:
-    """What a session's splices did to each message (how often it was inserted, claimed,
-    discarded) and what is still pending at the end of the log."""
-
-    def __init__(self, events: list[Event]) -> None:
-        self.done: dict[str, Counter[str]] = {name: Counter() for name in _HEARD}
-        lanes: dict[str, list[str]] = {"next-turn": [], "next-step": []}
-        for event in events:
-            if event.type != "agent/inbox/spliced":
-                continue
-            data = event.data
-            lane = lanes[data.target]
-            taken = lane[data.start : data.start + data.removed_count]
-            self.done["discarded" if data.outcome else "claimed"].update(taken)
-            ids = [message.id for message in data.inserted]
-            self.done["inserted"].update(ids)
-            lane[data.start : data.start + data.removed_count] = ids
-        self.pending = lanes["next-turn"] + lanes["next-step"]
-
-
-_HEARD = ("inserted", "claimed", "discarded")  # the live agent/inbox/* events
-
-
 def _lost(
     path: Path,
     sent: dict[str, list[str]],
@@ -103,7 +79,7 @@ def _lost(
     with Store.open(path, readonly=True) as store:
         for header in store.sessions():
             agent_id = header.id
-            fates = _Fates(store.read(agent_id))
+            fates = InboxFates(store.read(agent_id))
             inserted = fates.done["inserted"]
             lost += [
                 f"{agent_id}: {message_id} accepted, inserted {inserted[message_id]}x"
@@ -117,7 +93,7 @@ def _lost(
             ]
             if agent_id in disposed and fates.pending:
                 lost.append(f"{agent_id}: disposed with {fates.pending} pending in its log")
-            for name in _HEARD:
+            for name in INBOX_EVENTS:
                 live = heard.get(agent_id, {}).get(name, Counter())
                 if live != fates.done[name]:
                     lost.append(
@@ -146,7 +122,7 @@ def _run(
 
         return record
 
-    for name in _HEARD:
+    for name in INBOX_EVENTS:
         rt.on(f"agent/inbox/{name}", hear(name))
     try:
         model = ScriptedModel(_reply, latency=ScriptedModel.jittered(0.002, 0.002, seed=1))
@@ -254,7 +230,7 @@ def _run(
         unlike = [
             f"{agent.id}: inbox {agent.inbox.ids()}, log {pending}"
             for agent in pool
-            if agent.inbox.ids() != (pending := _Fates(agent.session.events()).pending)
+            if agent.inbox.ids() != (pending := InboxFates(agent.session.events()).pending)
         ]
     finally:
         rt.close(timeout=WAIT)

@@ -42,6 +42,7 @@ from storage.lmdb_store import Store
 from .conftest import (
     FAST_RETRY,
     ChildRun,
+    InboxFates,
     after_lines,
     assert_killed,
     check_whole_store,
@@ -131,8 +132,8 @@ def add_sends(into: dict[str, list[str]], marks: list[str]) -> None:
 
 def missing_sends(events: list[Event], message_ids: list[str]) -> list[str]:
     """The ids of ``message_ids`` that no ``agent/inbox/spliced`` of ``events`` inserted."""
-    inserted = {m.id for e in events if e.type == "agent/inbox/spliced" for m in e.data.inserted}
-    return [message_id for message_id in message_ids if message_id not in inserted]
+    inserted = InboxFates(events).done["inserted"]
+    return [message_id for message_id in message_ids if not inserted[message_id]]
 
 
 def check_durable(store: Store, reported: Reported, figures: Figures) -> dict[str, list[Event]]:
