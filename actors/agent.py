@@ -362,6 +362,9 @@ class AgentActor(PooledActor):
         return None
 
     def _on_resume(self, message: _Resume) -> None:
+        # Only the wait that took this token: a cancel may have ended it (the resume of
+        # an aborted checkpoint, or an async listener's outcome, arrives after the
+        # cancel) while the turn now waits for something else, a flush say.
         if message.token == self._waiting_token and self._waiting is not None:
             self._advance(message.value, message.error)
 
@@ -422,6 +425,7 @@ class AgentActor(PooledActor):
         coro = self._coro
         assert coro is not None
         self._waiting = None
+        self._waiting_token = 0  # a late _Resume of the wait that ends here answers nothing
         self._cancel_waiting = None
         while True:
             try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from runtime import AgentDisposedError, HookCause, Runtime, ScriptedModel, UserCause
@@ -28,6 +30,47 @@ def test_a_cancel_right_after_a_waking_send_closes_a_no_step_aborted_turn(
     assert end_reasons(agent)[0].reason == UserCause()
     settled = timeline.wait_for("agent/settled")
     assert settled[0].reason.kind == "aborted"
+
+
+def test_a_cancel_right_after_a_waking_send_settles_only_once_its_turn_end_is_durable(
+    rt: Runtime,
+) -> None:
+    # The turn's first effect (a checkpoint) resumes itself through the mailbox; the
+    # cancel aborts it first, and that stale resume must not answer the settle's flush.
+    seen: list[str] = []
+
+    def on_settled(event: Any) -> None:
+        seen.append(rt.store.read(event.agent.id)[-1].type)
+
+    rt.on("agent/settled", on_settled)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    for keep_inbox in (True, False):
+        agent.followup("hello")
+        agent.cancel(keep_inbox=keep_inbox)
+        assert agent.wait_idle(WAIT)
+    assert seen == ["turn/end", "turn/end"]
+
+
+def test_an_async_listener_that_cancels_then_fails_ends_its_turn_aborted_and_the_agent_goes_on(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    # The listener's failure arrives after its cancel was handled: it must not be thrown
+    # into whatever the turn awaits next (the settle's flush), which crashed the actor.
+    agent = rt.spawn(model=ScriptedModel.echo())
+
+    async def pre_step(event: Any, next_: Any) -> Any:
+        if event.turn == 1:
+            agent.cancel()
+            raise RuntimeError("after the cancel")
+        return await next_()
+
+    agent.on("agent/pre-step", pre_step)
+    agent.followup("one")
+    settled = timeline.wait_for("agent/settled")
+    assert settled[0].reason.kind == "aborted"
+    agent.followup("two")
+    assert timeline.wait_for("agent/settled", 2)[1].reason.kind == "completed"
+    assert timeline.of("agent/disposed") == []
 
 
 def test_cancel_mid_stream_keeps_the_visible_prefix_as_an_interrupted_message(rt: Runtime) -> None:
@@ -100,3 +143,4 @@ def test_dispose_discards_the_inbox_durably_and_announces_disposed_once(
     assert len(agent.inbox) == 0
     with pytest.raises(AgentDisposedError):
         agent.followup("too late")
+
