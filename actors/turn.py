@@ -364,6 +364,8 @@ class TurnMachine:
                 except TurnAborted:
                     return self._aborted(signal), None
                 except Exception as err:  # noqa: BLE001 - a listener fault ends the turn
+                    if signal.aborted:  # abort is classified before error
+                        return self._aborted(signal), None
                     return self._error(turn, None, _listener_failure("agent/pre-step", err)), None
                 if signal.aborted:
                     return self._aborted(signal), None

@@ -144,3 +144,19 @@ def test_dispose_discards_the_inbox_durably_and_announces_disposed_once(
     with pytest.raises(AgentDisposedError):
         agent.followup("too late")
 
+
+def test_a_pre_step_listener_that_cancels_then_raises_ends_its_turn_aborted(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    # Abort is classified before error, as for the other hooks.
+    agent = rt.spawn(model=ScriptedModel.echo())
+
+    def pre_step(event: Any, next_: Any) -> Any:
+        agent.cancel()
+        raise RuntimeError("after the cancel")
+
+    agent.on("agent/pre-step", pre_step)
+    agent.followup("hi")
+    settled = timeline.wait_for("agent/settled")
+    assert settled[0].reason.kind == "aborted"
+    assert timeline.of("agent/error") == []
