@@ -379,9 +379,16 @@ class AgentActor(PooledActor):
 
     def _insert(self, message: Insert) -> None:
         lane, wake = message.lane, message.wake
-        if wake and message.unwinding and self.machine.unwinding:
-            lane = "next-turn"
-            self.machine.latched_wake = True
+        if wake and self._coro is not None:
+            machine = self.machine
+            if message.unwinding and machine.unwinding:
+                lane = "next-turn"
+                machine.latched_wake = True
+            elif not machine.turn_open:
+                # The chain's last turn has ended (it settles, or waits to retry): after
+                # an error, a block or an abort the chain would stop with this wake
+                # pending. It runs once the chain has converged, as on an idle agent.
+                machine.latched_wake = True
         try:
             self.inbox.insert(lane, message.message)
         except Exception:
@@ -400,6 +407,7 @@ class AgentActor(PooledActor):
     def _cancel(self, cause: CancelCause, *, keep_inbox: bool, target: TurnSignal | None) -> None:
         if isinstance(cause, DisposedCause):
             self._disposing = True
+        self.machine.latched_wake = False  # a wake handled before the cancel was sent before it
         if not keep_inbox:
             self.inbox.clear()
         waiting = self._waiting
@@ -410,8 +418,8 @@ class AgentActor(PooledActor):
         signal = self.machine.signal
         if self._coro is None or signal is None:
             return
-        if target is not None and target is not signal:
-            return  # the turn it aimed at has ended; a later turn is not its target
+        if target is not None and not target.in_chain_of(signal):
+            return  # the turn it aimed at has ended; a later chain is not its target
         signal.abort(cause)
         waiting = self._waiting
         if waiting is not None and waiting.abortable:

@@ -117,17 +117,29 @@ class TurnSignal:
     changes.
     """
 
-    __slots__ = ("_callbacks", "_reason", "aborted")
+    __slots__ = ("_callbacks", "_reason", "aborted", "chain")
 
     # One lock for every signal (aborts and abort callbacks are rare): a turn does not
     # allocate one.
     _lock = threading.Lock()
 
-    def __init__(self) -> None:
+    def __init__(self, retrying: TurnSignal | None = None) -> None:
         self._reason: CancelCause | None = None
-        self._callbacks: list[Callable[[CancelCause], None]] = []
+        self._callbacks: list[Callable[[CancelCause], object]] = []
         # A plain attribute (read several times per step): set once, with ``_reason``.
         self.aborted = False
+        # The signal of the first turn of a retry chain (None: this turn begins one). A
+        # retry turn's signal (``retrying`` the failed turn's) is aborted with any
+        # earlier signal of its chain: a cancel aimed at the failed turn, which lands
+        # once the retry turn opened, aborts the retry turn.
+        self.chain: TurnSignal | None = None
+        if retrying is not None:
+            self.chain = retrying.chain or retrying
+            retrying.on_abort(self.abort)
+
+    def in_chain_of(self, other: TurnSignal) -> bool:
+        """Whether this signal and ``other`` belong to turns of one retry chain."""
+        return (self.chain or self) is (other.chain or other)
 
     @property
     def reason(self) -> CancelCause | None:
@@ -145,7 +157,7 @@ class TurnSignal:
             callback(cause)
         return True
 
-    def on_abort(self, callback: Callable[[CancelCause], None]) -> None:
+    def on_abort(self, callback: Callable[[CancelCause], object]) -> None:
         """Call ``callback(cause)`` when aborted (at once if it already is)."""
         with self._lock:
             if self._reason is None:

@@ -10,6 +10,7 @@ committed ``step/start`` a ``step/end``, whatever happens in between.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Final, Literal
@@ -184,6 +185,8 @@ class TurnMachine:
         self.status: AgentStatus = "idle"
         self.signal: TurnSignal | None = None
         self.turn_open = False
+        self.pausing = False  # waiting before a retry turn (see _pause)
+        self._failed_step: int | None = None  # the step whose failure a retry answers
         self.draining = False
         self.latched_wake = False
         # The session's last turn number and latest request/header, read from its state
@@ -267,6 +270,7 @@ class TurnMachine:
                 trigger = RetryTrigger(previous_turn=failed_turn)
             elif len(self.inbox):
                 trigger = MessageTrigger()
+                self.latched_wake = False  # this turn claims from the inbox as the wake would
             else:
                 return
             last_turn = self._last_turn
@@ -275,42 +279,60 @@ class TurnMachine:
                 last_turn = state.last_turn
                 self._last_header = state.last_header
             turn = last_turn + 1
-            signal = self.signal = TurnSignal()
+            # A retry turn's signal is aborted with the failed turn's (see TurnSignal).
+            signal = self.signal = TurnSignal(None if retry is None else self.signal)
             self.session.append_fact(TurnStart(turn=turn, trigger=trigger))
             self._last_turn = turn
             self.turn_open = True
             batch = self.inbox.claim(turn, new_turn=retry is None)
             reason, retry = await self._turn(turn, trigger, batch, signal, prior)
-            if retry is not None and isinstance(reason, Errored):
-                delay = retry.delay_s or 0.0
+            failure = reason.error if retry is not None and isinstance(reason, Errored) else None
+            delay = 0.0 if retry is None else retry.delay_s or 0.0
+            if failure is not None and not signal.aborted:
                 self.session.append_fact(
-                    LlmRetry(turn=turn, attempt=len(prior) + 1, delay_s=delay, failure=reason.error)
+                    LlmRetry(turn=turn, attempt=len(prior) + 1, delay_s=delay, failure=failure)
                 )
-                self.session.append_fact(TurnEnd(turn=turn, reason=reason))
-                self.turn_open = False
-                prior.append(reason.error)
-                failed_turn = turn
-                if delay > 0 and not await self._pause(delay):
-                    await self._settle(turn, reason)
-                    return
-                continue
+            if failure is not None and signal.aborted:
+                # A cancel landed before the retry turn opened (from another thread, or
+                # an observer of the llm/retry): abort is classified before error.
+                reason, failure = self._aborted(signal), None
             self.session.append_fact(TurnEnd(turn=turn, reason=reason))
             self.turn_open = False
+            if failure is not None:
+                prior.append(failure)
+                failed_turn = turn
+                if delay <= 0 or await self._pause(delay):
+                    continue
+                # Cancelled while it waited: the failed turn is the last of its chain,
+                # and its error is terminal after all.
+                self._error(turn, self._failed_step, failure)
+            retry = None
             await self._settle(turn, reason)
             prior.clear()
             if isinstance(reason, _GO_ON):
                 continue
-            if isinstance(reason, Aborted) and self.latched_wake:
+            if self.latched_wake:  # a wake sent while the chain unwound from a cancel
                 self.latched_wake = False
                 continue
             return
 
     async def _pause(self, seconds: float) -> bool:
+        """Wait before a retry turn; False if a cancel ended the wait. The failed turn
+        is closed meanwhile, but a cancel aims at its signal (see active_signal)."""
+        self.pausing = True
         try:
             await Sleep(seconds)
         except TurnAborted:
             return False
+        finally:
+            self.pausing = False
         return True
+
+    def active_signal(self) -> TurnSignal | None:
+        """The signal a cancel aborts now: the open turn's, or during the wait before a
+        retry turn the failed turn's (so that a wake sent after the cancel sees the
+        chain unwinding, and is latched). None between chains."""
+        return self.signal if self.turn_open or self.pausing else None
 
     async def _settle(self, turn: int, reason: TurnEndReason) -> None:
         if self.durability != "none":
@@ -451,6 +473,14 @@ class TurnMachine:
         if signal.aborted:
             return self._aborted(signal), None
         if isinstance(decision, Retry):
+            delay = decision.delay_s
+            if delay is not None and (
+                type(delay) not in (int, float) or not math.isfinite(delay)
+            ):  # msgspec does not check at construction; it would crash the actor later
+                message = f"agent/request-error returned a Retry with a bad delay_s: {delay!r}"
+                log.error("%s; the turn ends as error", message)
+                return self._error(turn, step, failure), None
+            self._failed_step = step
             return Errored(error=failure), decision
         return self._error(turn, step, failure), None
 

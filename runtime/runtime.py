@@ -43,7 +43,6 @@ from actors.live import (
     AgentDisposed,
     AgentSessionStart,
     SessionEventLive,
-    TurnSignal,
 )
 from actors.model import Model
 from actors.protocols import implements
@@ -461,16 +460,12 @@ class Runtime:
 
     def _go_live(self, handle: Agent, session: Session, ref: ActorRef[Any], parts: _Parts) -> None:
         machine = parts.machine
-
-        def active_signal() -> TurnSignal | None:
-            return machine.signal if machine.turn_open else None
-
         handle._bind(
             ref,
             session,
             parts.inbox,
             lambda: machine.status,
-            active_signal,
+            machine.active_signal,
             machine.is_unwinding,
         )
         with self._lock:

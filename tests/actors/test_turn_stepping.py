@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.effects import Checkpoint, Flush, JoinTool, NextBatch, OpenStream, StartTool, StreamEnd
+from actors.live import TurnSignal
 from actors.testing import TurnHarness
 from actors.toolphase import ToolRun
 from runtime import ScriptedModel, tool
@@ -104,3 +105,17 @@ def test_the_scripted_model_answers_inline_when_it_has_no_latency() -> None:
     request = ModelRequest(config=RequestConfig(provider="scripted", model="scripted"), messages=[])
     assert model.answer_now(request) is not None
     assert ScriptedModel.echo(latency=0.5).answer_now(request) is None
+
+
+def test_a_retry_turns_signal_is_aborted_with_the_failed_turns_and_shares_its_chain() -> None:
+    first = TurnSignal()
+    retry = TurnSignal(first)
+    again = TurnSignal(retry)
+    other = TurnSignal()
+    assert again.in_chain_of(first) and retry.in_chain_of(again)
+    assert not other.in_chain_of(first)
+    first.abort(UserCause())
+    assert retry.aborted and again.aborted and again.reason == UserCause()
+    assert not other.aborted
+    late = TurnSignal(first)  # opened after the failed turn's signal was aborted
+    assert late.aborted

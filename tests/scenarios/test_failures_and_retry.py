@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,104 @@ def test_a_failing_request_listener_is_not_offered_to_request_error(rt: Runtime)
     assert agent.wait_idle(WAIT)
     assert offered == []
     assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error"]
+
+
+@pytest.mark.parametrize("from_thread", [False, True], ids=["own thread", "another thread"])
+def test_a_cancel_while_the_failed_turn_closes_ends_it_aborted_and_opens_no_retry_turn(
+    store_path: Path, from_thread: bool
+) -> None:
+    # The cancel lands while the llm/retry is logged (an observer of it): the retry turn,
+    # with no delay, would open in the same breath and the cancel aimed at the failed
+    # turn was dropped.
+    model = ScriptedModel([SERVER, "second answer"])
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        timeline = Timeline(rt)
+        rt.on("agent/request-error", lambda event, next_: Retry())
+        agent = rt.spawn(model=model)
+
+        def on_event(event: Any) -> None:
+            if event.event.type == "llm/retry":
+                if from_thread:
+                    canceller = threading.Thread(target=agent.cancel)
+                    canceller.start()
+                    canceller.join()
+                else:
+                    agent.cancel()
+
+        agent.on("session/event", on_event)
+        agent.followup("hi")
+        settled = timeline.wait_for("agent/settled")
+        assert agent.wait_idle(WAIT)
+        assert [(s.turn, s.reason.kind) for s in settled] == [(1, "aborted")]
+        assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["aborted"]
+        assert model.requests == 1
+    check_store(store_path)
+
+
+def _waiting_to_retry(store_path: Path) -> tuple[Runtime, Timeline, Any]:
+    """A runtime whose agent failed once and waits 60 s before its retry turn."""
+    rt = Runtime.open(store_path, retry_policy=None)
+    timeline = Timeline(rt)
+    rt.on("agent/request-error", lambda event, next_: Retry(delay_s=60.0))
+    agent = rt.spawn(model=ScriptedModel([SERVER, "after the retry"]))
+    agent.followup("hi")
+    timeline.wait_for("turn/end")  # the failed turn's: the wait before the retry follows
+    return rt, timeline, agent
+
+
+def test_a_cancel_during_a_retry_delay_makes_the_failure_terminal_with_agent_error(
+    store_path: Path,
+) -> None:
+    rt, timeline, agent = _waiting_to_retry(store_path)
+    try:
+        agent.cancel()
+        settled = timeline.wait_for("agent/settled")
+        assert [(s.turn, s.reason.kind) for s in settled] == [(1, "error")]
+        errors = timeline.of("agent/error")
+        assert [(e.turn, e.step, e.error.code) for e in errors] == [(1, 1, "SERVER")]
+        labels = timeline.labels()
+        assert labels.index("agent/error") < labels.index("agent/settled")
+        assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error"]
+    finally:
+        rt.close()
+    check_store(store_path)
+
+
+@pytest.mark.parametrize("keep_inbox", [False, True])
+def test_a_followup_sent_right_after_a_cancel_during_a_retry_delay_runs_once_the_chain_settles(
+    store_path: Path, keep_inbox: bool
+) -> None:
+    # During the delay no turn is open: the cancel did not mark the chain unwinding, so
+    # the followup was neither latched nor run, and the agent went idle with it pending.
+    rt, timeline, agent = _waiting_to_retry(store_path)
+    try:
+        agent.cancel(keep_inbox=keep_inbox)
+        message_id = agent.followup("again")
+        settled = timeline.wait_for("agent/settled", 2)
+        assert [(s.turn, s.reason.kind) for s in settled] == [(1, "error"), (2, "completed")]
+        claimed = timeline.of("agent/inbox/claimed")
+        assert [(c.message.id, c.turn) for c in claimed][-1] == (message_id, 2)
+        assert agent.wait_idle(WAIT)
+        assert agent.inbox.next_turn == () and agent.inbox.next_step == ()
+    finally:
+        rt.close()
+    check_store(store_path)
+
+
+@pytest.mark.parametrize(
+    "delay", [float("nan"), float("inf"), "0.01", True], ids=["nan", "inf", "str", "bool"]
+)
+def test_a_retry_with_a_malformed_delay_ends_the_turn_as_error_and_the_agent_goes_on(
+    store_path: Path, delay: Any
+) -> None:
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        timeline = Timeline(rt)
+        rt.on("agent/request-error", lambda event, next_: Retry(delay_s=delay))
+        agent = rt.spawn(model=ScriptedModel([SERVER, "fine"]))
+        agent.followup("hi")
+        assert timeline.wait_for("agent/settled")[0].reason.kind == "error"
+        assert [e.turn for e in timeline.of("agent/error")] == [1]
+        agent.followup("again")
+        assert timeline.wait_for("agent/settled", 2)[1].reason.kind == "completed"
+        assert timeline.of("agent/disposed") == []
+    check_store(store_path)

@@ -12,6 +12,8 @@ from runtime import (
     EditTimeoutError,
     Enter,
     InvalidMessageError,
+    LlmFailure,
+    Reject,
     Runtime,
     ScriptedModel,
     UnknownMessageError,
@@ -229,3 +231,33 @@ def test_an_edit_that_times_out_stays_queued_and_keeps_its_message_ids(
     hold.release()
     assert agent.wait_idle(WAIT)
     assert agent.inbox.ids() == ([held, "mine"] if edit == "splice" else ["mine"])
+
+
+@pytest.mark.parametrize("ending", ["error", "blocked"])
+def test_a_followup_sent_after_a_turn_ended_while_its_chain_settles_starts_the_next_turn(
+    rt: Runtime, timeline: Timeline, ending: str
+) -> None:
+    # Sent from an observer of the turn/end: the agent handles it while the chain waits
+    # for that turn/end to be durable. The chain then stopped (queued work stays parked
+    # after an error or a block), and the agent went idle with this wake pending.
+    failure = LlmFailure(message="bad request", code="INVALID_REQUEST", status=400)
+    replies = [failure, "ok"] if ending == "error" else ["ok"]
+    agent = rt.spawn(model=ScriptedModel(replies))
+    if ending == "blocked":
+        agent.on(
+            "agent/pre-step", lambda event, next_: Reject() if event.turn == 1 else next_()
+        )
+    sent: list[str] = []
+
+    def on_event(event: Any) -> None:
+        if event.event.type == "turn/end" and not sent:
+            sent.append(agent.followup("again"))
+
+    agent.on("session/event", on_event)
+    agent.followup("first")
+    settled = timeline.wait_for("agent/settled", 2)
+    assert [(s.turn, s.reason.kind) for s in settled] == [(1, ending), (2, "completed")]
+    claimed = timeline.of("agent/inbox/claimed")
+    assert (claimed[-1].message.id, claimed[-1].turn) == (sent[0], 2)
+    assert agent.wait_idle(WAIT)
+    assert agent.inbox.next_turn == ()
