@@ -563,6 +563,7 @@ class AgentActor(PooledActor):
 
     def _stopped(self, *, keep_lanes: bool) -> None:
         if self._coro is not None:
+            self.machine.stopping = True  # the turn stays open in the log: see TurnMachine
             self._coro.close()
             self._coro = None
         waiters, self._idle_waiters = self._idle_waiters, []

@@ -186,6 +186,10 @@ class TurnMachine:
         self.signal: TurnSignal | None = None
         self.turn_open = False
         self.pausing = False  # waiting before a retry turn (see _pause)
+        # The actor stops (a crash, a kill, a forced stop) with a turn under way: closing
+        # the coroutine must log nothing more. A step/end would close a step whose tool
+        # calls are unanswered; the turn stays open for the resume to repair (CONTRACT 7).
+        self.stopping = False
         self._failed_step: int | None = None  # the step whose failure a retry answers
         self.draining = False
         self.latched_wake = False
@@ -536,7 +540,8 @@ class TurnMachine:
                 self.on_request(request)
             return await self._exchange(turn, step, request, signal)
         finally:
-            append(StepEnd(turn=turn, step=step))
+            if not self.stopping:  # else the resume's crash repair closes the step
+                append(StepEnd(turn=turn, step=step))
 
     def _write_header(
         self, turn: int, step: int, config: RequestConfig, specs: list[ToolSpec]

@@ -146,6 +146,48 @@ def test_a_killed_agent_is_unregistered_and_resume_repairs_its_open_turn(store_p
     check_store(store_path)
 
 
+def test_a_kill_while_tools_run_leaves_the_step_open_and_resume_answers_every_call(
+    store_path: Path,
+) -> None:
+    # The killed actor closed its turn coroutine, whose `finally` logged the step's
+    # step/end with two calls unanswered: a log the resume could not repair (it answers
+    # the calls of an open step only), and a history with calls that have no result.
+    release = threading.Event()
+
+    @tool(concurrency_safe=True)
+    def slow(i: int) -> str:
+        if i > 0:
+            release.wait(WAIT)
+        return "done"
+
+    calls = [ToolCall(name="slow", arguments={"i": i}) for i in range(3)]
+    try:
+        with Runtime.open(store_path) as rt:
+            timeline = Timeline(rt)
+            agent = rt.spawn(model=ScriptedModel([calls]), tools=[slow], session_id="v")
+            agent.followup("go")
+            timeline.wait_for("tools/result")  # call 0 answered, calls 1 and 2 running
+            agent.kill("chaos test")
+            timeline.wait_for("agent/disposed")
+            rt.flush()
+            assert agent.session.events()[-1].type == "tool/result"  # nothing logged since
+            revived = rt.resume("v", model=ScriptedModel(["after"]), tools=[slow])
+            results = [e.data for e in revived.session.events() if e.type == "tool/result"]
+            assert [r.message.call_id for r in results] == [
+                call.call_id for call in revived.session.messages()[1].content  # type: ignore[union-attr]
+            ]
+            assert [r.error.code if r.error else None for r in results] == [
+                None,
+                "TOOL_OUTCOME_UNKNOWN",
+                "TOOL_OUTCOME_UNKNOWN",
+            ]
+            revived.followup("again")
+            assert revived.wait_idle(WAIT)
+    finally:
+        release.set()
+    check_store(store_path)
+
+
 def test_a_send_queued_behind_a_crash_is_kept_for_the_resume(store_path: Path) -> None:
     with Runtime.open(store_path) as rt:
         timeline = Timeline(rt)
