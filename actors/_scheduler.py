@@ -35,6 +35,8 @@ __all__ = [
 
 logger = logging.getLogger("corral.scheduler")
 
+_LONGEST_WAIT_S = 3600.0  # the longest single condition wait of the timer thread
+
 
 class Clock(Protocol):
     def monotonic(self) -> float: ...
@@ -241,7 +243,9 @@ class Scheduler:
                     wait = self._heap[0][0] - self.clock.monotonic()
                     if wait <= 0:
                         break
-                    self._cond.wait(wait)
+                    # A far timer (a provider's Retry-After of years) is waited for in
+                    # steps: threading refuses a wait beyond TIMEOUT_MAX (OverflowError).
+                    self._cond.wait(min(wait, _LONGEST_WAIT_S))
                 if self._closed:
                     return
             self.run_due()

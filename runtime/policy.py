@@ -2,12 +2,15 @@
 
 Up to ``max_retries`` retries for transient failures (``RATE_LIMIT``, ``SERVER``,
 ``TIMEOUT``, ``TRANSPORT``, ``EMPTY_RESPONSE``), exponential backoff from ``base_s`` to
-``cap_s`` with ``jitter`` (10%) either way, honouring the provider's ``retry_after_s``.
-The loop logs each accepted retry durably as ``llm/retry`` and opens a retry turn.
+``cap_s`` with ``jitter`` (10%) either way, honouring the provider's ``retry_after_s``
+up to ``max_retry_after_s`` (2 minutes): a provider that asks for a longer wait is not
+retried, and the failure ends the turn. The loop logs each accepted retry durably as
+``llm/retry`` and opens a retry turn.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from typing import Any, Final
@@ -32,17 +35,26 @@ class RetryPolicy:
         base_s: float = 0.5,
         cap_s: float = 10.0,
         jitter: float = 0.1,
+        max_retry_after_s: float = 120.0,
         rng: random.Random | None = None,
     ) -> None:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if not 0 <= jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {jitter}")
+        for name, value in (
+            ("base_s", base_s),
+            ("cap_s", cap_s),
+            ("max_retry_after_s", max_retry_after_s),
+        ):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         self.max_retries = max_retries
         self.retryable = retryable
         self.base_s = base_s
         self.cap_s = cap_s
         self.jitter = jitter
+        self.max_retry_after_s = max_retry_after_s
         self._rng = rng or random.Random()
 
     def delay(self, attempt: int, retry_after_s: float | None) -> float:
@@ -55,10 +67,12 @@ class RetryPolicy:
     def __call__(self, event: RequestError, next_: Callable[[], Any]) -> Any:
         failure = event.failure
         attempt = len(event.prior_failures) + 1
+        retry_after = failure.retry_after_s
         if (
             failure.code in self.retryable
             and attempt <= self.max_retries
             and not event.signal.aborted
+            and (retry_after is None or retry_after <= self.max_retry_after_s)
         ):
-            return Retry(delay_s=self.delay(attempt, failure.retry_after_s))
+            return Retry(delay_s=self.delay(attempt, retry_after))
         return next_()

@@ -174,3 +174,22 @@ def test_a_real_clock_scheduler_serves_all_timers_from_one_thread() -> None:
         assert late.cancel()
     finally:
         scheduler.close()
+
+
+@pytest.mark.parametrize("far", [1e10, float("inf")], ids=["1e10 s", "inf"])
+def test_a_timer_too_far_away_for_a_condition_wait_does_not_stop_the_other_timers(
+    far: float,
+) -> None:
+    # A provider's Retry-After of 1e10 s reached the real clock's thread as a wait that
+    # threading refuses (OverflowError): the thread died and no timer fired again.
+    scheduler = Scheduler()
+    try:
+        scheduler.call_later(far, lambda: None)
+        fired = threading.Event()
+        scheduler.call_later(0.001, fired.set)
+        assert fired.wait(WAIT)
+        again = threading.Event()
+        scheduler.call_later(0.001, again.set)
+        assert again.wait(WAIT)
+    finally:
+        scheduler.close()

@@ -286,3 +286,43 @@ def test_a_retry_with_a_malformed_delay_ends_the_turn_as_error_and_the_agent_goe
         assert timeline.wait_for("agent/settled", 2)[1].reason.kind == "completed"
         assert timeline.of("agent/disposed") == []
     check_store(store_path)
+
+
+def test_the_policy_honours_a_providers_retry_after(store_path: Path) -> None:
+    slow_down = LlmFailure(message="slow down", code="RATE_LIMIT", status=429, retry_after_s=0.05)
+    with Runtime.open(store_path) as rt:
+        agent = rt.spawn(model=ScriptedModel([slow_down, "ok"]))
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
+        assert [r.delay_s for r in turn_events(agent, "llm/retry")] == [0.05]
+        assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error", "completed"]
+    check_store(store_path)
+
+
+@pytest.mark.parametrize("retry_after", [121.0, 1e10])
+def test_a_provider_asking_to_wait_longer_than_the_policy_allows_is_not_retried(
+    store_path: Path, retry_after: float
+) -> None:
+    # Honoured as is, 1e10 s made a timer that killed the runtime's timer thread.
+    slow_down = LlmFailure(
+        message="come back later", code="RATE_LIMIT", status=429, retry_after_s=retry_after
+    )
+    with Runtime.open(store_path) as rt:
+        timeline = Timeline(rt)
+        agent = rt.spawn(model=ScriptedModel([slow_down, "ok"]))
+        agent.followup("hi")
+        settled = timeline.wait_for("agent/settled")
+        assert (settled[0].turn, settled[0].reason.kind) == (1, "error")
+        assert [e.error.code for e in timeline.of("agent/error")] == ["RATE_LIMIT"]
+        assert turn_events(agent, "llm/retry") == []
+    check_store(store_path)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"base_s": -1.0}, {"cap_s": float("nan")}, {"max_retry_after_s": float("inf")}],
+    ids=["negative base", "nan cap", "inf max_retry_after_s"],
+)
+def test_a_retry_policy_with_a_bad_number_of_seconds_is_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        RetryPolicy(**bad)
