@@ -334,7 +334,7 @@ class IoSide:
             handle._finish(Outcome(handle.effect_id, cancelled=True))
             return
         try:
-            task: asyncio.Future[T] = asyncio.ensure_future(work(), loop=self.loop)
+            task: asyncio.Future[T] = asyncio.ensure_future(_contained(work), loop=self.loop)
         except Exception as error:  # noqa: BLE001 - reported as the effect's outcome
             handle._finish(Outcome(handle.effect_id, error=error))
             return
@@ -380,3 +380,13 @@ class IoSide:
         else:
             outcome = Outcome(handle.effect_id, value=value, cancelled=handle.cancel_requested)
         handle._finish(outcome)
+
+
+async def _contained(work: Callable[[], Awaitable[T]]) -> T:
+    """Run ``work``; a ``SystemExit`` it raises becomes its failure. Raised inside an
+    asyncio task, SystemExit propagates out of the event loop and ends the I/O thread
+    (every model stream, async tool and async listener of the runtime with it)."""
+    try:
+        return await work()
+    except SystemExit as exit_:
+        raise RuntimeError(f"the work raised SystemExit({exit_.code!r})") from exit_

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from functools import partial
 from itertools import count
-from typing import Generic, TypeVar, cast
+from typing import Final, Generic, TypeVar, cast
 
 import msgspec
 
@@ -33,6 +33,12 @@ from actors.errors import IoSideClosedError, ListenerError
 __all__ = ["Bus", "Deferred", "Listener", "Ready"]
 
 logger = logging.getLogger("corral.bus")
+
+# What a listener may raise and have contained as its own failure: a listener's
+# `sys.exit()` is a fault of that listener, not an exit of the process (it runs on a
+# dispatcher or pool thread, or the I/O loop, where SystemExit would end the actor
+# that ran it, and pykka's fatal path then stops every actor of the process).
+_FAULTS: Final = (Exception, SystemExit)
 
 T = TypeVar("T")
 
@@ -219,7 +225,7 @@ class Bus:
                 continue
             try:
                 entry.listener(event)
-            except Exception:
+            except _FAULTS:
                 logger.exception("listener %s for %r failed", _label(entry.listener), name)
 
     def _spawn(self, name: str, listener: Listener, event: object) -> None:
@@ -260,7 +266,7 @@ class Bus:
                 return Deferred(partial(self._serial_rest, name, entries[index:], event))
             try:
                 entry.listener(event)
-            except Exception as err:
+            except _FAULTS as err:
                 raise ListenerError(name, entry.listener, err) from err
         return READY_NONE
 
@@ -272,7 +278,7 @@ class Bus:
                     await cast(Awaitable[object], entry.listener(event))
                 else:
                     await loop.run_in_executor(self._io.blocking_pool, entry.listener, event)
-            except Exception as err:
+            except _FAULTS as err:
                 raise ListenerError(name, entry.listener, err) from err
 
     # -- waterfall -------------------------------------------------------------------
@@ -294,7 +300,7 @@ class Bus:
         if topic is None:
             try:
                 return Ready(default())
-            except Exception as err:
+            except _FAULTS as err:
                 raise ListenerError(name, default, err) from err
         chain = topic.select(scope)
         if chain.has_async:
@@ -306,7 +312,7 @@ class Bus:
     def _bottom(name: str, default: Callable[[], T]) -> T:
         try:
             return default()
-        except Exception as err:
+        except _FAULTS as err:
             raise ListenerError(name, default, err) from err
 
     def _waterfall_sync(
@@ -328,7 +334,7 @@ class Bus:
             return cast(T, listener(event, next_))
         except ListenerError:
             raise
-        except Exception as err:
+        except _FAULTS as err:
             raise ListenerError(name, listener, err) from err
 
     async def _waterfall_async(
@@ -362,7 +368,7 @@ class Bus:
             return cast(T, result)
         except ListenerError:
             raise
-        except Exception as err:
+        except _FAULTS as err:
             raise ListenerError(name, listener, err) from err
 
 

@@ -298,3 +298,68 @@ def test_an_async_callable_object_counts_as_an_async_listener(bus: Bus, io: IoSi
 
 def _thread() -> str:
     return threading.current_thread().name
+
+
+# -- a listener that calls sys.exit ----------------------------------------------------
+
+
+def _exits(_event: object, *_next: object) -> None:
+    raise SystemExit(5)
+
+
+async def _exits_async(_event: object, *_next: object) -> None:
+    await asyncio.sleep(0)
+    raise SystemExit(5)
+
+
+def test_a_listener_that_calls_sys_exit_is_a_contained_listener_failure(
+    bus: Bus, io: IoSide, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SystemExit is a BaseException: it went past the bus and ended the actor that ran
+    # the listener, and pykka's fatal path then stopped every actor of the process.
+    after: list[str] = []
+    bus.on("emitted", _exits)
+    bus.on("emitted", lambda e: after.append(e))
+    with caplog.at_level(logging.ERROR, logger="corral.bus"):
+        bus.emit("emitted", "still called")
+    assert after == ["still called"]
+    assert any("failed" in r.getMessage() for r in caplog.records)
+    bus.on("serial", _exits)
+    with pytest.raises(ListenerError) as serial:
+        bus.serial("serial", "x")
+    assert isinstance(serial.value.cause, SystemExit)
+    bus.on("waterfall", _exits)
+    with pytest.raises(ListenerError) as waterfall:
+        bus.waterfall("waterfall", "x", lambda: "default")
+    assert isinstance(waterfall.value.cause, SystemExit)
+
+
+@pytest.mark.parametrize("kind", ["serial", "waterfall", "emit"])
+def test_an_async_listener_that_calls_sys_exit_leaves_the_io_loop_running(
+    bus: Bus, io: IoSide, kind: str
+) -> None:
+    # Raised inside an asyncio task, SystemExit propagates out of the loop: the I/O
+    # side's loop thread died, and with it every model stream and async listener.
+    if kind == "emit":
+        done = threading.Event()
+
+        async def exits_then_signals(_event: object) -> None:
+            try:
+                await _exits_async(_event)
+            finally:
+                io.loop.call_soon(done.set)
+
+        bus.on("e", exits_then_signals)
+        bus.emit("e", "x")
+        assert done.wait(WAIT)
+    else:
+        bus.on("e", _exits_async)
+        result = bus.serial("e", "x") if kind == "serial" else bus.waterfall("e", "x", lambda: 1)
+        with pytest.raises(ListenerError) as failed:
+            run_deferred(io, result)
+        assert isinstance(failed.value.cause, SystemExit)
+
+    async def still_running() -> str:
+        return "yes"
+
+    assert io.start(still_running, on_done=lambda _o: None).wait(WAIT).value == "yes"

@@ -75,6 +75,20 @@ async def async_boom(*_args: Any) -> Any:
     raise RuntimeError("async listener bug")
 
 
+def exits(*_args: Any) -> Any:
+    raise SystemExit(5)  # a supervisor's sys.exit() in a callback
+
+
+async def async_exits(*_args: Any) -> Any:
+    raise SystemExit(5)
+
+
+# A listener's sys.exit() is a failure of that listener: it went past the bus, ended
+# the agent's actor, and pykka then stopped every actor of the process (other agents,
+# the registry, other runtimes' actors); an async one ended the I/O loop's thread.
+RAISING = {"sync": boom, "async": async_boom, "sys.exit": exits, "async sys.exit": async_exits}
+
+
 def run_bystander(rt: Runtime) -> Agent:
     """Another agent that must be unaffected by the faulty agent's listeners."""
     other = rt.spawn(model=tool_script(), tools=[lookup])
@@ -91,7 +105,7 @@ def assert_bystander_fine(other: Agent) -> None:
 # --------------------------------------------------------------------------- emit
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", list(RAISING))
 def test_raising_listeners_on_every_emitted_event_change_nothing_and_others_still_hear(
     rt: Runtime, tmp_path: Path, kind: str
 ) -> None:
@@ -99,7 +113,7 @@ def test_raising_listeners_on_every_emitted_event_change_nothing_and_others_stil
     agent = rt.spawn(model=tool_script(), tools=[lookup], session_id="faulty")
     before = Recorder(agent, *EMITTED)
     for name in EMITTED:
-        agent.on(name, boom if kind == "sync" else async_boom)
+        agent.on(name, RAISING[kind])
     after = Recorder(agent, *EMITTED)
     other = run_bystander(rt)
     agent.inject("context")
@@ -112,10 +126,10 @@ def test_raising_listeners_on_every_emitted_event_change_nothing_and_others_stil
     assert_bystander_fine(other)
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", list(RAISING))
 def test_raising_global_listeners_do_not_disturb_any_agent(rt: Runtime, kind: str) -> None:
     for name in EMITTED:
-        rt.on(name, boom if kind == "sync" else async_boom)
+        rt.on(name, RAISING[kind])
     settled = Recorder(rt, "agent/settled")
     agents = [rt.spawn(model=tool_script(), tools=[lookup]) for _ in range(5)]
     for agent in agents:
@@ -152,6 +166,9 @@ FAULTS: dict[str, tuple[str, Callable[..., Any], str, str | None]] = {
     "tools/post-execute raises": ("tools/post-execute", boom, "completed", "TOOL_FAILED"),
     "async pre-step raises": ("agent/pre-step", async_boom, "error", None),
     "async turn-stopping raises": ("agent/turn-stopping", async_boom, "error", None),
+    "pre-step calls sys.exit": ("agent/pre-step", exits, "error", None),
+    "async request calls sys.exit": ("agent/request", async_exits, "error", None),
+    "turn-stopping calls sys.exit": ("agent/turn-stopping", exits, "error", None),
 }
 
 
