@@ -319,7 +319,7 @@ def test_a_listener_that_calls_sys_exit_is_a_contained_listener_failure(
     # the listener, and pykka's fatal path then stopped every actor of the process.
     after: list[str] = []
     bus.on("emitted", _exits)
-    bus.on("emitted", lambda e: after.append(e))
+    bus.on("emitted", after.append)
     with caplog.at_level(logging.ERROR, logger="corral.bus"):
         bus.emit("emitted", "still called")
     assert after == ["still called"]
