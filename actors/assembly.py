@@ -95,19 +95,37 @@ class Assembler:
         return parts
 
     def calls(self) -> list[ToolCallBlock]:
-        """Complete tool calls in model order; a missing id is derived from the position."""
+        """Complete tool calls in model order, each with an id unique in the step.
+
+        A missing id is derived from the position (``call_<turn>_<step>_<index>``); an id
+        the model already gave an earlier call becomes ``<id>_<index>``. A derived id
+        never takes an id the model gave (or an earlier derived one): ``_2``, ``_3``…
+        are appended until it is free. The same chunks always give the same ids.
+        """
         calls: list[ToolCallBlock] = []
         if not self._calls:
             return calls
+        given = {c.call_id for c in self._calls.values() if c.call_id}
+        taken: set[str] = set()
         for index in sorted(self._calls):
             call = self._calls[index]
-            call_id = call.call_id or f"call_{self._turn}_{self._step}_{index}"
+            call_id = call.call_id
+            if not call_id or call_id in taken:
+                base = f"{call_id}_{index}" if call_id else self._derived_id(index)
+                call_id, n = base, 1
+                while call_id in taken or call_id in given:
+                    n += 1
+                    call_id = f"{base}_{n}"
+            taken.add(call_id)
             calls.append(
                 ToolCallBlock(
                     call_id=call_id, name=call.name or "", arguments="".join(call.arguments)
                 )
             )
         return calls
+
+    def _derived_id(self, index: int) -> str:
+        return f"call_{self._turn}_{self._step}_{index}"
 
     def message(
         self, *, with_calls: bool = False, calls: list[ToolCallBlock] | None = None

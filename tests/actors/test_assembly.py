@@ -54,3 +54,25 @@ def test_chunks_of_every_type_and_of_subclasses_are_assembled_alike() -> None:
         assert TextBlock(text="hello") in assembler.message(with_calls=True).content
         assert assembler.failure() is None
     assert plain.message(with_calls=True) == subclassed.message(with_calls=True)
+
+
+def _call(index: int, call_id: str | None) -> ToolCallDelta:
+    return ToolCallDelta(index=index, call_id=call_id, name="echo", arguments_delta="{}")
+
+
+def test_a_repeated_or_missing_call_id_becomes_unique_in_the_step_and_stays_so() -> None:
+    assembler = _assembled(
+        [
+            _call(0, "dup"),
+            _call(1, "dup"),
+            _call(2, "dup_1"),  # the model's own id, which the repeat must not take
+            _call(3, None),
+            _call(4, "call_1_1_5"),  # the id a missing one at index 5 would be given
+            _call(5, None),
+            _call(6, "dup"),
+            FinishChunk(reason="tool-calls"),
+        ]
+    )
+    ids = [c.call_id for c in assembler.calls()]
+    assert ids == ["dup", "dup_1_2", "dup_1", "call_1_1_3", "call_1_1_5", "call_1_1_5_2", "dup_6"]
+    assert [c.call_id for c in assembler.calls()] == ids  # the same chunks, the same ids

@@ -12,6 +12,7 @@ import pytest
 
 from runtime import RetryPolicy, Runtime
 from runtime.providers import HttpProvider, OpenAICompatModel
+from storage import check_invariants
 from storage.events import (
     AssistantMessage,
     AssistantMessageData,
@@ -23,7 +24,13 @@ from storage.events import (
 
 from .support import KEY
 from .test_failures import VENDORS, Vendor
-from .wire_formats import openai_frames, openai_text_reply, openai_tool_reply
+from .wire_formats import (
+    anthropic_frames,
+    anthropic_reply,
+    openai_frames,
+    openai_text_reply,
+    openai_tool_reply,
+)
 from .wire_server import JsonReply, Sse, WireServer
 
 FAST_RETRY = RetryPolicy(base_s=0.01, cap_s=0.05)
@@ -164,3 +171,55 @@ def test_an_agent_runs_a_tool_loop_over_a_real_provider(tmp_path: Path, wire: Wi
     second = wire.requests[1].body
     assert second["tools"][0]["function"]["name"] == "add"
     assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "5"}
+
+
+def _two_calls_sharing_an_id(vendor: Vendor) -> list[bytes]:
+    """A reply whose two calls of ``add`` the model gave one id."""
+    if vendor.name == "openai":
+        calls = [("call_X", "add", ['{"a": 1, "b": 2}']), ("call_X", "add", ['{"a": 3, "b": 4}'])]
+        return openai_frames(openai_tool_reply(calls))
+    blocks = [{"tool": ("call_X", "add", ['{"a": 1, "b": 2}'])}]
+    blocks.append({"tool": ("call_X", "add", ['{"a": 3, "b": 4}'])})
+    return anthropic_frames(anthropic_reply(blocks, stop_reason="tool_use"))
+
+
+def _echoed_call_ids(body: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The call ids and the answered ids a request sends back, in either vendor's shape."""
+    calls: list[str] = []
+    answered: list[str] = []
+    for message in body["messages"]:
+        calls += [c["id"] for c in message.get("tool_calls") or []]
+        if message["role"] == "tool":
+            answered.append(message["tool_call_id"])
+        if isinstance(message["content"], list):
+            calls += [b["id"] for b in message["content"] if b["type"] == "tool_use"]
+            answered += [b["tool_use_id"] for b in message["content"] if b["type"] == "tool_result"]
+    return calls, answered
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_two_calls_streamed_with_one_id_are_logged_and_echoed_with_distinct_ids(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    wire.script(Sse(_two_calls_sharing_an_id(vendor)), Sse(vendor.frames()))
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    model = vendor.model(wire.url)
+    with runtime_with(tmp_path, model) as rt:
+        agent = rt.spawn(model=model, tools=[add])
+        agent.followup("what are 1 + 2 and 3 + 4?")
+        assert agent.wait_idle(timeout=20)
+        events = list(agent.session.events())
+        results = facts(agent, "tool/result")
+        ends = facts(agent, "turn/end")
+    assert [e.reason.kind for e in ends] == ["completed"]
+    assert check_invariants(events) == []
+    assert [(r.message.call_id, r.message.content[0].text) for r in results] == [
+        ("call_X", "3"),
+        ("call_X_1", "7"),
+    ]
+    calls, answered = _echoed_call_ids(wire.requests[1].body)
+    assert calls == answered == ["call_X", "call_X_1"]
