@@ -2,14 +2,17 @@
 
 The SDK client (and its ``httpx2`` connection pools, see :mod:`.transport`) is created
 lazily on the loop that first streams, the runtime's single I/O loop, and reused by every
-request of that provider instance, so thousands of concurrent streams share its pools.
-A provider used from another loop (a test's second ``asyncio.run``) gets a fresh client
-there.
+request of that provider instance on that loop, so thousands of concurrent streams share
+its pools. The SDK's async clients are bound to the loop that made their pools, so a
+provider used from several loops (one instance shared by two runtimes, a test's second
+``asyncio.run``) keeps one client per loop; :meth:`HttpProvider.aclose` closes the
+running loop's, and a client whose loop was closed is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -71,10 +74,12 @@ class HttpProvider(Generic[ClientT]):
         self._limiter = limiter or ProviderLimiter(
             max_concurrency=max_concurrency, requests_per_minute=requests_per_minute
         )
-        # Invariant: ``_client`` was made on ``_client_loop`` (None: given by the caller,
-        # usable on any loop, and never closed by us).
+        # ``_client``: given by the caller, usable on any loop, and never closed by us.
+        # Otherwise ``_clients`` maps each loop to the client made on it (the lock guards
+        # its changes; a lookup needs none).
         self._client: ClientT | None = client
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._clients: dict[asyncio.AbstractEventLoop, ClientT] = {}
+        self._clients_lock = threading.Lock()
         self._owns_client = client is None
 
     # ------------------------------------------------------------------ Model protocol
@@ -112,24 +117,35 @@ class HttpProvider(Generic[ClientT]):
         raise NotImplementedError
 
     def _sdk_client(self) -> ClientT:
-        """The client for the running loop, made on first use."""
+        """The client for the running loop, made on first use there."""
         if not self._owns_client:
             assert self._client is not None
             return self._client
         loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = self._make_client()
-            self._client_loop = loop
-        return self._client
+        client = self._clients.get(loop)
+        if client is None:
+            with self._clients_lock:
+                for old in [old for old in self._clients if old.is_closed()]:
+                    # Its pools cannot be closed without their loop: dropped (the
+                    # garbage collector closes their sockets).
+                    del self._clients[old]
+                client = self._clients[loop] = self._make_client()
+        return client
 
     async def aclose(self) -> None:
-        """Close the pooled connections (on the loop that made them). Idempotent."""
-        client, self._client = self._client, None
-        if client is None or not self._owns_client:
-            self._client = client
+        """Close the running loop's client and its pooled connections. Idempotent.
+
+        A client made on another loop is that loop's: it may be streaming there (one
+        provider shared by two runtimes), and only its own loop can close it. One whose
+        loop is closed is dropped."""
+        if not self._owns_client:
             return
-        loop, self._client_loop = self._client_loop, None
-        if loop is asyncio.get_running_loop():
+        loop = asyncio.get_running_loop()
+        with self._clients_lock:
+            client = self._clients.pop(loop, None)
+            for old in [old for old in self._clients if old.is_closed()]:
+                del self._clients[old]
+        if client is not None:
             await self._close_client(client)
 
     async def __aenter__(self) -> Self:

@@ -223,3 +223,29 @@ def test_two_calls_streamed_with_one_id_are_logged_and_echoed_with_distinct_ids(
     ]
     calls, answered = _echoed_call_ids(wire.requests[1].body)
     assert calls == answered == ["call_X", "call_X_1"]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_one_provider_shared_by_two_runtimes_keeps_one_connection_in_each_and_each_close_closes_its_own(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    wire.default = Sse(vendor.frames())
+    model = vendor.model(wire.url)
+    first = Runtime.open(tmp_path / "first")
+    with Runtime.open(tmp_path / "second") as second:
+        try:
+            agents = [first.spawn(model=model), second.spawn(model=model)]
+            for _ in range(3):  # the two runtimes' I/O loops take turns with the one model
+                for agent in agents:
+                    agent.followup("hi")
+                    assert agent.wait_idle(timeout=20)
+            assert len({r.peer for r in wire.requests}) == 2  # one kept-alive each
+        finally:
+            first.close()
+        assert wire.wait_for_open_connections(1), f"{wire.open_connections} open"
+        agents[1].followup("still there?")  # the second runtime's client was not closed
+        assert agents[1].wait_idle(timeout=20)
+        ends = facts(agents[1], "turn/end")
+    assert [e.reason.kind for e in ends] == ["completed"] * 4
+    assert len({r.peer for r in wire.requests}) == 2
+    assert wire.wait_for_open_connections(0), f"{wire.open_connections} open after both closes"

@@ -103,6 +103,7 @@ class WireServer:
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.open_connections = 0  # client connections not closed yet
         self._gates: dict[str, asyncio.Event] = {}
         self.port = 0
 
@@ -182,6 +183,16 @@ class WireServer:
                 raise TimeoutError(f"{len(self.requests)} of {count} requests within {timeout} s")
             return list(self.requests)
 
+    def wait_for_open_connections(self, count: int, timeout: float = 10.0) -> bool:
+        """Block until exactly ``count`` client connections are open; False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self.open_connections == count, timeout)
+
+    def _connection_opened(self, change: int) -> None:
+        with self._lock:
+            self.open_connections += change
+            self._lock.notify_all()
+
     def _next_reply(self, rec: Recorded) -> Reply:
         with self._lock:
             self.requests.append(rec)
@@ -197,6 +208,7 @@ class WireServer:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)  # type: ignore[arg-type]
+        self._connection_opened(1)
         try:
             while await self._serve_one(reader, writer):
                 pass
@@ -205,6 +217,7 @@ class WireServer:
         finally:
             self._tasks.discard(task)  # type: ignore[arg-type]
             writer.transport.abort()
+            self._connection_opened(-1)
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         try:
