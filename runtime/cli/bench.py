@@ -100,7 +100,7 @@ class _Display:
         if self.live is not None:
             self.live.update(Group(Text(self.title, style="bold"), Text(f"{what}...")))
         else:
-            self.console.print(f"bench: {what}...", highlight=False)
+            self.console.print(Text(f"bench: {what}..."))
 
     def update(self, p: LoadProgress) -> None:
         if self.quiet:
@@ -320,7 +320,7 @@ def bench(
     )
     if fresh:
         wipe_store(store)
-    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    out, err = _plain_console(), _plain_console(stderr=True)
     title = f"corral bench: {agents:,} agents x {turns:,} turns ({durability})"
     with _Display(err, quiet=quiet, title=title) as display:
         report, samples = run_bench(
@@ -334,10 +334,11 @@ def bench(
             interval_s=0.25 if display.live else 0.5,
         )
     out.print(
-        f"corral bench: {report.agents:,} agents x {report.turns:,} turns, {report.durability}, "
-        f"{_threads(report.threads, report.standby)}, {report.model}",
-        style="bold",
-        markup=False,
+        Text(
+            f"corral bench: {report.agents:,} agents x {report.turns:,} turns, "
+            f"{report.durability}, {_threads(report.threads, report.standby)}, {report.model}",
+            style="bold",
+        )
     )
     out.print(render_table(report))
     if json_path is not None:
@@ -352,7 +353,7 @@ def _finish(out: Console, report: LoadReport) -> None:
         out.print(f"invariants: {report.sessions_checked:,} sessions OK")
     else:
         for line in report.violations[:20]:
-            out.print(f"  {line}", markup=False)
+            out.print(Text(f"  {line}"))
         more = len(report.violations) - 20
         if more > 0:
             out.print(f"  ... and {more} more (see `corral log check`)")
@@ -366,6 +367,12 @@ def _finish(out: Console, report: LoadReport) -> None:
             f"invariants: {len(report.violations):,} violation(s) over "
             f"{report.sessions_checked or 0:,} sessions"
         )
+
+
+def _plain_console(*, stderr: bool = False) -> Console:
+    """A console printing text as it is: a model string or a violation may hold brackets
+    and colons, never markup or emoji codes (styled parts are rich ``Text``)."""
+    return Console(stderr=stderr, highlight=False, markup=False, emoji=False)
 
 
 def _threads(workers: int, standby: int) -> str:

@@ -21,6 +21,7 @@ from typing import BinaryIO, Final
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from runtime.load import check_store, store_bytes
 from storage.errors import DuplicateSessionError, UnknownSessionError
@@ -38,7 +39,9 @@ _TAIL_WINDOW: Final = 64
 
 
 def _out() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    """Plain output: ids, paths and logged text hold brackets and colons, never markup
+    or emoji codes (styled parts are rich ``Text``)."""
+    return Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 
 @contextmanager
@@ -126,7 +129,7 @@ def ls(store: Path) -> None:
             st.export_jsonl(header.id, counter)  # type: ignore[arg-type]
             label = header.id if header.parent is None else f"{header.id} (fork of {header.parent})"
             table.add_row(
-                label,
+                Text(label),
                 _created(header.created),
                 f"{turns:,}",
                 state,
@@ -136,7 +139,7 @@ def ls(store: Path) -> None:
     out = _out()
     if headers:
         out.print(table)
-    out.print(f"{len(headers):,} session(s) in {store}")
+    out.print(Text(f"{len(headers):,} session(s) in {store}"))
 
 
 @log.command()
@@ -155,7 +158,7 @@ def show(session: str, store: Path, raw: bool, verbose: bool) -> None:
         header = next((h for h in st.sessions() if h.id == session), None)
     out = _out()
     created = f"  created {_created(header.created)}" if header is not None else ""
-    out.print(f"session {session}{created}  {count:,} events", style="bold", markup=False)
+    out.print(Text(f"session {session}{created}  {count:,} events", style="bold"))
     for line in transcript(events, verbose=verbose):
         out.print(line)
 
@@ -289,9 +292,9 @@ def check(store: Path, allow_open_tail: bool) -> None:
         out.print(f"invariants: {result.sessions:,} sessions OK")
         return
     for failed in result.failed:
-        out.print(f"{failed.session_id}:", markup=False)
+        out.print(Text(f"{failed.session_id}:"))
         for violation in failed.violations:
-            out.print(f"  {violation}", markup=False)
+            out.print(Text(f"  {violation}"))
     raise InvariantsError(
         f"invariants: {len(result.failed):,} of {result.sessions:,} sessions break the session "
         "invariants"
@@ -309,7 +312,7 @@ def stats(store: Path) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
-    table.add_row("store", f"{store} (schema version {SCHEMA_VERSION})")
+    table.add_row("store", Text(f"{store} (schema version {SCHEMA_VERSION})"))
     table.add_row("sessions", f"{statistics.sessions:,}")
     table.add_row("events", f"{events:,}")
     table.add_row("bytes on disk", f"{store_bytes(store):,}")

@@ -230,3 +230,33 @@ def test_an_export_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
         os.umask(old)
     assert result.returncode == 0, result.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+MARKUP_IDS = ("[/x]", "[red]RED", ":x:[bold]")
+
+
+def test_ids_paths_and_text_holding_rich_markup_are_printed_as_they_are(tmp_path: Path) -> None:
+    from runtime import Runtime, ScriptedModel
+
+    store = Path("p[/x]") / "q[red]:x:"  # relative to tmp_path: one table row, unwrapped
+    with Runtime.open(tmp_path / store) as rt:
+        for sid in MARKUP_IDS:
+            agent = rt.spawn(model=ScriptedModel.echo(), session_id=sid)
+            agent.followup(f"say [bold]{sid}[/bold] :x:")
+            assert agent.wait_idle(10)
+
+    def ok(*args: str | Path) -> str:
+        result = corral(*args, "--store", store, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    listed = ok("log", "ls")
+    assert {line.split()[0] for line in listed.splitlines()[1:4]} == set(MARKUP_IDS)
+    assert f"3 session(s) in {store}" in listed
+    assert f"{store} (schema version" in ok("log", "stats")
+    for sid in MARKUP_IDS:
+        shown = ok("log", "show", sid)
+        assert shown.startswith(f"session {sid}  created"), shown
+        assert f"user: say [bold]{sid}[/bold] :x:" in shown
+        assert f"user: say [bold]{sid}[/bold] :x:" in ok("log", "tail", sid)
+    assert "invariants: 3 sessions OK" in ok("log", "check")
