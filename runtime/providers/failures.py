@@ -5,8 +5,8 @@ The codes are CONTRACT section 5's:
 ========================  ==========================================================
 ``RATE_LIMIT``            HTTP 429 (``retry_after_s`` from ``retry-after-ms`` /
                           ``retry-after``), or a rate-limit error event mid-stream
-``SERVER``                HTTP 5xx, Anthropic ``overloaded_error`` (529), a server
-                          error event mid-stream
+``SERVER``                HTTP 5xx, Anthropic ``overloaded_error`` (529) (both with
+                          ``retry_after_s`` as a 429), a server error event mid-stream
 ``TIMEOUT``               connect/read/pool timeout (a stalled stream), HTTP 408
 ``TRANSPORT``             connection refused, reset or dropped mid-stream
 ``CONTEXT_WINDOW_EXCEEDED``  a 4xx whose code or message says the prompt is too long
@@ -23,6 +23,7 @@ request id (``x-request-id`` / ``request-id``) is kept in ``request_id``.
 from __future__ import annotations
 
 import email.utils
+import math
 import re
 import sys
 import time
@@ -118,27 +119,38 @@ def _kinds() -> _Kinds:
 def retry_after_seconds(
     headers: Mapping[str, str] | None, *, now: Callable[[], float] = time.time
 ) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``retry-after`` (seconds or HTTP date)."""
+    """Seconds to wait from ``retry-after-ms`` or ``retry-after`` (seconds or HTTP date).
+
+    A value that is not a finite number (``inf``, ``nan``, ``1e400``) is ignored as a
+    malformed one is; a huge finite one is returned as it is (bounding the wait is the
+    retry policy's business)."""
     if not headers:
         return None
     raw_ms = headers.get("retry-after-ms")
     if raw_ms:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
+        millis = _finite(raw_ms)
+        if millis is not None:
+            return max(0.0, millis / 1000.0)
     raw = headers.get("retry-after")
     if not raw:
         return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
+    seconds = _finite(raw)
+    if seconds is not None:
+        return max(0.0, seconds)
     try:
         when = email.utils.parsedate_to_datetime(raw)
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - now())
+
+
+def _finite(raw: str) -> float | None:
+    """``raw`` as a finite float, or None."""
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def request_id_from(headers: Mapping[str, str] | None) -> str | None:
@@ -254,7 +266,7 @@ def classify(
         detail = api_message or str(err)
         failure_code = _code_for_status(status, type_, code, detail)
         text = f"{vendor} returned HTTP {status}: {detail}"
-        if failure_code == "RATE_LIMIT":
+        if failure_code in ("RATE_LIMIT", "SERVER"):  # 429, 503, Anthropic's 529, ...
             retry_after = retry_after_seconds(headers)
     elif body is not None or status is not None:
         # An error event inside a 200 stream (OpenAI ``{"error": …}`` chunk, Anthropic

@@ -80,6 +80,24 @@ def test_a_429_then_success_is_two_turns_and_one_settled(
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
+def test_a_429_with_an_infinite_retry_after_is_a_rate_limit_retried_by_the_policy(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    limited = JsonReply(429, {"error": {"message": "slow down"}}, {"retry-after": "inf"})
+    wire.script(limited, Sse(vendor.frames()))
+    model = vendor.model(wire.url)
+    with runtime_with(tmp_path, model, retry_policy=FAST_RETRY) as rt:
+        agent = rt.spawn(model=model)
+        agent.followup("hi")
+        assert agent.wait_idle(timeout=20)
+        ends = facts(agent, "turn/end")
+        retries = facts(agent, "llm/retry")
+    assert [e.reason.kind for e in ends] == ["error", "completed"]
+    assert ends[0].reason.error.code == "RATE_LIMIT"
+    assert [r.failure.retry_after_s for r in retries] == [None]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
 def test_a_stream_dropped_mid_reply_is_a_transport_failure_retried_by_the_policy(
     tmp_path: Path, wire: WireServer, vendor: Vendor
 ) -> None:

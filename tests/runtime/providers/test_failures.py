@@ -123,6 +123,46 @@ def test_http_statuses_map_to_failure_codes(
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize(
+    ("status", "kind"), [(503, "api_error"), (529, "overloaded_error"), (500, "api_error")]
+)
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [({"retry-after": "2"}, 2.0), ({"retry-after-ms": "250", "retry-after": "9"}, 0.25)],
+)
+def test_a_server_error_with_retry_after_is_a_server_failure_that_carries_it(
+    wire: WireServer,
+    vendor: Vendor,
+    status: int,
+    kind: str,
+    headers: dict[str, str],
+    seconds: float,
+) -> None:
+    failure = fail(wire, vendor, JsonReply(status, error_body(kind, "busy"), headers))
+    assert (failure.code, failure.status) == ("SERVER", status)
+    assert failure.retry_after_s == seconds
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [
+        ({"retry-after": "inf"}, None),
+        ({"retry-after": "1e400"}, None),
+        ({"retry-after": "nan"}, None),
+        ({"retry-after-ms": "inf", "retry-after": "3"}, 3.0),
+        ({"retry-after": "10000000000"}, 1e10),  # huge but finite: the policy bounds it
+    ],
+)
+def test_a_retry_after_that_is_not_finite_is_ignored_and_a_huge_one_kept(
+    wire: WireServer, vendor: Vendor, headers: dict[str, str], seconds: float | None
+) -> None:
+    failure = fail(wire, vendor, JsonReply(429, error_body("rate_limit_error", "slow"), headers))
+    assert (failure.code, failure.status) == ("RATE_LIMIT", 429)
+    assert failure.retry_after_s == seconds
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
 def test_a_context_length_400_is_context_window_exceeded(wire: WireServer, vendor: Vendor) -> None:
     failure = fail(wire, vendor, JsonReply(400, vendor.context_error))
     assert (failure.code, failure.status) == ("CONTEXT_WINDOW_EXCEEDED", 400)
@@ -214,6 +254,10 @@ def test_retry_after_accepts_an_http_date() -> None:
 
 def test_retry_after_ignores_garbage_and_never_goes_negative() -> None:
     assert retry_after_seconds({"retry-after": "soon"}) is None
+    for not_finite in ("inf", "-inf", "nan", "1e400", "Infinity"):
+        assert retry_after_seconds({"retry-after": not_finite}) is None
+        assert retry_after_seconds({"retry-after-ms": not_finite}) is None
+    assert retry_after_seconds({"retry-after": "1e300"}) == 1e300
     assert retry_after_seconds({"retry-after": "-4"}) == 0.0
     assert retry_after_seconds({}) is None
 
