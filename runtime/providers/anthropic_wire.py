@@ -280,6 +280,11 @@ def decode_event(data: bytes) -> WireEvent:
     return _decoder.decode(data)
 
 
+def _count(tokens: int | None, earlier: int) -> int:
+    """``tokens`` if the event gave a count, else ``earlier`` (a negative is none)."""
+    return tokens if tokens is not None and tokens >= 0 else earlier
+
+
 class EventMapper:
     """Maps Messages stream events to corral chunks.
 
@@ -301,17 +306,17 @@ class EventMapper:
         return bool(self._tool_of_block)
 
     def _take_usage(self, usage: _Usage | None) -> None:
+        """The counts an event gives replace the earlier ones; a missing count, or a
+        negative one (malformed: it would lower the usage meters), keeps the earlier."""
         if usage is None:
             return
-        self._input = usage.input_tokens if usage.input_tokens is not None else self._input
-        self._output = usage.output_tokens if usage.output_tokens is not None else self._output
-        if usage.cache_read_input_tokens is not None:
-            self._cache_read = usage.cache_read_input_tokens
-        if usage.cache_creation_input_tokens is not None:
-            self._cache_write = usage.cache_creation_input_tokens
+        self._input = _count(usage.input_tokens, self._input)
+        self._output = _count(usage.output_tokens, self._output)
+        self._cache_read = _count(usage.cache_read_input_tokens, self._cache_read)
+        self._cache_write = _count(usage.cache_creation_input_tokens, self._cache_write)
         details = usage.output_tokens_details
-        if details is not None and details.thinking_tokens is not None:
-            self._thinking = details.thinking_tokens
+        if details is not None:
+            self._thinking = _count(details.thinking_tokens, self._thinking)
 
     def feed(self, event: WireEvent) -> list[StreamChunk]:
         kind = event.type

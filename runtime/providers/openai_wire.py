@@ -317,16 +317,24 @@ def decode_chunk(data: bytes) -> WireChunk:
     return _decoder.decode(data)
 
 
+def _count(tokens: int | None) -> int | None:
+    """A token count; a negative one is malformed and taken as missing (``None``)."""
+    return tokens if tokens is not None and tokens >= 0 else None
+
+
 def usage_from(usage: _Usage) -> Usage:
+    """Corral's usage; a missing or negative count is 0 (a negative one would lower the
+    usage meters, and ``UsageLimits`` would never trigger)."""
     prompt = usage.prompt_tokens_details
     completion = usage.completion_tokens_details
-    cache_read = (prompt.cached_tokens if prompt else None) or usage.prompt_cache_hit_tokens or 0
+    cached = _count(prompt.cached_tokens) if prompt else None
+    cache_read = cached or _count(usage.prompt_cache_hit_tokens) or 0
     return Usage(
-        input_tokens=usage.prompt_tokens or 0,
-        output_tokens=usage.completion_tokens or 0,
+        input_tokens=_count(usage.prompt_tokens) or 0,
+        output_tokens=_count(usage.completion_tokens) or 0,
         cache_read_tokens=cache_read,
-        cache_write_tokens=(prompt.cache_write_tokens if prompt else None) or 0,
-        reasoning_tokens=(completion.reasoning_tokens if completion else None) or 0,
+        cache_write_tokens=(_count(prompt.cache_write_tokens) if prompt else None) or 0,
+        reasoning_tokens=(_count(completion.reasoning_tokens) if completion else None) or 0,
     )
 
 

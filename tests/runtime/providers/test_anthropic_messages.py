@@ -87,6 +87,23 @@ def test_thinking_text_and_usage_stream_then_one_finish(wire: WireServer) -> Non
     assert chunks[-1] == FinishChunk(reason="stop")
 
 
+def test_a_negative_usage_count_is_malformed_and_keeps_the_earlier_count(
+    wire: WireServer,
+) -> None:
+    events = anthropic_reply(
+        [{"text": ["ok"]}],
+        input_tokens=20,
+        output_tokens=-9,  # message_delta's: message_start's 1 stands
+        cache_read=-100,
+        cache_write=30,
+        thinking_tokens=-4,
+    )
+    chunks = stream_from(wire, events)
+    assert chunks[-2] == UsageChunk(
+        usage=Usage(input_tokens=50, output_tokens=1, cache_write_tokens=30)
+    )
+
+
 def test_a_thinking_signature_arrives_as_a_reasoning_delta(wire: WireServer) -> None:
     reply = anthropic_reply([{"thinking": ["x"], "signature": "sig-1"}, {"text": ["ok"]}])
     chunks = stream_from(wire, reply)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime import RetryPolicy, Runtime
+from runtime import RetryPolicy, Runtime, UsageLimits
 from runtime.providers import HttpProvider, OpenAICompatModel
 from storage import check_invariants
 from storage.events import (
@@ -30,6 +30,7 @@ from .wire_formats import (
     openai_frames,
     openai_text_reply,
     openai_tool_reply,
+    openai_usage,
 )
 from .wire_server import JsonReply, Sse, WireServer
 
@@ -267,3 +268,35 @@ def test_one_provider_shared_by_two_runtimes_keeps_one_connection_in_each_and_ea
     assert [e.reason.kind for e in ends] == ["completed"] * 4
     assert len({r.peer for r in wire.requests}) == 2
     assert wire.wait_for_open_connections(0), f"{wire.open_connections} open after both closes"
+
+
+def _reply_using(vendor: Vendor, input_tokens: int, output_tokens: int) -> Sse:
+    if vendor.name == "openai":
+        usage = openai_usage(input_tokens, output_tokens)
+        return Sse(openai_frames(openai_text_reply("ok", usage=usage)))
+    reply = anthropic_reply(
+        [{"text": ["ok"]}], input_tokens=input_tokens, output_tokens=output_tokens
+    )
+    return Sse(anthropic_frames(reply))
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_negative_token_counts_do_not_lower_the_usage_meter_under_a_token_limit(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    wire.script(
+        _reply_using(vendor, 40, 20),
+        _reply_using(vendor, -1_000_000, -5),
+        _reply_using(vendor, 40, 20),
+        _reply_using(vendor, 40, 20),
+    )
+    model = vendor.model(wire.url)
+    with runtime_with(tmp_path, model) as rt:
+        agent = rt.spawn(model=model, limits=UsageLimits(max_tokens=100))
+        for n in range(4):
+            agent.followup(f"question {n}")
+            assert agent.wait_idle(timeout=20)
+        ends = facts(agent, "turn/end")
+        usages = [m.usage for m in facts(agent, "assistant/message")]
+    assert [e.reason.kind for e in ends] == ["completed"] * 3 + ["limit"]  # 60 + ~0 + 60
+    assert all(min(u.input_tokens, u.output_tokens) >= 0 for u in usages)

@@ -129,6 +129,13 @@ def test_a_server_reusing_a_tool_index_for_a_new_call_gets_a_fresh_index(
     assert tool_calls_of(chunks) == {0: ("c1", "f", "{}"), 1: ("c2", "g", "{}")}
 
 
+def test_negative_usage_counts_are_malformed_and_read_as_zero(wire: WireServer) -> None:
+    usage = openai_usage(-1_000_000, -5, cached=-3, reasoning=-2)
+    usage["prompt_cache_hit_tokens"] = 7  # DeepSeek's count stands in for the bad one
+    chunks = stream_from(wire, openai_text_reply("hi", usage=usage))
+    assert chunks[-2] == UsageChunk(usage=Usage(cache_read_tokens=7))
+
+
 def test_deepseek_cache_hits_are_reported_as_cache_reads(wire: WireServer) -> None:
     usage = {"prompt_tokens": 50, "completion_tokens": 2, "total_tokens": 52}
     usage["prompt_cache_hit_tokens"] = 40
