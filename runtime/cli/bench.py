@@ -26,7 +26,7 @@ from storage.errors import SchemaVersionError, StorageError
 from storage.lmdb_store import Durability, Store
 
 from .errors import CliError, InvariantsError
-from .options import durability_option, store_option, threads_option
+from .options import FiniteFloatRange, durability_option, store_option, threads_option
 
 __all__ = ["bench", "wipe_store"]
 
@@ -222,14 +222,14 @@ def _resolve(model: str) -> Model:
 @threads_option
 @click.option(
     "--latency",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=0.0,
     show_default=True,
     help="Scripted model latency per request, seconds.",
 )
 @click.option(
     "--latency-jitter",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=0.0,
     show_default=True,
     help="Uniform spread around --latency, seconds.",
@@ -250,7 +250,7 @@ def _resolve(model: str) -> Model:
 )
 @click.option(
     "--failure-rate",
-    type=click.FloatRange(min=0, max=1, max_open=True),
+    type=FiniteFloatRange(min=0, max=1, max_open=True),
     default=0.0,
     show_default=True,
     help="Fraction of model requests failing with SERVER (retried).",
@@ -265,7 +265,7 @@ def _resolve(model: str) -> Model:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the scripted model.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=600.0,
     show_default=True,
     help="Give up after this many seconds.",

@@ -30,7 +30,7 @@ from storage.lmdb_env import SCHEMA_VERSION
 from storage.lmdb_store import Store
 
 from .errors import CliError, InvariantsError
-from .options import store_option
+from .options import FiniteFloatRange, store_option
 from .transcript import summary, transcript
 
 __all__ = ["log"]
@@ -203,7 +203,7 @@ def _print_events(out: Console, events: list[Event], raw: bool) -> None:
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.01),
+    type=FiniteFloatRange(min=0.01, max=3600),
     default=0.2,
     show_default=True,
     help="Seconds between polls with --follow.",

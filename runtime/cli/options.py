@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import click
 
-__all__ = ["DEFAULT_STORE", "durability_option", "store_option", "threads_option"]
+__all__ = [
+    "DEFAULT_STORE",
+    "FiniteFloatRange",
+    "durability_option",
+    "store_option",
+    "threads_option",
+]
 
 DEFAULT_STORE: Final = "./.corral/"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,3 +50,14 @@ def threads_option(fn: F) -> F:
         default=None,
         help="Dispatcher worker threads (default: the runtime's choice).",
     )(fn)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A :class:`click.FloatRange` that refuses ``nan`` and ``inf`` as a usage error
+    (exit 2): ``nan`` passes every range check, as ``inf`` passes an unbounded one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number

@@ -142,3 +142,27 @@ def test_debug_adds_the_traceback_before_the_line(tmp_path: Path) -> None:
     assert "Traceback (most recent call last)" in result.stderr
     assert "SchemaVersionError" in result.stderr
     assert result.stderr.splitlines()[-1].startswith("corral: error: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["log", "tail", "s1", "-f", "--interval", "nan"], "'nan' is not a finite number"),
+        (["log", "tail", "s1", "-f", "--interval", "inf"], "not in the range"),
+        (["log", "tail", "s1", "-f", "--interval", "1e300"], "not in the range"),
+        (["bench", "--failure-rate", "nan"], "'nan' is not a finite number"),
+        (["bench", "--latency", "nan"], "'nan' is not a finite number"),
+        (["bench", "--latency-jitter", "inf"], "'inf' is not a finite number"),
+        (["bench", "--timeout", "nan"], "'nan' is not a finite number"),
+        (["bench", "--timeout", "inf"], "'inf' is not a finite number"),
+    ],
+)
+def test_a_number_option_that_is_not_finite_is_a_usage_error(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    store = tmp_path / "store"
+    result = corral(*args, "--store", store)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not store.exists()  # refused before anything ran
