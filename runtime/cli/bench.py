@@ -26,7 +26,13 @@ from storage.errors import SchemaVersionError, StorageError
 from storage.lmdb_store import Durability, Store
 
 from .errors import CliError, InvariantsError
-from .options import FiniteFloatRange, durability_option, store_option, threads_option
+from .options import (
+    FiniteFloatRange,
+    NewFilePath,
+    durability_option,
+    store_option,
+    threads_option,
+)
 
 __all__ = ["bench", "wipe_store"]
 
@@ -273,13 +279,13 @@ def _resolve(model: str) -> Model:
 @click.option(
     "--json",
     "json_path",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=NewFilePath(),
     help="Write the report as JSON.",
 )
 @click.option(
     "--plot",
     "plot_path",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=NewFilePath(),
     help="Write a PNG (needs corral[plot]).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")

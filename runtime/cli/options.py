@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -12,6 +13,7 @@ import click
 __all__ = [
     "DEFAULT_STORE",
     "FiniteFloatRange",
+    "NewFilePath",
     "durability_option",
     "store_option",
     "threads_option",
@@ -61,3 +63,20 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return number
+
+
+class NewFilePath(click.Path):
+    """A file a command writes when it is done: refused up front (a usage error) if its
+    directory does not exist or is not writable, so a long run does not fail at its end."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        directory = Path(os.fsdecode(path)).parent
+        if not directory.is_dir():
+            self.fail(f"directory {str(directory)!r} does not exist.", param, ctx)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            self.fail(f"directory {str(directory)!r} is not writable.", param, ctx)
+        return path

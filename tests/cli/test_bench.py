@@ -160,3 +160,15 @@ def test_plot_needs_matplotlib_or_writes_a_png(tmp_path: Path) -> None:
     else:
         assert result.returncode == 0, result.stderr
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_report_path_in_a_missing_directory_is_refused_before_the_run(tmp_path: Path) -> None:
+    for option in ("--json", "--plot"):
+        store = tmp_path / "store"
+        missing = tmp_path / "no" / "such" / "x.out"
+        result = corral("bench", "--agents", "1", "--turns", "1", "--store", store, option, missing)
+        assert result.returncode == 2, result.stderr
+        assert f"Invalid value for '{option}'" in result.stderr
+        assert "does not exist" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert not store.exists()  # nothing ran
