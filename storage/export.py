@@ -81,7 +81,8 @@ def write_jsonl(out: BinaryIO, header: SessionHeader, payloads: Iterable[bytes])
 
 
 def read_jsonl(inp: BinaryIO, codec: Codec) -> ImportedLog:
-    """Read and validate a whole export; raises InvalidEventError naming the line."""
+    """Read and validate a whole export; raises InvalidEventError naming the line, or
+    saying the input is empty (no header, no record: not an export)."""
     header: SessionHeader | None = None
     payloads: list[bytes] = []
     events: list[Event] = []
@@ -98,6 +99,8 @@ def read_jsonl(inp: BinaryIO, codec: Codec) -> ImportedLog:
         payloads.append(bytes(line))
         if event is not None:
             events.append(event)
+    if header is None and not payloads:  # an export of an empty session has its header
+        raise InvalidEventError("the input is empty: no export header and no records")
     return ImportedLog(header, payloads, events)
 
 

@@ -133,6 +133,21 @@ def test_an_import_file_that_is_missing_or_invalid(tmp_path: Path) -> None:
     assert_one_error_line(invalid, "invalid session log", "line 1")
 
 
+def test_an_empty_import_file_or_stdin_is_refused_and_creates_no_session(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    _store_with_session(store)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    from_file = corral("log", "import", empty, "--store", store)
+    assert_one_error_line(from_file, "invalid session log", "the input is empty")
+    from_stdin = corral("log", "import", "-", "--store", store, input="")
+    assert_one_error_line(from_stdin, "invalid session log", "the input is empty")
+    with Store.open(store, readonly=True) as st:
+        assert [h.id for h in st.sessions()] == ["s1"]
+
+
 def test_debug_adds_the_traceback_before_the_line(tmp_path: Path) -> None:
     store = tmp_path / "store"
     _store_with_session(store)

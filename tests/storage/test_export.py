@@ -225,3 +225,20 @@ def test_an_export_of_a_newer_format_version_is_refused(source: Store, target: S
     data = exported(source, "agent-1").replace(b'"version":1', b'"version":9', 1)
     with pytest.raises(InvalidEventError, match="export version 9"):
         target.import_jsonl(io.BytesIO(data))
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"  \n\n"])
+def test_an_empty_input_is_not_an_export_and_creates_no_session(target: Store, data: bytes) -> None:
+    with pytest.raises(InvalidEventError, match="the input is empty"):
+        target.import_jsonl(io.BytesIO(data))
+    target.flush()
+    assert target.sessions() == []
+
+
+def test_the_export_of_an_empty_session_imports_as_an_empty_session(
+    source: Store, target: Store
+) -> None:
+    source.create_session("empty")
+    session = target.import_jsonl(io.BytesIO(exported(source, "empty")))
+    assert (session.id, session.last_seq) == ("empty", -1)
+    assert [h.id for h in target.sessions()] == ["empty"]
