@@ -27,6 +27,7 @@ from storage.lmdb_store import Durability, Store
 
 from .errors import CliError, InvariantsError
 from .options import (
+    STORE_FILES,
     FiniteFloatRange,
     NewFilePath,
     durability_option,
@@ -36,7 +37,6 @@ from .options import (
 
 __all__ = ["bench", "wipe_store"]
 
-_STORE_FILES: Final = frozenset({"data.mdb", "lock.mdb", "writer.lock"})
 _PLAIN_EVERY_S: Final = 2.0
 
 
@@ -53,7 +53,7 @@ def wipe_store(path: Path) -> None:
     names = {entry.name for entry in path.iterdir()}
     if not names:
         return
-    strangers = sorted(names - _STORE_FILES)
+    strangers = sorted(names - STORE_FILES)
     if strangers or "data.mdb" not in names:
         shown = ", ".join(strangers[:3]) or "no data.mdb"
         raise CliError(f"--fresh refuses to wipe {path}: it is not a corral store ({shown})")

@@ -30,7 +30,7 @@ from storage.lmdb_env import SCHEMA_VERSION
 from storage.lmdb_store import Store
 
 from .errors import CliError, InvariantsError
-from .options import FiniteFloatRange, store_option
+from .options import STORE_FILES, FiniteFloatRange, store_option
 from .transcript import summary, transcript
 
 __all__ = ["log"]
@@ -263,17 +263,54 @@ def export(session: str, store: Path, output: Path) -> None:
 @click.option("--session-id", default=None, help="Import under this id (default: the export's).")
 def import_(file: Path, store: Path, session_id: str | None) -> None:
     """Import a JSONL export as a new session (every line is validated first)."""
-    with contextlib.ExitStack() as stack:
-        source: BinaryIO = (
-            sys.stdin.buffer if str(file) == "-" else stack.enter_context(file.open("rb"))
-        )
-        st = stack.enter_context(Store.open(store))  # after the file opened: no stray store
-        try:
-            session = st.import_jsonl(source, session_id=session_id)
-        except DuplicateSessionError as err:
-            raise CliError(f"{err}; give another id with --session-id") from err
-        st.flush()
+    new_dirs = _missing_dirs(store)
+    new_store = not (store / "data.mdb").exists()
+    imported = False
+    try:
+        with contextlib.ExitStack() as stack:
+            source: BinaryIO = (
+                sys.stdin.buffer if str(file) == "-" else stack.enter_context(file.open("rb"))
+            )
+            st = stack.enter_context(Store.open(store))  # after the file opened
+            try:
+                session = st.import_jsonl(source, session_id=session_id)
+            except DuplicateSessionError as err:
+                raise CliError(f"{err}; give another id with --session-id") from err
+            imported = True
+            st.flush()
+    except BaseException:
+        if new_store and not imported:
+            _remove_new_store(store, new_dirs)
+        raise
     click.echo(f"imported {session.last_seq + 1:,} events as session {session.id}")
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """``path`` and its ancestors that do not exist yet, deepest first."""
+    missing: list[Path] = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _remove_new_store(path: Path, new_dirs: list[Path]) -> None:
+    """Undo what a failed import created: the store's files (if it holds no session)
+    and the directories that did not exist before it."""
+    if (path / "data.mdb").exists():
+        try:
+            with Store.open(path, readonly=True) as st:
+                if st.sessions():
+                    return
+        except Exception:  # noqa: BLE001 - unreadable: not ours to delete
+            return
+        for name in STORE_FILES:
+            (path / name).unlink(missing_ok=True)
+    for directory in new_dirs:
+        try:
+            directory.rmdir()
+        except OSError:  # not empty (not only ours) or gone
+            return
 
 
 @log.command()

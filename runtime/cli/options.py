@@ -1,4 +1,4 @@
-"""Options shared by several ``corral`` commands."""
+"""Options (and the store's file names) shared by several ``corral`` commands."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import click
 
 __all__ = [
     "DEFAULT_STORE",
+    "STORE_FILES",
     "FiniteFloatRange",
     "NewFilePath",
     "durability_option",
@@ -20,6 +21,8 @@ __all__ = [
 ]
 
 DEFAULT_STORE: Final = "./.corral/"
+# The files of a store directory (what ``bench --fresh`` and a failed import may delete).
+STORE_FILES: Final = frozenset({"data.mdb", "lock.mdb", "writer.lock"})
 F = TypeVar("F", bound=Callable[..., Any])
 
 

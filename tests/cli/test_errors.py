@@ -148,6 +148,23 @@ def test_an_empty_import_file_or_stdin_is_refused_and_creates_no_session(
         assert [h.id for h in st.sessions()] == ["s1"]
 
 
+def test_a_failed_import_leaves_no_store_where_there_was_none(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not an export\n")
+    new = tmp_path / "new" / "deeper" / "store"
+    assert_one_error_line(corral("log", "import", bad, "--store", new), "invalid session log")
+    assert not (tmp_path / "new").exists()
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    assert_one_error_line(corral("log", "import", bad, "--store", empty_dir), "invalid")
+    assert list(empty_dir.iterdir()) == []
+    existing = tmp_path / "existing"
+    _store_with_session(existing)
+    assert_one_error_line(corral("log", "import", bad, "--store", existing), "invalid")
+    with Store.open(existing, readonly=True) as st:
+        assert [h.id for h in st.sessions()] == ["s1"]
+
+
 def test_debug_adds_the_traceback_before_the_line(tmp_path: Path) -> None:
     store = tmp_path / "store"
     _store_with_session(store)
