@@ -8,7 +8,6 @@ on a dispatcher thread: a synchronous body runs in the I/O side's blocking pool,
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
@@ -17,6 +16,8 @@ from typing import Any, Final, Protocol, runtime_checkable
 import msgspec
 
 from storage.events import TextBlock, ToolError, ToolSpec
+
+from .bus import _is_async
 
 __all__ = [
     "Tool",
@@ -134,7 +135,7 @@ async def run_execute_chain(
         if index == len(listeners):
             return await body()
         listener = listeners[index]
-        if inspect.iscoroutinefunction(listener):
+        if _is_async(listener):  # the bus's test: an async callable object is async too
             return await listener(event, lambda: call(index + 1))
 
         def sync_next() -> Any:

@@ -158,6 +158,27 @@ def test_async_tools_and_execute_middleware_run_off_the_dispatcher(rt: Runtime) 
     assert threads and "dispatcher" not in threads[0]
 
 
+def test_an_object_with_an_async_call_method_wraps_the_body_as_async_execute_middleware(
+    rt: Runtime,
+) -> None:
+    class Wrap:
+        async def __call__(self, event: Any, next_: Any) -> Any:
+            return "<" + (await next_()) + ">"
+
+    @tool
+    def shout(key: str) -> str:
+        return key.upper()
+
+    rt.on("tools/execute", Wrap())
+    agent = rt.spawn(
+        model=ScriptedModel([[ToolCall(name="shout", arguments={"key": "k"})], "ok"]), tools=[shout]
+    )
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    (result,) = results(agent)
+    assert result.error is None and result.message.content == [TextBlock(text="<K>")]
+
+
 def test_a_tool_timeout_is_an_error_result(rt: Runtime) -> None:
     release = threading.Event()
 
