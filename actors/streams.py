@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from storage.events import StreamChunk
@@ -19,7 +20,7 @@ from .effects import StreamEnd
 from .model import ImmediateModel, Model, ModelRequest, checked_chunk
 from .protocols import implements
 from .toolphase import ToolPlan, ToolRun
-from .tools import run_execute_chain
+from .tools import ToolTimeout, run_execute_chain
 
 __all__ = [
     "StreamHandle",
@@ -210,10 +211,6 @@ class ToolHandle:
         self.delivered = False
 
 
-class _Timeout(Exception):
-    pass
-
-
 def start_tool(
     plan: ToolPlan, io: IoSide, bus: Any, scope: str, notify: Callable[[ToolHandle], None]
 ) -> ToolHandle:
@@ -226,7 +223,7 @@ def start_tool(
     def finish(outcome: Outcome[Any]) -> None:
         if outcome.cancelled and outcome.error is None and outcome.value is None:
             handle.run = ToolRun(error=RuntimeError("the tool run was cancelled by shutdown"))
-        elif isinstance(outcome.error, _Timeout):
+        elif isinstance(outcome.error, ToolTimeout):
             handle.run = ToolRun(timed_out=True)
         elif outcome.error is not None:
             handle.run = ToolRun(error=outcome.error)
@@ -239,22 +236,15 @@ def start_tool(
         io.start_blocking(lambda: tool.run(plan.prepared), on_done=finish)
         return handle
 
-    async def body() -> Any:
-        if tool.is_async:
-            work = tool.run(plan.prepared)
-        else:
-            work = asyncio.get_running_loop().run_in_executor(
-                io.blocking_pool, tool.run, plan.prepared
-            )
-        if timeout is None:
-            return await work
-        try:
-            return await asyncio.wait_for(work, timeout)
-        except TimeoutError as err:
-            raise _Timeout from err
-
     async def chain() -> Any:
-        return await run_execute_chain(listeners, plan.event, body, pool=io.blocking_pool)
+        return await run_execute_chain(
+            listeners,
+            plan.event,
+            partial(tool.run, plan.prepared),
+            is_async=tool.is_async,
+            timeout=timeout,
+            pool=io.blocking_pool,
+        )
 
     io.start(chain, on_done=finish)
     return handle

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Final, Protocol, runtime_checkable
@@ -24,6 +25,7 @@ __all__ = [
     "ToolArgumentError",
     "ToolOutcome",
     "ToolReturn",
+    "ToolTimeout",
     "outcome_from_output",
     "run_execute_chain",
 ]
@@ -115,32 +117,164 @@ def outcome_from_output(output: Any) -> ToolOutcome:
 ExecuteListener = Callable[[Any, Callable[[], Any]], Any]
 
 
+class ToolTimeout(Exception):
+    """A tool's body ran past its ``timeout_s``."""
+
+    def __init__(self) -> None:
+        super().__init__("the tool timed out")
+
+
+_Work = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
+
+
+class _Host:
+    """A thread blocked in a sync listener's ``next()``: until the inner chain is done it
+    runs the chain's sync work (sync listeners inside, a sync body) sent from the loop,
+    so that work needs no other pool thread.
+
+    Invariant: ``submit`` and ``close`` run on the loop, so nothing is queued after the
+    closing sentinel (work submitted after the close goes to the pool instead)."""
+
+    __slots__ = ("_closed", "_loop", "_pool", "_queue")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: Executor) -> None:
+        self._loop = loop
+        self._pool = pool
+        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` on the host thread (on the loop: returns its future)."""
+        if self._closed:  # e.g. a task an async listener left behind calls next() late
+            return self._loop.run_in_executor(self._pool, fn, *args)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._queue.put((fn, args, future))
+        return future
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+
+    def serve(self, inner: Awaitable[Any]) -> Any:
+        """Run ``inner`` on the loop and the work it submits here, until it is done; its
+        result (or exception). On the blocked thread."""
+
+        async def run_then_close() -> Any:
+            try:
+                return await inner
+            finally:
+                self.close()
+
+        done = asyncio.run_coroutine_threadsafe(run_then_close(), self._loop)
+        while (item := self._queue.get()) is not None:
+            fn, args, future = item
+            try:
+                value = fn(*args)
+            except BaseException as err:  # noqa: BLE001 - handed to the awaiting coroutine
+                self._settle(future, None, err)
+            else:
+                self._settle(future, value, None)
+        return done.result()
+
+    def _settle(
+        self, future: asyncio.Future[Any], value: Any, error: BaseException | None
+    ) -> None:
+        def settle() -> None:
+            if future.done():  # cancelled meanwhile: a timeout, or the call's cancel
+                return
+            if error is None:
+                future.set_result(value)
+            elif isinstance(error, StopIteration):  # asyncio futures refuse StopIteration
+                future.set_exception(RuntimeError(f"raised {error!r}"))
+            else:
+                future.set_exception(error)
+
+        try:
+            self._loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop closed: nobody awaits the result any more
+            return
+
+
 async def run_execute_chain(
     listeners: Sequence[ExecuteListener],
     event: Any,
-    body: Callable[[], Awaitable[Any]],
+    run: Callable[[], Any],
     *,
+    is_async: bool,
+    timeout: float | None,
     pool: Executor,
 ) -> Any:
-    """Run ``tools/execute`` middleware around ``body`` on the running loop.
+    """Run ``tools/execute`` middleware around the body ``run`` on the running loop.
 
     Outermost listener first; not calling ``next`` short-circuits the rest. An async
-    listener gets a ``next`` returning an awaitable; a sync listener runs in ``pool`` and
-    its ``next()`` blocks that pool thread until the inner chain is done, so no listener
-    ever blocks the loop or a dispatcher thread.
+    listener gets a ``next`` returning an awaitable; a sync listener runs in ``pool``,
+    so no listener ever blocks the loop or a dispatcher thread. A sync listener's
+    ``next()`` blocks its pool thread until the inner chain is done, and that thread
+    runs the inner chain's sync work itself meanwhile (sync listeners, a sync body), on
+    the spot or sent from the loop past async listeners: one call holds at most one pool
+    thread whatever its mix of listeners, so calls cannot starve the pool waiting for
+    threads other waiting calls hold. A sync body runs in the pool (``is_async``: ``run``
+    returns a coroutine, run on the loop). Past ``timeout`` seconds the body raises
+    :class:`ToolTimeout` to the listeners; a sync body that holds a sync listener's
+    thread when it times out ends the whole call with ``ToolTimeout`` at once (that
+    listener's ``next()`` raises it once the body returns; what it returns is dropped).
     """
     loop = asyncio.get_running_loop()
+    is_async_listener = [_is_async(listener) for listener in listeners]
+    held = loop.create_future()  # set when a timed-out body holds a listener's thread
 
-    async def call(index: int) -> Any:
+    async def body(host: _Host | None) -> Any:
+        if is_async:
+            work = run()
+        elif host is None:
+            work = loop.run_in_executor(pool, run)
+        else:
+            work = host.submit(run)
+        if timeout is None:
+            return await work
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except TimeoutError:
+            if host is not None and not held.done():
+                held.set_result(None)
+            raise ToolTimeout from None
+
+    async def call(index: int, host: _Host | None) -> Any:
         if index == len(listeners):
-            return await body()
+            return await body(host)
         listener = listeners[index]
-        if _is_async(listener):  # the bus's test: an async callable object is async too
-            return await listener(event, lambda: call(index + 1))
+        if is_async_listener[index]:
+            return await listener(event, lambda: call(index + 1, host))
+        if host is None:
+            return await loop.run_in_executor(pool, listener, event, sync_next(index + 1))
+        return await host.submit(listener, event, sync_next(index + 1))
 
-        def sync_next() -> Any:
-            return asyncio.run_coroutine_threadsafe(call(index + 1), loop).result()
+    def sync_next(index: int) -> Callable[[], Any]:
+        def next_() -> Any:  # on the (pool) thread of the sync listener before ``index``
+            if index < len(listeners) and not is_async_listener[index]:
+                return listeners[index](event, sync_next(index + 1))
+            if index == len(listeners) and not is_async and timeout is None:
+                return run()
+            host = _Host(loop, pool)
+            return host.serve(call(index, host))
 
-        return await loop.run_in_executor(pool, listener, event, sync_next)
+        return next_
 
-    return await call(0)
+    if is_async or timeout is None or all(is_async_listener):
+        return await call(0, None)  # no sync body can hold a listener's thread
+    chain = asyncio.ensure_future(call(0, None))
+    try:
+        await asyncio.wait((chain, held), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not chain.done():  # held, or this call cancelled: the chain is dropped
+            chain.cancel()
+            chain.add_done_callback(_retrieve)
+    if chain.done():
+        return chain.result()
+    raise ToolTimeout
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a dropped task's outcome as seen (asyncio would log an unretrieved error)."""
+    if not task.cancelled():
+        task.exception()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
 from runtime import Deny, Runtime, ScriptedModel, ToolCall, conclude, tool
 from storage.events import TextBlock
 
@@ -194,6 +196,112 @@ def test_a_tool_timeout_is_an_error_result(rt: Runtime) -> None:
     finally:
         release.set()
     assert results(agent)[0].error.code == "TOOL_TIMEOUT"
+
+
+@pytest.mark.parametrize(
+    ("chain", "body"),
+    [
+        ("sync", "sync"),
+        ("sync", "sync with a timeout"),
+        ("sync", "async"),
+        ("sync, async", "sync"),
+        ("sync, async", "sync with a timeout"),
+        ("async, sync", "sync"),
+        ("sync, async, sync", "sync"),
+    ],
+)
+def test_sync_execute_middleware_holding_every_pool_thread_does_not_starve_the_bodies(
+    rt: Runtime, chain: str, body: str
+) -> None:
+    # Twice as many calls as the blocking pool has threads; the first sync listener of
+    # every chain waits until a whole pool's worth of them hold a thread each, so the
+    # bodies can only run if they need no other pool thread.
+    workers = rt.io.blocking_workers
+    all_holding = threading.Barrier(workers, timeout=WAIT)
+    body_threads: list[str] = []
+
+    def holding(event: Any, next_: Any) -> Any:
+        all_holding.wait()
+        return next_()
+
+    def passing(event: Any, next_: Any) -> Any:
+        return next_()
+
+    async def awaiting(event: Any, next_: Any) -> Any:
+        return await next_()
+
+    kinds = chain.split(", ")
+    for index, kind in enumerate(kinds):
+        first_sync = kind == "sync" and "sync" not in kinds[:index]
+        rt.on("tools/execute", awaiting if kind == "async" else holding if first_sync else passing)
+
+    if body == "async":
+
+        @tool(name="work", concurrency_safe=True)
+        async def work_async(i: int) -> int:
+            body_threads.append(threading.current_thread().name)
+            return i
+
+        work: Any = work_async
+    else:
+
+        @tool(name="work", concurrency_safe=True, timeout=WAIT if "timeout" in body else None)
+        def work_sync(i: int) -> int:
+            body_threads.append(threading.current_thread().name)
+            return i
+
+        work = work_sync
+    per_agent = 8
+    agents = [
+        rt.spawn(
+            model=ScriptedModel(
+                [[ToolCall(name="work", arguments={"i": i}) for i in range(per_agent)], "done"]
+            ),
+            tools=[work],
+        )
+        for _ in range(2 * workers // per_agent)
+    ]
+    for agent in agents:
+        agent.followup("go")
+    for agent in agents:
+        assert agent.wait_idle(WAIT)
+    for agent in agents:
+        assert [r.message.content[0].text for r in results(agent)] == [
+            str(i) for i in range(per_agent)
+        ]
+    assert len(body_threads) == 2 * workers
+    assert not any("dispatcher" in name for name in body_threads)
+
+
+def test_a_sync_body_that_times_out_under_sync_execute_middleware_ends_its_call_at_the_timeout(
+    rt: Runtime,
+) -> None:
+    release = threading.Event()
+    listener_saw_it = threading.Event()
+
+    @tool(timeout=0.05)
+    def stuck() -> str:
+        release.wait(WAIT)
+        return "late"
+
+    def wrap(event: Any, next_: Any) -> Any:
+        try:
+            return next_()
+        except Exception as err:
+            if "timed out" in str(err) or "Timeout" in type(err).__name__:
+                listener_saw_it.set()
+            raise
+
+    rt.on("tools/execute", wrap)
+    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="stuck")], "ok"]), tools=[stuck])
+    agent.followup("go")
+    try:
+        assert agent.wait_idle(WAIT)  # while the body still runs
+        assert not release.is_set()
+    finally:
+        release.set()
+    assert results(agent)[0].error.code == "TOOL_TIMEOUT"
+    assert listener_saw_it.wait(WAIT)  # its next() raised the timeout once the body returned
 
 
 def test_after_abort_unstarted_calls_get_synthetic_results(rt: Runtime, timeline: Timeline) -> None:
