@@ -66,6 +66,20 @@ def _error(code: str, message: str) -> ToolOutcome:
     )
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short; never raises."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ still gets named
+        return f"a {type(value).__name__} whose repr() failed"
+    if len(text) > _SHOWN_CHARS:
+        return f"{text[:_SHOWN_CHARS]}... ({len(text) - _SHOWN_CHARS} more characters)"
+    return text
+
+
+_SHOWN_CHARS: Final = 200
+
+
 def _not_started() -> ToolOutcome:
     return _error("ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started")
 
@@ -132,6 +146,11 @@ class ToolPhase:
             return _error("TOOL_DENIED", f"tools/pre-execute failed: {err!r}")
         if isinstance(decision, Deny):
             return _error("TOOL_DENIED", decision.reason)
+        if not isinstance(decision, Allow):  # a malformed decision is no permission
+            return _error(
+                "TOOL_DENIED",
+                f"tools/pre-execute must return Allow or Deny, got {_shown(decision)}",
+            )
         execute = ToolExecute(
             agent=self._agent,
             turn=turn,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runtime import Deny, Runtime, ScriptedModel, ToolCall, conclude, tool
+from runtime import Allow, Deny, Runtime, ScriptedModel, ToolCall, conclude, tool
 from storage.events import TextBlock
 
 from .conftest import WAIT, Timeline
@@ -122,6 +122,68 @@ def test_pre_execute_can_deny_and_post_execute_can_replace_the_output(rt: Runtim
     first, second = results(agent)
     assert first.error.code == "TOOL_DENIED" and "not today" in first.message.content[0].text
     assert second.error is None and second.message.content == [TextBlock(text="[yes]")]
+
+
+async def _async_none(event: Any, next_: Any) -> Any:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("listener", "shown"),
+    [
+        (lambda event, next_: None, "None"),
+        (lambda event, next_: "deny", "'deny'"),
+        (lambda event, next_: {"kind": "deny", "reason": "no"}, "{'kind': 'deny'"),
+        (lambda event, next_: False, "False"),
+        (lambda event, next_: Allow, "<class"),
+        (_async_none, "None"),
+    ],
+    ids=["None", "a string", "a dict", "False", "the Allow class", "None from an async listener"],
+)
+def test_a_pre_execute_decision_that_is_neither_allow_nor_deny_does_not_run_the_tool(
+    rt: Runtime, listener: Any, shown: str
+) -> None:
+    ran = threading.Event()
+
+    @tool
+    def destroy() -> str:
+        ran.set()
+        return "destroyed"
+
+    rt.on("tools/pre-execute", listener)
+    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="destroy")], "ok"]), tools=[destroy])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert not ran.is_set()
+    (result,) = results(agent)
+    assert result.error.code == "TOOL_DENIED" and result.message.is_error
+    assert "must return Allow or Deny" in result.error.message
+    assert shown in result.error.message
+    end = next(e.data for e in agent.session.events() if e.type == "turn/end")
+    assert end.reason.kind == "completed"
+
+
+def test_pre_execute_listeners_that_delegate_or_return_allow_let_the_tool_run(
+    rt: Runtime,
+) -> None:
+    @tool
+    def echo(text: str) -> str:
+        return text
+
+    async def delegating(event: Any, next_: Any) -> Any:
+        return await next_()
+
+    rt.on("tools/pre-execute", lambda event, next_: next_())
+    rt.on("tools/pre-execute", delegating)
+    rt.on("tools/pre-execute", lambda event, next_: Allow())
+    agent = rt.spawn(
+        model=ScriptedModel([[ToolCall(name="echo", arguments={"text": "hi"})], "ok"]),
+        tools=[echo],
+    )
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    (result,) = results(agent)
+    assert result.error is None and result.message.content == [TextBlock(text="hi")]
 
 
 def test_a_concluding_tool_result_ends_the_tool_loop_at_its_step(rt: Runtime) -> None:
