@@ -39,7 +39,14 @@ from .live import (
     ToolResultEvent,
     TurnSignal,
 )
-from .tools import MAX_PARALLEL_TOOLS, Tool, ToolArgumentError, ToolOutcome, outcome_from_output
+from .tools import (
+    MAX_PARALLEL_TOOLS,
+    Tool,
+    ToolArgumentError,
+    ToolOutcome,
+    outcome_from_output,
+    shown,
+)
 
 __all__ = ["ToolPhase", "ToolPlan", "ToolRun"]
 
@@ -64,20 +71,6 @@ def _error(code: str, message: str) -> ToolOutcome:
     return ToolOutcome(
         content=[TextBlock(text=message)], error=ToolError(code=code, message=message)
     )
-
-
-def _shown(value: object) -> str:
-    """``repr(value)``, cut short; never raises."""
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - a hostile __repr__ still gets named
-        return f"a {type(value).__name__} whose repr() failed"
-    if len(text) > _SHOWN_CHARS:
-        return f"{text[:_SHOWN_CHARS]}... ({len(text) - _SHOWN_CHARS} more characters)"
-    return text
-
-
-_SHOWN_CHARS: Final = 200
 
 
 def _not_started() -> ToolOutcome:
@@ -145,11 +138,17 @@ class ToolPhase:
         except Exception as err:  # noqa: BLE001 - a failing gate denies the call
             return _error("TOOL_DENIED", f"tools/pre-execute failed: {err!r}")
         if isinstance(decision, Deny):
+            if not isinstance(decision.reason, str):  # msgspec does not check at construction
+                return _error(
+                    "TOOL_DENIED",
+                    f"tools/pre-execute returned a Deny whose reason is not a str: "
+                    f"{shown(decision.reason)}",
+                )
             return _error("TOOL_DENIED", decision.reason)
         if not isinstance(decision, Allow):  # a malformed decision is no permission
             return _error(
                 "TOOL_DENIED",
-                f"tools/pre-execute must return Allow or Deny, got {_shown(decision)}",
+                f"tools/pre-execute must return Allow or Deny, got {shown(decision)}",
             )
         execute = ToolExecute(
             agent=self._agent,

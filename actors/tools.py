@@ -28,6 +28,7 @@ __all__ = [
     "ToolTimeout",
     "outcome_from_output",
     "run_execute_chain",
+    "shown",
 ]
 
 MAX_PARALLEL_TOOLS: Final = 10
@@ -97,20 +98,45 @@ def _as_text(output: Any) -> str:
     return text
 
 
+def shown(value: object) -> str:
+    """``repr(value)`` cut short, for an error message; never raises."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ still gets named
+        return f"a {type(value).__name__} whose repr() failed"
+    if len(text) > _SHOWN_CHARS:
+        return f"{text[:_SHOWN_CHARS]}... ({len(text) - _SHOWN_CHARS} more characters)"
+    return text
+
+
+_SHOWN_CHARS: Final = 200
+
+
+def _failed(message: str, concludes: bool = False) -> ToolOutcome:
+    return ToolOutcome(
+        content=[TextBlock(text=f"tool failed: {message}")],
+        error=ToolError(code="TOOL_FAILED", message=message),
+        concludes_turn=concludes,
+    )
+
+
 def outcome_from_output(output: Any) -> ToolOutcome:
-    """Turn a body's return value into an outcome; a non-JSON value is an error result."""
+    """Turn a body's return value (or a tools/execute or post-execute listener's) into an
+    outcome; a non-JSON value, or a ``ToolReturn`` whose ``concludes_turn`` is not a bool
+    (msgspec does not check at construction, and the log could not read it back), is an
+    error result."""
     concludes = False
     if isinstance(output, ToolReturn):
         concludes = output.concludes_turn
+        if type(concludes) is not bool:
+            return _failed(
+                f"returned a ToolReturn whose concludes_turn is not a bool: {shown(concludes)}"
+            )
         output = output.output
     try:
         text = _as_text(output)
     except (TypeError, ValueError) as err:
-        return ToolOutcome(
-            content=[TextBlock(text=f"tool failed: {err}")],
-            error=ToolError(code="TOOL_FAILED", message=str(err)),
-            concludes_turn=concludes,
-        )
+        return _failed(str(err), concludes)
     return ToolOutcome(content=[TextBlock(text=text)], concludes_turn=concludes)
 
 

@@ -30,6 +30,7 @@ import pytest
 
 from runtime import (
     Agent,
+    Deny,
     InvalidMessageError,
     LlmFailure,
     ModelError,
@@ -37,6 +38,7 @@ from runtime import (
     ScriptedModel,
     TextBlock,
     ToolCall,
+    ToolReturn,
     UnknownMessageError,
     UserMessage,
     tool,
@@ -173,6 +175,43 @@ def test_a_tool_return_msgspec_can_encode_reaches_the_model_as_json_text(
     (result,) = facts(agent, "tool/result")
     assert result.error is None
     json.loads(result.message.content[0].text)
+    assert_alive(rt, agent)
+
+
+ILL_TYPED: dict[str, tuple[str | None, Any, str]] = {
+    # case: (the hook that returns it, or None for the body; what it returns; the code)
+    "pre-execute Deny(reason=123)": ("tools/pre-execute", Deny(reason=123), "TOOL_DENIED"),
+    "pre-execute Deny(reason=None)": ("tools/pre-execute", Deny(reason=None), "TOOL_DENIED"),
+    "body ToolReturn(concludes_turn=1)": (None, ToolReturn("x", 1), "TOOL_FAILED"),
+    "execute ToolReturn(concludes_turn=1)": ("tools/execute", ToolReturn("x", 1), "TOOL_FAILED"),
+    "post-execute ToolReturn(concludes_turn='yes')": (
+        "tools/post-execute",
+        ToolReturn("x", "yes"),
+        "TOOL_FAILED",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ILL_TYPED))
+def test_an_ill_typed_deny_or_tool_return_becomes_an_error_result_and_the_log_reads_back(
+    rt: Runtime, case: str
+) -> None:
+    hook, returned, code = ILL_TYPED[case]
+
+    @tool
+    def answer() -> Any:
+        """Answer, or return the ill-typed value."""
+        return returned if hook is None else "fine"
+
+    if hook is not None:
+        rt.on(hook, lambda event, next_: returned)
+    agent = run_turn(rt, ScriptedModel([[ToolCall(name="answer")], "done"]), [answer])
+    (result,) = facts(agent, "tool/result")  # the session reads back
+    assert result.error is not None and result.error.code == code, result
+    assert result.concludes_turn is False
+    assert [e.reason.kind for e in facts(agent, "turn/end")] == ["completed"]
+    events = rt.store.read(agent.id)
+    assert [e.type for e in events].count("tool/result") == 1
     assert_alive(rt, agent)
 
 
