@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from pykka import ActorDeadError, ActorRef
 
@@ -35,6 +36,7 @@ __all__ = [
 logger = logging.getLogger("corral.io")
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,40 @@ class EffectHandle(Generic[T]):
             logger.exception("on_done callback of effect %d failed", self.effect_id)
 
 
+class _BlockingPool(ThreadPoolExecutor):
+    """A thread pool that knows how many callables it holds (queued or running), so
+    that closing can wait for them with a timeout (``shutdown`` has none)."""
+
+    def __init__(self, workers: int, prefix: str) -> None:
+        super().__init__(workers, thread_name_prefix=prefix)
+        self._idle = threading.Condition()
+        self._held = 0  # Invariant: submitted callables whose future is not done yet
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        with self._idle:
+            self._held += 1
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._release(None)
+            raise
+        future.add_done_callback(self._release)  # done: returned, raised or cancelled
+        return future
+
+    def _release(self, _future: object) -> None:
+        with self._idle:
+            self._held -= 1
+            if not self._held:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float | None) -> int:
+        """Wait until every callable finished, at most ``timeout`` seconds; how many
+        have not."""
+        with self._idle:
+            self._idle.wait_for(lambda: not self._held, timeout)
+            return self._held
+
+
 @dataclass(frozen=True, slots=True)
 class IoStatistics:
     in_flight: int
@@ -189,7 +225,7 @@ class IoSide:
     ) -> None:
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
         self.blocking_workers = blocking_workers
-        self.blocking_pool = ThreadPoolExecutor(blocking_workers, thread_name_prefix=f"{name}-pool")
+        self.blocking_pool = _BlockingPool(blocking_workers, f"{name}-pool")
         self.loop = asyncio.new_event_loop()
         self._ids = count(1)
         self._lock = threading.Lock()
@@ -285,9 +321,12 @@ class IoSide:
     # -- lifecycle -------------------------------------------------------------------
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Cancel every effect in flight, wait for them to report, stop loop and pool.
+        """Cancel every effect in flight, wait for them to report, stop loop and pool;
+        within ``timeout`` seconds in all (None: no limit).
 
-        Running blocking bodies cannot be interrupted: close waits for them.
+        Running blocking bodies cannot be interrupted: close waits for them until the
+        timeout, then leaves them running (logged as a warning): their threads end when
+        their bodies return, and what those report then goes nowhere or to dead letters.
         """
         if self.in_loop_thread():
             raise RuntimeError("IoSide.close() cannot run on its own loop thread")
@@ -296,16 +335,27 @@ class IoSide:
                 return
             self._closed = True
             pending = list(self._in_flight.values())
+        deadline = None if timeout is None else time.monotonic() + timeout
         for handle in pending:
             handle.cancel()
         drain = asyncio.run_coroutine_threadsafe(self._drain_tasks(), self.loop)
         try:
-            drain.result(timeout)
+            drain.result(_left(deadline))
         except TimeoutError:
             logger.warning("I/O side closed with coroutine effects still running")
-        self.blocking_pool.shutdown(wait=True)
+        self.blocking_pool.shutdown(wait=False)
+        running = self.blocking_pool.wait_idle(_left(deadline))
+        if running:
+            logger.warning(
+                "I/O side closed with %d blocking call%s (tool bodies, sync listeners) not "
+                "finished after %s s: their pool threads cannot be stopped and are left "
+                "to end when the calls return",
+                running,
+                "" if running == 1 else "s",
+                timeout,
+            )
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)
+        self._thread.join(_left(deadline))
 
     # -- internals -------------------------------------------------------------------
 
@@ -390,3 +440,8 @@ async def _contained(work: Callable[[], Awaitable[T]]) -> T:
         return await work()
     except SystemExit as exit_:
         raise RuntimeError(f"the work raised SystemExit({exit_.code!r})") from exit_
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (None: no limit), never negative."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

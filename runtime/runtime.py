@@ -705,7 +705,7 @@ class Runtime:
         self._registry.stop(timeout=timeout)
         self.scheduler.close()
         self._close_models(timeout)
-        self.io.close()
+        self.io.close(timeout)
         self.dispatcher.shutdown(timeout)
         if self._owns_store:
             self.store.close()

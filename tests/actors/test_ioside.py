@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -210,6 +211,56 @@ def test_close_cancels_effects_in_flight_and_refuses_new_ones() -> None:
         side.start(forever, on_done=done)
     assert side.statistics().closed
     assert side.statistics().in_flight == 0
+
+
+def test_close_waits_for_blocking_bodies_that_finish_within_its_timeout() -> None:
+    side = IoSide(blocking_workers=1, name="closing-io")
+    done = Outcomes()
+    entered, waiting, release = threading.Event(), threading.Event(), threading.Event()
+
+    def body() -> str:
+        entered.set()
+        assert release.wait(WAIT)
+        return "finished"
+
+    async def release_when_cancelled() -> None:
+        try:
+            waiting.set()
+            await asyncio.Event().wait()
+        finally:
+            release.set()  # only close cancels this: the body ends while close runs
+
+    side.start_blocking(body, on_done=done)
+    side.start(release_when_cancelled, on_done=done)
+    assert entered.wait(WAIT) and waiting.wait(WAIT)
+    side.close(timeout=WAIT)
+    assert done.queue.qsize() == 2  # both reported before close returned
+    assert sorted(str(done.next().value) for _ in range(2)) == ["None", "finished"]
+
+
+def test_close_gives_up_on_blocking_bodies_still_running_at_its_timeout_and_says_how_many(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    side = IoSide(blocking_workers=3, name="closing-io")
+    done = Outcomes()
+    entered = threading.Barrier(3, timeout=WAIT)
+    release = threading.Event()
+
+    def stuck() -> str:
+        entered.wait()
+        release.wait(WAIT)
+        return "late"
+
+    bodies = [side.start_blocking(stuck, on_done=done) for _ in range(2)]
+    entered.wait()
+    try:
+        with caplog.at_level(logging.WARNING, logger="corral.io"):
+            side.close(timeout=0.05)
+        assert not any(handle.done() for handle in bodies)  # close did not wait for them
+        assert "2 blocking calls" in caplog.text
+    finally:
+        release.set()
+    assert [handle.wait(WAIT).value for handle in bodies] == ["late", "late"]
 
 
 def test_an_on_done_failure_is_contained(io: IoSide) -> None:

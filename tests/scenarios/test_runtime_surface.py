@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import subprocess
 import sys
 import threading
@@ -12,8 +13,13 @@ from typing import Any
 
 import pytest
 
-from runtime import Runtime, ScriptedModel
-from storage import DuplicateSessionError, UnknownSessionError, pending_inbox
+from runtime import Runtime, ScriptedModel, ToolCall, tool
+from storage import (
+    DuplicateSessionError,
+    UnknownSessionError,
+    assert_invariants,
+    pending_inbox,
+)
 from storage.lmdb_store import Store
 
 from .conftest import WAIT, HeldActor, Timeline, check_store
@@ -175,6 +181,41 @@ def test_the_default_runtime_has_one_worker_and_a_standby_one(rt: Runtime) -> No
     assert (stats.workers, stats.standby) == (2, 1)
 
 
+def test_close_with_a_timeout_does_not_wait_for_a_sync_tool_body_past_it(
+    store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = Runtime.open(store_path)
+    started, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    @tool
+    def stuck() -> str:
+        started.set()
+        release.wait(WAIT)
+        returned.set()
+        return "late"
+
+    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="stuck")], "after"]), tools=[stuck])
+    agent.followup("go")
+    assert started.wait(WAIT)
+    try:
+        with caplog.at_level(logging.WARNING, logger="corral.io"):
+            rt.close(timeout=0.1)
+        assert not returned.is_set()  # close returned while the body still ran
+        assert "1 blocking call" in caplog.text
+    finally:
+        release.set()
+    assert returned.wait(WAIT)
+    # Its outcome is unknown, as after a crash mid-tool: the turn is left open, and a
+    # resume repairs it.
+    with Store.open(store_path) as store:
+        assert_invariants(store.read(agent.id), allow_open_tail=True)
+    with Runtime.open(store_path) as again:
+        resumed = again.resume(agent.id, model=ScriptedModel.echo(), tools=[stuck])
+        (result,) = [e.data for e in resumed.session.events() if e.type == "tool/result"]
+        assert result.error.code == "TOOL_OUTCOME_UNKNOWN"
+    check_store(store_path)
+
+
 def test_a_spawn_under_way_when_close_begins_is_waited_for_and_stopped(
     store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -283,7 +324,7 @@ def test_a_script_that_exits_without_close_still_logs_what_it_sent(store_path: P
     script = f"""
 import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
-from runtime import Runtime, ScriptedModel
+from runtime import Runtime, ScriptedModel, ToolCall, tool
 rt = Runtime.open({str(store_path)!r})
 agent = rt.spawn(model=ScriptedModel.echo(), session_id="script")
 agent.followup("one")
