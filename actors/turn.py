@@ -310,12 +310,12 @@ class TurnMachine:
                 # Cancelled while it waited: the failed turn is the last of its chain,
                 # and its error is terminal after all.
                 self._error(turn, self._failed_step, failure)
-            retry = None
+            retry = None  # the chain ends here; a turn it goes on with is a new one
             await self._settle(turn, reason)
             prior.clear()
             if isinstance(reason, _GO_ON):
                 continue
-            if self.latched_wake:  # a wake sent while the chain unwound from a cancel
+            if self.latched_wake:  # a wake that came after the turn ended, or a cancel
                 self.latched_wake = False
                 continue
             return
@@ -479,7 +479,9 @@ class TurnMachine:
         if isinstance(decision, Retry):
             delay = decision.delay_s
             if delay is not None and (
-                type(delay) not in (int, float) or not math.isfinite(delay)
+                not isinstance(delay, int | float)
+                or isinstance(delay, bool)
+                or not math.isfinite(delay)
             ):  # msgspec does not check at construction; it would crash the actor later
                 message = f"agent/request-error returned a Retry with a bad delay_s: {delay!r}"
                 log.error("%s; the turn ends as error", message)
