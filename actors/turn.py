@@ -274,9 +274,11 @@ class TurnMachine:
                 trigger = RetryTrigger(previous_turn=failed_turn)
             elif len(self.inbox):
                 trigger = MessageTrigger()
-                self.latched_wake = False  # this turn claims from the inbox as the wake would
             else:
                 return
+            # A wake latched before this turn is this turn's queued work now: what it
+            # becomes depends on how this turn ends, as for any queued message.
+            self.latched_wake = False
             last_turn = self._last_turn
             if last_turn is None:  # a snapshot of the session's state is not free
                 state = self.session.state
