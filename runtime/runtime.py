@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -62,6 +63,7 @@ __all__ = ["Runtime"]
 
 log = logging.getLogger("corral.runtime")
 _DURABILITY = ("write-ahead", "turn", "none")
+_STOP_WAIT_S = 5.0  # how long close waits for an actor it stops without its disposal
 _DEFAULT_POLICY: Any = object()
 
 
@@ -592,7 +594,8 @@ class Runtime:
         registry = self._registry
 
         def stop() -> None:
-            registry.tell(ProxyCall(attr_path=("remove",), args=(handle.id,), kwargs={}))
+            with contextlib.suppress(ActorDeadError):  # a close that gave up on the agent
+                registry.tell(ProxyCall(attr_path=("remove",), args=(handle.id,), kwargs={}))
 
         ref.tell(Cancel(cause=DisposedCause(), keep_inbox=keep_inbox))
         ref.tell(AwaitIdle(callback=stop))
@@ -699,9 +702,9 @@ class Runtime:
             agents = list(self._agents.values())
         for handle in agents:
             handle._begin_disposal(keep_inbox=True)
-        for handle in agents:
-            if not handle._disposed.wait(timeout):
-                log.warning("agent %s did not stop within %s s", handle.id, timeout)
+        deadline = _deadline(timeout)
+        stuck = [h for h in agents if not h._disposed.wait(_remaining(deadline))]
+        self._stop_now(stuck, timeout)
         self._registry.stop(timeout=timeout)
         self.scheduler.close()
         self._close_models(timeout)
@@ -711,6 +714,27 @@ class Runtime:
             self.store.close()
         if self._tuned_gc:
             gctune.release_gc_tuning()
+
+
+    def _stop_now(self, stuck: list[Agent], timeout: float | None) -> None:
+        """Stop the actors of agents whose disposal did not end in time (a tool body
+        still running, say): their turns stay open in the log, their outcome unknown, as
+        after a crash (``resume`` repairs them). Left running, such an actor would finish
+        its turn on a closed runtime, and stay registered with pykka for good."""
+        stops = []
+        for handle in stuck:
+            log.warning(
+                "agent %s did not stop within %s s; stopped with its turn left open",
+                handle.id,
+                timeout,
+            )
+            ref = self._refs.get(handle.id)
+            if ref is not None:
+                with contextlib.suppress(ActorDeadError):
+                    stops.append(ref.stop(block=False))
+        for stop in stops:
+            with contextlib.suppress(Exception):
+                stop.get(timeout=_STOP_WAIT_S)
 
 
 def _close_at_exit(ref: weakref.ref[Runtime]) -> Callable[[], None]:

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pykka import ActorRegistry
 
+from actors.agent import AgentActor
 from runtime import Runtime, ScriptedModel, ToolCall, tool
 from storage import (
     DuplicateSessionError,
@@ -202,6 +204,9 @@ def test_close_with_a_timeout_does_not_wait_for_a_sync_tool_body_past_it(
             rt.close(timeout=0.1)
         assert not returned.is_set()  # close returned while the body still ran
         assert "1 blocking call" in caplog.text
+        # Its actor was stopped, not left registered with pykka (where it would finish
+        # its turn on a closed runtime once the body returns).
+        assert [r for r in ActorRegistry.get_all() if r.actor_class is AgentActor] == []
     finally:
         release.set()
     assert returned.wait(WAIT)
