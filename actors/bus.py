@@ -27,6 +27,7 @@ from typing import Final, Generic, TypeVar, cast
 
 import msgspec
 
+from actors._host import Host
 from actors._ioside import IoSide, Outcome
 from actors.errors import IoSideClosedError, ListenerError
 
@@ -293,8 +294,10 @@ class Bus:
         listener returned (``None`` included: the caller decides what it means).
         In a chain with an async listener, ``next`` of an async listener returns an
         awaitable, and sync listeners run in the blocking pool where ``next()``
-        blocks that pool thread until the inner chain is done. A failure is raised
-        as ``ListenerError``; one raised by an inner listener passes through as is.
+        blocks that pool thread until the inner chain is done; that thread runs the
+        inner chain's sync listeners itself, so one chain holds at most one pool
+        thread. A failure is raised as ``ListenerError``; one raised by an inner
+        listener passes through as is.
         """
         topic = self._topics.get(name)
         if topic is None:
@@ -325,17 +328,11 @@ class Bus:
     ) -> T:
         if index == len(entries):
             return self._bottom(name, default)
-        listener = entries[index].listener
 
         def next_() -> T:
             return self._waterfall_sync(name, entries, index + 1, event, default)
 
-        try:
-            return cast(T, listener(event, next_))
-        except ListenerError:
-            raise
-        except _FAULTS as err:
-            raise ListenerError(name, listener, err) from err
+        return _call_sync(name, entries[index].listener, event, next_)
 
     async def _waterfall_async(
         self,
@@ -344,7 +341,11 @@ class Bus:
         index: int,
         event: object,
         default: Callable[[], T],
+        host: Host | None = None,
     ) -> T:
+        """The chain from ``index`` on the loop. A sync listener runs on ``host``'s thread
+        when there is one (the thread blocked in the ``next()`` of the sync listener this
+        part of the chain runs inside), else in the blocking pool."""
         if index == len(entries):
             return self._bottom(name, default)
         entry = entries[index]
@@ -354,22 +355,59 @@ class Bus:
             if entry.is_async:
 
                 def next_async() -> Awaitable[T]:
-                    return self._waterfall_async(name, entries, index + 1, event, default)
+                    return self._waterfall_async(name, entries, index + 1, event, default, host)
 
                 return cast(T, await cast(Awaitable[object], listener(event, next_async)))
-
-            def next_blocking() -> T:
-                inner = self._waterfall_async(name, entries, index + 1, event, default)
-                return asyncio.run_coroutine_threadsafe(inner, loop).result()
-
-            result = await loop.run_in_executor(
-                self._io.blocking_pool, listener, event, next_blocking
-            )
-            return cast(T, result)
+            next_ = self._next_blocking(loop, name, entries, index + 1, event, default)
+            if host is None:
+                work = loop.run_in_executor(
+                    self._io.blocking_pool, _call_sync, name, listener, event, next_
+                )
+            else:
+                work = host.submit(_call_sync, name, listener, event, next_)
+            return await work
         except ListenerError:
             raise
         except _FAULTS as err:
             raise ListenerError(name, listener, err) from err
+
+    def _next_blocking(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        name: str,
+        entries: tuple[_Entry, ...],
+        index: int,
+        event: object,
+        default: Callable[[], T],
+    ) -> Callable[[], T]:
+        """``next`` of the sync listener before ``index``: blocks its (pool) thread until
+        the chain from ``index`` is done, and that thread does the chain's sync work
+        meanwhile, so one waterfall holds at most one pool thread whatever its mix of
+        listeners; waterfalls cannot starve the pool waiting for threads other waiting
+        waterfalls hold. A following sync listener is called right there; past an async
+        listener (and for the default, which runs on the loop as in any deferred chain)
+        the chain runs on the loop and sends its sync listeners back to this thread."""
+
+        def next_() -> T:
+            if index < len(entries) and not entries[index].is_async:
+                after = self._next_blocking(loop, name, entries, index + 1, event, default)
+                return _call_sync(name, entries[index].listener, event, after)
+            host = Host(loop, self._io.blocking_pool)
+            inner = self._waterfall_async(name, entries, index, event, default, host)
+            return cast(T, host.serve(inner))
+
+        return next_
+
+
+def _call_sync(name: str, listener: Listener, event: object, next_: Callable[[], T]) -> T:
+    """A sync waterfall listener; its failure raised as ``ListenerError`` (an inner
+    listener's passes through as is)."""
+    try:
+        return cast(T, listener(event, next_))
+    except ListenerError:
+        raise
+    except _FAULTS as err:
+        raise ListenerError(name, listener, err) from err
 
 
 def _label(listener: object) -> str:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -18,6 +17,7 @@ import msgspec
 
 from storage.events import TextBlock, ToolError, ToolSpec
 
+from ._host import Host
 from .bus import _is_async
 
 __all__ = [
@@ -150,77 +150,6 @@ class ToolTimeout(Exception):
         super().__init__("the tool timed out")
 
 
-_Work = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
-
-
-class _Host:
-    """A thread blocked in a sync listener's ``next()``: until the inner chain is done it
-    runs the chain's sync work (sync listeners inside, a sync body) sent from the loop,
-    so that work needs no other pool thread.
-
-    Invariant: ``submit`` and ``close`` run on the loop, so nothing is queued after the
-    closing sentinel (work submitted after the close goes to the pool instead)."""
-
-    __slots__ = ("_closed", "_loop", "_pool", "_queue")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, pool: Executor) -> None:
-        self._loop = loop
-        self._pool = pool
-        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
-        self._closed = False
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        """Run ``fn(*args)`` on the host thread (on the loop: returns its future)."""
-        if self._closed:  # e.g. a task an async listener left behind calls next() late
-            return self._loop.run_in_executor(self._pool, fn, *args)
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._queue.put((fn, args, future))
-        return future
-
-    def close(self) -> None:
-        self._closed = True
-        self._queue.put(None)
-
-    def serve(self, inner: Awaitable[Any]) -> Any:
-        """Run ``inner`` on the loop and the work it submits here, until it is done; its
-        result (or exception). On the blocked thread."""
-
-        async def run_then_close() -> Any:
-            try:
-                return await inner
-            finally:
-                self.close()
-
-        done = asyncio.run_coroutine_threadsafe(run_then_close(), self._loop)
-        while (item := self._queue.get()) is not None:
-            fn, args, future = item
-            try:
-                value = fn(*args)
-            except BaseException as err:  # noqa: BLE001 - handed to the awaiting coroutine
-                self._settle(future, None, err)
-            else:
-                self._settle(future, value, None)
-        return done.result()
-
-    def _settle(
-        self, future: asyncio.Future[Any], value: Any, error: BaseException | None
-    ) -> None:
-        def settle() -> None:
-            if future.done():  # cancelled meanwhile: a timeout, or the call's cancel
-                return
-            if error is None:
-                future.set_result(value)
-            elif isinstance(error, StopIteration):  # asyncio futures refuse StopIteration
-                future.set_exception(RuntimeError(f"raised {error!r}"))
-            else:
-                future.set_exception(error)
-
-        try:
-            self._loop.call_soon_threadsafe(settle)
-        except RuntimeError:  # the loop closed: nobody awaits the result any more
-            return
-
-
 async def run_execute_chain(
     listeners: Sequence[ExecuteListener],
     event: Any,
@@ -249,7 +178,7 @@ async def run_execute_chain(
     is_async_listener = [_is_async(listener) for listener in listeners]
     held = loop.create_future()  # set when a timed-out body holds a listener's thread
 
-    async def body(host: _Host | None) -> Any:
+    async def body(host: Host | None) -> Any:
         if is_async:
             work = run()
         elif host is None:
@@ -265,7 +194,7 @@ async def run_execute_chain(
                 held.set_result(None)
             raise ToolTimeout from None
 
-    async def call(index: int, host: _Host | None) -> Any:
+    async def call(index: int, host: Host | None) -> Any:
         if index == len(listeners):
             return await body(host)
         listener = listeners[index]
@@ -281,7 +210,7 @@ async def run_execute_chain(
                 return listeners[index](event, sync_next(index + 1))
             if index == len(listeners) and not is_async and timeout is None:
                 return run()
-            host = _Host(loop, pool)
+            host = Host(loop, pool)
             return host.serve(call(index, host))
 
         return next_

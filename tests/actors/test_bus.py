@@ -7,6 +7,7 @@ import logging
 import queue
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import pytest
@@ -278,6 +279,85 @@ def test_a_mixed_waterfall_can_short_circuit_and_fail(bus: Bus, io: IoSide) -> N
     with pytest.raises(ListenerError) as caught:
         run_deferred(io, bus.waterfall("w", "allow", lambda: "default"))
     assert caught.value.listener is broken
+
+
+@pytest.mark.parametrize(
+    "chain",
+    ["sync, async, sync", "sync, sync, async, sync", "async, sync, async, sync, sync"],
+)
+def test_mixed_waterfalls_holding_every_pool_thread_do_not_starve_their_inner_listeners(
+    bus: Bus, io: IoSide, chain: str
+) -> None:
+    # Twice as many waterfalls at once as the blocking pool has threads; the first sync
+    # listener of every chain waits until a whole pool's worth of them hold a thread
+    # each, so the sync listeners inside can only run if they need no other pool thread.
+    workers = io.blocking_workers
+    all_holding = threading.Barrier(workers, timeout=WAIT)
+    kinds = chain.split(", ")
+    first_sync = kinds.index("sync")
+    threads: dict[tuple[int, int], str] = {}  # (run, listener index) -> thread name
+
+    def sync_listener(index: int) -> Callable[[int, Callable[[], str]], str]:
+        def listener(event: int, next_: Callable[[], str]) -> str:
+            if index == first_sync:
+                all_holding.wait()
+            threads[event, index] = _thread()
+            return f"s{index}({next_()})"
+
+        return listener
+
+    def async_listener(index: int) -> Callable[[int, Callable[[], Awaitable[str]]], Any]:
+        async def listener(event: int, next_: Callable[[], Awaitable[str]]) -> str:
+            return f"a{index}({await next_()})"
+
+        return listener
+
+    for index, kind in enumerate(kinds):
+        bus.on("w", sync_listener(index) if kind == "sync" else async_listener(index))
+
+    def deferred(run: int) -> Callable[[], Awaitable[str]]:
+        result = bus.waterfall("w", run, partial(str, run))
+        assert isinstance(result, Deferred)
+        return result.run
+
+    runs = 2 * workers
+    handles = [io.start(deferred(run), on_done=lambda _o: None) for run in range(runs)]
+    for run, handle in enumerate(handles):
+        outcome = handle.wait(WAIT)
+        assert outcome.error is None
+        expected = str(run)
+        for index in reversed(range(len(kinds))):
+            expected = f"{kinds[index][0]}{index}({expected})"
+        assert outcome.value == expected
+    # One chain holds at most one pool thread: its sync listeners all ran on the thread
+    # of its first one.
+    for run in range(runs):
+        ran_on = {threads[run, i] for i, kind in enumerate(kinds) if kind == "sync"}
+        assert len(ran_on) == 1
+        assert "pool" in ran_on.pop()
+
+
+@pytest.mark.parametrize("outer", ["async", "sync"])
+def test_a_sync_listener_raising_stop_iteration_in_a_mixed_waterfall_is_a_listener_error(
+    bus: Bus, io: IoSide, outer: str
+) -> None:
+    # asyncio futures refuse StopIteration: handed to one from the pool, it was lost and
+    # the waterfall never finished.
+    def stops(_event: object, _next: Callable[[], object]) -> object:
+        raise StopIteration
+
+    async def passing(_event: object, next_: Callable[[], Awaitable[object]]) -> object:
+        return await next_()
+
+    if outer == "async":
+        bus.on("w", passing)
+    bus.on("w", stops)
+    if outer == "sync":
+        bus.on("w", passing)
+    with pytest.raises(ListenerError) as caught:
+        run_deferred(io, bus.waterfall("w", None, lambda: "default"))
+    assert caught.value.listener is stops
+    assert isinstance(caught.value.cause, StopIteration)
 
 
 def test_scoped_waterfall_listeners_wrap_only_their_agent(bus: Bus) -> None:
