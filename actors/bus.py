@@ -277,8 +277,12 @@ class Bus:
             try:
                 if entry.is_async:
                     await cast(Awaitable[object], entry.listener(event))
-                else:
-                    await loop.run_in_executor(self._io.blocking_pool, entry.listener, event)
+                else:  # its failure wrapped on its thread: a future refuses StopIteration
+                    await loop.run_in_executor(
+                        self._io.blocking_pool, _call_serial_sync, name, entry.listener, event
+                    )
+            except ListenerError:
+                raise
             except _FAULTS as err:
                 raise ListenerError(name, entry.listener, err) from err
 
@@ -397,6 +401,14 @@ class Bus:
             return cast(T, host.serve(inner))
 
         return next_
+
+
+def _call_serial_sync(name: str, listener: Listener, event: object) -> None:
+    """A sync serial listener; its failure raised as ``ListenerError``."""
+    try:
+        listener(event)
+    except _FAULTS as err:
+        raise ListenerError(name, listener, err) from err
 
 
 def _call_sync(name: str, listener: Listener, event: object, next_: Callable[[], T]) -> T:

@@ -360,6 +360,25 @@ def test_a_sync_listener_raising_stop_iteration_in_a_mixed_waterfall_is_a_listen
     assert isinstance(caught.value.cause, StopIteration)
 
 
+def test_a_sync_listener_raising_stop_iteration_after_an_async_one_in_serial_is_a_listener_error(
+    bus: Bus, io: IoSide
+) -> None:
+    # The serial chain's rest ran it in the pool and awaited the future, which asyncio
+    # refuses to complete with StopIteration: the chain never finished.
+    def stops(_event: object) -> None:
+        raise StopIteration
+
+    async def first(_event: object) -> None:
+        return None
+
+    bus.on("s", first)
+    bus.on("s", stops)
+    with pytest.raises(ListenerError) as caught:
+        run_deferred(io, bus.serial("s", None))
+    assert caught.value.listener is stops
+    assert isinstance(caught.value.cause, StopIteration)
+
+
 def test_scoped_waterfall_listeners_wrap_only_their_agent(bus: Bus) -> None:
     bus.on("w", lambda _e, next_: f"g({next_()})")
     bus.on("w", lambda _e, next_: f"a({next_()})", scope="a")
