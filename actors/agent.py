@@ -412,8 +412,8 @@ class AgentActor(PooledActor):
             self.inbox.clear()
         waiting = self._waiting
         if isinstance(waiting, Admit):  # queued for a place: leave the queue, end the drain
-            if waiting.admission.withdraw(waiting.on_admitted):
-                self._advance(None, TurnAborted())
+            self._give_up_admission(waiting)
+            self._advance(None, TurnAborted())
             return
         signal = self.machine.signal
         if self._coro is None or signal is None:
@@ -561,7 +561,17 @@ class AgentActor(PooledActor):
     def on_stop(self) -> None:
         self._stopped(keep_lanes=False)
 
+    def _give_up_admission(self, waiting: Admit) -> None:
+        """Leave the queue for a place, or give back the place it was handed already
+        (the admission's resume is then on its way here, and finds the wait ended)."""
+        if not waiting.admission.withdraw(waiting.on_admitted):
+            waiting.admission.leave()
+
     def _stopped(self, *, keep_lanes: bool) -> None:
+        waiting = self._waiting
+        if isinstance(waiting, Admit):  # the drain never got (or used) its place
+            self._waiting = None
+            self._give_up_admission(waiting)
         if self._coro is not None:
             self.machine.stopping = True  # the turn stays open in the log: see TurnMachine
             self._coro.close()

@@ -119,7 +119,9 @@ class _Spec(NamedTuple):
     model: Model
     tools: dict[str, Tool]
     system: str | None
-    limits: UsageLimits | None
+    meters: list[UsageMeter]
+    """Its own meter (its ``limits``, or the runtime's ``agent_limits``) and the
+    runtime's: kept across passivation, so that a rebuilt agent goes on counting."""
 
 
 class _Parts(NamedTuple):
@@ -374,7 +376,8 @@ class Runtime:
         system: str | None,
         limits: UsageLimits | None = None,
     ) -> Agent:
-        spec = _Spec(model=model, tools=tools, system=system, limits=limits)
+        meters = self._meters_for(session.id, limits)
+        spec = _Spec(model=model, tools=tools, system=system, meters=meters)
         handle = Agent(
             self,
             session,
@@ -441,7 +444,7 @@ class Runtime:
             system=spec.system,
             durability=self.durability,
             max_steps=self.max_steps,
-            meters=self._meters_for(agent_id, spec.limits),
+            meters=spec.meters,
             admission=self._admission,
         )
 

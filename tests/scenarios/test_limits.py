@@ -10,7 +10,7 @@ import pytest
 
 from runtime import InboxFullError, Runtime, ScriptedModel, ToolCall, UsageLimits, tool
 
-from .conftest import WAIT, Timeline, check_store
+from .conftest import WAIT, HeldActor, Timeline, check_store
 from .models import GateModel
 
 
@@ -117,6 +117,72 @@ def test_a_cancel_while_queued_for_a_place_leaves_the_queue(store_path: Path) ->
         third.followup("the place was given back")
         assert third.wait_idle(WAIT)
         assert ends(third)[0].kind == "completed"
+    check_store(store_path)
+
+
+def test_an_agent_killed_while_queued_for_a_place_does_not_keep_it(store_path: Path) -> None:
+    # Its queued admission stayed in the queue: the place was later handed to the dead
+    # actor, and every later turn of the runtime waited behind it for good.
+    gate = GateModel()
+    with Runtime.open(store_path, max_running_turns=1) as rt:
+        timeline = Timeline(rt)
+        busy = rt.spawn(model=gate)
+        queued = rt.spawn(model=ScriptedModel.echo())
+        busy.followup("hold the only place")
+        assert gate.reached.wait(WAIT)
+        queued.followup("wait for a place")
+        rt.flush()  # the followup was handled: the agent is queued for the place
+        queued.kill("chaos test")
+        timeline.wait_for("agent/disposed")
+        gate.release(0)
+        assert busy.wait_idle(WAIT)
+        third = rt.spawn(model=ScriptedModel.echo())
+        third.followup("the place was given back")
+        assert third.wait_idle(WAIT)
+        assert ends(third)[0].kind == "completed"
+
+
+def test_a_cancel_sent_before_the_place_is_handed_over_wins_even_if_handled_after(
+    store_path: Path,
+) -> None:
+    # The cancel found the admission gone from the queue (handed over, its resume on the
+    # way behind the cancel) and did nothing: the parked turn ran after all.
+    gate = GateModel()
+    with Runtime.open(store_path, max_running_turns=1) as rt:
+        timeline = Timeline(rt)
+        busy = rt.spawn(model=gate)
+        queued = rt.spawn(model=ScriptedModel.echo())
+        busy.followup("hold the only place")
+        assert gate.reached.wait(WAIT)
+        parked = queued.followup("wait for a place")
+        rt.flush()  # queued for the place
+        held = HeldActor(queued)  # its actor busy: what follows waits in its mailbox
+        queued.cancel(keep_inbox=True)
+        gate.release(0)
+        assert busy.wait_idle(WAIT)  # the place is handed to `queued`, behind the cancel
+        held.release()
+        assert queued.wait_idle(WAIT)
+        assert timeline.of("agent/inbox/claimed") == [
+            c for c in timeline.of("agent/inbox/claimed") if c.agent is busy
+        ]
+        assert parked in [m.id for m in queued.inbox.next_turn]
+        third = rt.spawn(model=ScriptedModel.echo())
+        third.followup("the place was given back")
+        assert third.wait_idle(WAIT)
+    check_store(store_path)
+
+
+def test_a_passivated_agent_keeps_counting_against_its_own_limits(store_path: Path) -> None:
+    # Rebuilt from its log, it got a fresh meter: 5 requests against a limit of 2.
+    model = ScriptedModel.echo()
+    with Runtime.open(store_path) as rt:
+        agent = rt.spawn(model=model, limits=UsageLimits(max_requests=2))
+        for n in range(4):
+            agent.followup(f"question {n}")
+            assert agent.wait_idle(WAIT)
+            assert agent.passivate()
+        assert model.requests == 2
+        assert [r.kind for r in ends(agent)] == ["completed", "completed", "limit", "limit"]
     check_store(store_path)
 
 
