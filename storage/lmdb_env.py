@@ -396,12 +396,20 @@ def scan_journal(
 
 
 def _join(tails: Tails, session: int, first: int, records: list[bytes]) -> None:
-    """Add a run of ``session``'s journaled records, which must continue its tail."""
+    """Add a run of ``session``'s journaled records, which must continue its tail.
+
+    A run that starts past the tail's end supersedes it: the tail is the stale copy of
+    records a compaction round moved to ``events`` (its frames are deleted only when the
+    round ends), and the records between went straight to ``events`` (a large run).
+    The callers check the tail against the session row's last seq: a real gap is still
+    damage."""
     tail = tails.get(session)
     if tail is None:
         tails[session] = Tail(first, records)
     elif first == tail.first + len(tail.records):
         tail.records.extend(records)
+    elif first > tail.first + len(tail.records):
+        tails[session] = Tail(first, records)
     else:
         raise LogCorruptError(
             f"the journal holds seq {first} of session key {session} after seq "
@@ -582,7 +590,14 @@ class LmdbEnv:
                     "which has no session row: restore the store from a backup or an export"
                 )
             rows[key] = (session_id, raw[_ROW_PREFIX.size :])
-            first = max(tail.first, decode_row(raw).last_seq + 1)
+            stored = decode_row(raw).last_seq
+            if tail.first > stored + 1:
+                raise LogCorruptError(
+                    f"the journal of {self.path} holds session key {key} from seq "
+                    f"{tail.first}, but its stored events end at seq {stored}: the store "
+                    "is damaged: restore it from a backup or an export"
+                )
+            first = max(tail.first, stored + 1)
             if first < tail.first + len(tail.records):
                 spans.append((key, first, tail.records[first - tail.first :]))
         last = put_spans(txn, dbs.events, spans)

@@ -971,3 +971,73 @@ def test_in_process_readers_never_see_a_gap_while_the_writer_compacts(
     tails = rig.store.tails.values()
     assert rig.writer._journal_records == sum(len(tail.records) for tail in tails)
     assert rig.writer._journal_bytes == sum(len(r) for tail in tails for r in tail.records)
+
+
+_STEPPED_THEN_DIRECT = r"""
+import os, sys
+import storage.writer as writer
+from storage import Store
+
+writer.JOURNAL_MAX_BYTES = 2 << 20  # small rounds of small steps, to meet the case soon
+writer.COMPACT_STEP_BYTES = 64 << 10
+writer.COMPACT_STEP_RECORDS = 64
+store = Store.open(sys.argv[1], durability="none")
+store.register_event_type("probe/blob")
+w = store._writer
+victim = store.create_session("victim")
+fill = [store.create_session(f"f{i}") for i in range(100)]
+blob = "y" * 3000
+while w._journal_bytes < (2 << 20) - (256 << 10):
+    for s in fill[:50]:
+        s.append("probe/blob", {"x": blob})
+    store.flush()
+victim.append("probe/blob", {"x": "a"})
+store.flush()
+while w._round_end is None:  # a round starts
+    for s in fill[:50]:
+        s.append("probe/blob", {"x": blob})
+    store.flush()
+while victim.header.key in store._db.tails and w._round_end is not None:
+    fill[-1].append("probe/blob", {"x": "z"})  # commits until the victim is stepped
+    store.flush()
+assert w._round_end is not None, "the round ended first"
+victim.extend([("probe/blob", {"x": "b" * 2000}) for _ in range(20)])  # a run for events
+store.flush()
+victim.append("probe/blob", {"x": "c"})  # journaled again, its stepped frames still there
+store.flush()
+print("ready", flush=True)
+sys.stdin.readline()  # the parent reads the store meanwhile
+os._exit(0)  # a crash: everything above was flushed
+"""
+
+
+def test_a_session_stepped_then_written_straight_to_events_reads_back_and_reopens_after_a_crash(
+    tmp_path: Path,
+) -> None:
+    # Its compacted frames stay in the journal until the round ends; a large run went
+    # straight to `events`, then a small record to the journal again: the journal held
+    # its records with a gap, and a read-only reader, and the open after a crash, refused
+    # the whole store as damaged although every record was there.
+    from storage import Store
+
+    path = tmp_path / "store"
+    with subprocess.Popen(
+        [sys.executable, "-c", _STEPPED_THEN_DIRECT, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout.readline().strip() == "ready"
+            with Store.open(path, readonly=True) as reader:
+                reader.register_event_type("probe/blob")
+                assert [e.seq for e in reader.read("victim")] == list(range(22))
+            child.stdin.write("\n")
+            child.stdin.flush()
+            assert child.wait(60) == 0
+        finally:
+            child.kill()
+    with Store.open(path) as store:
+        store.register_event_type("probe/blob")
+        assert [e.seq for e in store.read("victim")] == list(range(22))
