@@ -81,14 +81,29 @@ def test_a_runtime_token_limit_is_shared_by_every_agent(store_path: Path) -> Non
     check_store(store_path)
 
 
+def _one_holds_the_only_place(rt: Runtime, gate: GateModel) -> tuple[Any, Any]:
+    """Two agents of a runtime with ``max_running_turns=1``: the first holds the only
+    place (its model waits at ``gate``), the second is idle."""
+    busy = rt.spawn(model=gate)
+    other = rt.spawn(model=ScriptedModel.echo())
+    busy.followup("hold the only place")
+    assert gate.reached.wait(WAIT)
+    return busy, other
+
+
+def _the_place_is_free(rt: Runtime) -> None:
+    """A new agent's turn runs: the place was given back."""
+    third = rt.spawn(model=ScriptedModel.echo())
+    third.followup("the place was given back")
+    assert third.wait_idle(WAIT)
+    assert ends(third)[0].kind == "completed"
+
+
 def test_beyond_max_running_turns_work_waits_and_then_runs(store_path: Path) -> None:
     gate = GateModel()
     with Runtime.open(store_path, max_running_turns=1) as rt:
         timeline = Timeline(rt)
-        busy = rt.spawn(model=gate)
-        waiting = rt.spawn(model=ScriptedModel.echo())
-        busy.followup("hold the only place")
-        assert gate.reached.wait(WAIT)
+        busy, waiting = _one_holds_the_only_place(rt, gate)
         waiting.followup("wait for it")
         assert not waiting.wait_idle(0.2)  # queued for a place: not idle, no turn yet
         assert [e.type for e in waiting.session.events()].count("turn/start") == 0
@@ -103,20 +118,14 @@ def test_beyond_max_running_turns_work_waits_and_then_runs(store_path: Path) -> 
 def test_a_cancel_while_queued_for_a_place_leaves_the_queue(store_path: Path) -> None:
     gate = GateModel()
     with Runtime.open(store_path, max_running_turns=1) as rt:
-        busy = rt.spawn(model=gate)
-        queued = rt.spawn(model=ScriptedModel.echo())
-        busy.followup("hold the only place")
-        assert gate.reached.wait(WAIT)
+        busy, queued = _one_holds_the_only_place(rt, gate)
         queued.followup("never mind")
         queued.cancel()
         assert queued.wait_idle(WAIT)
         assert len(queued.inbox) == 0
         gate.release(0)
         assert busy.wait_idle(WAIT)
-        third = rt.spawn(model=ScriptedModel.echo())
-        third.followup("the place was given back")
-        assert third.wait_idle(WAIT)
-        assert ends(third)[0].kind == "completed"
+        _the_place_is_free(rt)
     check_store(store_path)
 
 
@@ -126,20 +135,14 @@ def test_an_agent_killed_while_queued_for_a_place_does_not_keep_it(store_path: P
     gate = GateModel()
     with Runtime.open(store_path, max_running_turns=1) as rt:
         timeline = Timeline(rt)
-        busy = rt.spawn(model=gate)
-        queued = rt.spawn(model=ScriptedModel.echo())
-        busy.followup("hold the only place")
-        assert gate.reached.wait(WAIT)
+        busy, queued = _one_holds_the_only_place(rt, gate)
         queued.followup("wait for a place")
         rt.flush()  # the followup was handled: the agent is queued for the place
         queued.kill("chaos test")
         timeline.wait_for("agent/disposed")
         gate.release(0)
         assert busy.wait_idle(WAIT)
-        third = rt.spawn(model=ScriptedModel.echo())
-        third.followup("the place was given back")
-        assert third.wait_idle(WAIT)
-        assert ends(third)[0].kind == "completed"
+        _the_place_is_free(rt)
 
 
 def test_a_cancel_sent_before_the_place_is_handed_over_wins_even_if_handled_after(
@@ -150,10 +153,7 @@ def test_a_cancel_sent_before_the_place_is_handed_over_wins_even_if_handled_afte
     gate = GateModel()
     with Runtime.open(store_path, max_running_turns=1) as rt:
         timeline = Timeline(rt)
-        busy = rt.spawn(model=gate)
-        queued = rt.spawn(model=ScriptedModel.echo())
-        busy.followup("hold the only place")
-        assert gate.reached.wait(WAIT)
+        busy, queued = _one_holds_the_only_place(rt, gate)
         parked = queued.followup("wait for a place")
         rt.flush()  # queued for the place
         held = HeldActor(queued)  # its actor busy: what follows waits in its mailbox
@@ -166,9 +166,7 @@ def test_a_cancel_sent_before_the_place_is_handed_over_wins_even_if_handled_afte
             c for c in timeline.of("agent/inbox/claimed") if c.agent is busy
         ]
         assert parked in [m.id for m in queued.inbox.next_turn]
-        third = rt.spawn(model=ScriptedModel.echo())
-        third.followup("the place was given back")
-        assert third.wait_idle(WAIT)
+        _the_place_is_free(rt)
     check_store(store_path)
 
 
