@@ -21,6 +21,8 @@ from typing import ClassVar, Protocol
 
 from actors.errors import DispatcherShutdownError
 
+from ._deadline import deadline, remaining
+
 __all__ = [
     "DeadLetter",
     "DeadLetters",
@@ -200,11 +202,11 @@ class Dispatcher:
         for _ in range(self._eager):  # standby workers see _closed within stall_s
             self._run_queue.put(_SHUTDOWN)
         me = threading.current_thread()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        until = deadline(timeout)
         for thread in self._threads:
             if thread is me:
                 continue
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            thread.join(remaining(until))
         return not any(t.is_alive() for t in self._threads if t is not me)
 
     def statistics(self) -> DispatcherStatistics:

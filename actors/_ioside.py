@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from pykka import ActorDeadError, ActorRef
 
 from actors._dispatcher import DeadLetters, mark_thread_nonblocking
 from actors.errors import IoSideClosedError, MailboxFullError
+
+from ._deadline import deadline, remaining
 
 __all__ = [
     "BlockingWork",
@@ -335,16 +336,16 @@ class IoSide:
                 return
             self._closed = True
             pending = list(self._in_flight.values())
-        deadline = None if timeout is None else time.monotonic() + timeout
+        until = deadline(timeout)
         for handle in pending:
             handle.cancel()
         drain = asyncio.run_coroutine_threadsafe(self._drain_tasks(), self.loop)
         try:
-            drain.result(_left(deadline))
+            drain.result(remaining(until))
         except TimeoutError:
             logger.warning("I/O side closed with coroutine effects still running")
         self.blocking_pool.shutdown(wait=False)
-        running = self.blocking_pool.wait_idle(_left(deadline))
+        running = self.blocking_pool.wait_idle(remaining(until))
         if running:
             logger.warning(
                 "I/O side closed with %d blocking call%s (tool bodies, sync listeners) not "
@@ -355,7 +356,7 @@ class IoSide:
                 timeout,
             )
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(_left(deadline))
+        self._thread.join(remaining(until))
 
     # -- internals -------------------------------------------------------------------
 
@@ -441,7 +442,3 @@ async def _contained(work: Callable[[], Awaitable[T]]) -> T:
     except SystemExit as exit_:
         raise RuntimeError(f"the work raised SystemExit({exit_.code!r})") from exit_
 
-
-def _left(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (None: no limit), never negative."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -13,7 +13,6 @@ import logging
 import os
 import sys
 import threading
-import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,6 +33,7 @@ from actors import (
     in_nonblocking_thread,
     watch,
 )
+from actors._deadline import deadline, remaining
 from actors.agent import AgentActor, AwaitIdle, Cancel, Quiescent
 from actors.flushes import FlushGroup
 from actors.inbox import Inbox
@@ -634,9 +634,9 @@ class Runtime:
         waits for that first. Called on a dispatcher or I/O thread (from a listener or a
         tool) it covers only what was appended: the agents it would wait for may need
         that thread. Raises ``TimeoutError`` after ``timeout`` seconds."""
-        deadline = _deadline(timeout)
+        until = deadline(timeout)
         self._await_told(timeout)
-        self.store.flush(_remaining(deadline))
+        self.store.flush(remaining(until))
 
     async def aflush(self) -> None:
         """:meth:`flush` for asyncio code: ``await rt.aflush()`` (see ``Store.aflush``)."""
@@ -657,10 +657,10 @@ class Runtime:
             return
         agents = self._busy_agents() if busy is None else busy
         futures = [f for h in agents if (f := h._told_handled()) is not None]
-        deadline = _deadline(timeout)
+        until = deadline(timeout)
         for future in futures:
             try:
-                future.get(timeout=_remaining(deadline))
+                future.get(timeout=remaining(until))
             except ActorDeadError:
                 pass  # stopped or crashed: what it had not handled went with it
             except Timeout as err:
@@ -705,8 +705,8 @@ class Runtime:
             agents = list(self._agents.values())
         for handle in agents:
             handle._begin_disposal(keep_inbox=True)
-        deadline = _deadline(timeout)
-        stuck = [h for h in agents if not h._disposed.wait(_remaining(deadline))]
+        until = deadline(timeout)
+        stuck = [h for h in agents if not h._disposed.wait(remaining(until))]
         self._stop_now(stuck, timeout)
         self._registry.stop(timeout=timeout)
         self.scheduler.close()
@@ -756,11 +756,3 @@ def _close_at_exit(ref: weakref.ref[Runtime]) -> Callable[[], None]:
 
     return close
 
-
-def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def _remaining(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (None: no limit), never negative."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
