@@ -176,6 +176,8 @@ class _BlockingPool(ThreadPoolExecutor):
         super().__init__(workers, thread_name_prefix=prefix)
         self._idle = threading.Condition()
         self._held = 0  # Invariant: submitted callables whose future is not done yet
+        # Invariant: leases abandoned and not ended; _max_workers is raised by as many.
+        self._abandoned = 0
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         with self._idle:
@@ -201,6 +203,58 @@ class _BlockingPool(ThreadPoolExecutor):
             self._idle.wait_for(lambda: not self._held, timeout)
             return self._held
 
+    def lease(self) -> Lease:
+        """A lease for a callable whose caller may stop waiting for it (a timeout): see
+        :class:`Lease`."""
+        return Lease(self)
+
+    @property
+    def abandoned(self) -> int:
+        """Callables still holding a thread that their callers gave up on."""
+        return self._abandoned
+
+    def _abandon(self, lease: Lease) -> None:
+        with self._idle:
+            if lease._state == _LEASED:
+                lease._state = _ABANDONED
+                self._abandoned += 1
+                # ThreadPoolExecutor starts a thread on submit while it has fewer than
+                # _max_workers and none idle: one more for as long as this one is held.
+                self._max_workers += 1
+
+    def _end_lease(self, lease: Lease) -> None:
+        with self._idle:
+            if lease._state == _ABANDONED:
+                self._abandoned -= 1
+                self._max_workers -= 1
+            lease._state = _ENDED
+
+
+_LEASED, _ABANDONED, _ENDED = range(3)
+
+
+class Lease:
+    """A sync callable's hold on a blocking-pool thread that its caller may give up on.
+
+    A sync tool body past its timeout cannot be interrupted: it keeps its thread until it
+    returns. :meth:`abandon` (the caller stopped waiting) lets the pool start one more
+    thread for as long as the callable runs, so bodies that never return cannot take
+    every thread of the pool from the others; :meth:`end` (the callable returned, raised
+    or never started) gives the extra thread back. Both are idempotent and thread-safe.
+    """
+
+    __slots__ = ("_pool", "_state")
+
+    def __init__(self, pool: _BlockingPool) -> None:
+        self._pool = pool
+        self._state = _LEASED
+
+    def abandon(self) -> None:
+        self._pool._abandon(self)
+
+    def end(self, _future: object = None) -> None:
+        self._pool._end_lease(self)
+
 
 @dataclass(frozen=True, slots=True)
 class IoStatistics:
@@ -208,6 +262,7 @@ class IoStatistics:
     blocking_workers: int
     started: int
     closed: bool
+    abandoned_blocking: int  # blocking calls still running that their callers gave up on
 
 
 class IoSide:
@@ -317,6 +372,7 @@ class IoSide:
             blocking_workers=self.blocking_workers,
             started=next(self._ids) - 1,
             closed=self._closed,
+            abandoned_blocking=self.blocking_pool.abandoned,
         )
 
     # -- lifecycle -------------------------------------------------------------------

@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from functools import partial
 from typing import Any, Final, Protocol, runtime_checkable
 
 import msgspec
@@ -18,6 +19,7 @@ import msgspec
 from storage.events import TextBlock, ToolError, ToolSpec
 
 from ._host import Host
+from ._ioside import Lease, _BlockingPool
 from .bus import _is_async
 
 __all__ = [
@@ -179,8 +181,18 @@ async def run_execute_chain(
     held = loop.create_future()  # set when a timed-out body holds a listener's thread
 
     async def body(host: Host | None) -> Any:
+        lease = None
         if is_async:
             work = run()
+        elif timeout is not None and isinstance(pool, _BlockingPool):
+            lease = pool.lease()
+            leased = partial(_run_leased, run, lease)
+            if host is None:
+                submitted = pool.submit(leased)
+                submitted.add_done_callback(lease.end)  # also if it never starts
+                work = asyncio.wrap_future(submitted)
+            else:
+                work = host.submit(leased)
         elif host is None:
             work = loop.run_in_executor(pool, run)
         else:
@@ -190,6 +202,8 @@ async def run_execute_chain(
         try:
             return await asyncio.wait_for(work, timeout)
         except TimeoutError:
+            if lease is not None:
+                lease.abandon()  # the body keeps its thread: the pool may start another
             if host is not None and not held.done():
                 held.set_result(None)
             raise ToolTimeout from None
@@ -227,6 +241,13 @@ async def run_execute_chain(
     if chain.done():
         return chain.result()
     raise ToolTimeout
+
+
+def _run_leased(run: Callable[[], Any], lease: Lease) -> Any:
+    try:
+        return run()
+    finally:
+        lease.end()
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

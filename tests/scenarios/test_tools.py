@@ -10,7 +10,7 @@ import pytest
 from runtime import Allow, Deny, Runtime, ScriptedModel, ToolCall, conclude, tool
 from storage.events import TextBlock
 
-from .conftest import WAIT, Timeline
+from .conftest import WAIT, Timeline, check_store
 from .models import GateModel
 
 
@@ -258,6 +258,50 @@ def test_a_tool_timeout_is_an_error_result(rt: Runtime) -> None:
     finally:
         release.set()
     assert results(agent)[0].error.code == "TOOL_TIMEOUT"
+
+
+@pytest.mark.parametrize("middleware", ["none", "sync"])
+def test_sync_bodies_that_time_out_and_never_return_do_not_take_the_pool_from_other_tools(
+    store_path: Any, middleware: str
+) -> None:
+    # A pool of two threads; two calls whose bodies never return (until the test ends)
+    # time out, and the next sync tool still runs: the pool starts a thread in place of
+    # each one that a timed-out body keeps, and gives it back when that body returns.
+    release = threading.Event()
+    both_stuck = threading.Barrier(3, timeout=WAIT)
+
+    @tool(timeout=0.05, concurrency_safe=True)
+    def stuck() -> str:
+        both_stuck.wait()
+        release.wait()  # set by the test's finally
+        return "late"
+
+    @tool(timeout=WAIT)
+    def fine() -> str:
+        return "fine"
+
+    rt = Runtime.open(store_path, blocking_workers=2)
+    try:
+        if middleware == "sync":
+            rt.on("tools/execute", lambda event, next_: next_())
+        calls = [[ToolCall(name="stuck"), ToolCall(name="stuck")], [ToolCall(name="fine")], "ok"]
+        agent = rt.spawn(model=ScriptedModel(calls), tools=[stuck, fine])
+        agent.followup("go")
+        both_stuck.wait()  # both pool threads are held by bodies that will time out
+        try:
+            assert agent.wait_idle(WAIT)
+            assert rt.io.statistics().abandoned_blocking == 2
+        finally:
+            release.set()
+        first, second, third = results(agent)
+        assert first.error.code == second.error.code == "TOOL_TIMEOUT"
+        assert third.error is None and third.message.content == [TextBlock(text="fine")]
+        assert rt.io.blocking_pool.wait_idle(WAIT) == 0
+        assert rt.io.statistics().abandoned_blocking == 0
+    finally:
+        release.set()
+        rt.close()
+    check_store(store_path)
 
 
 @pytest.mark.parametrize(
