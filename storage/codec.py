@@ -2,7 +2,9 @@
 
 A durable record is the JSON object ``{"type","seq","time","data"}`` (plus
 ``"ignorable":true`` for types registered as ignorable, so that a reader that does not
-know the type may skip it). Records round-trip byte-identically:
+know the type may skip it; asked to, a reader returns a placeholder for each record it
+skipped instead, see :class:`~storage.events.IgnoredRecord`). Records round-trip
+byte-identically:
 ``decode(encode(e)) == e`` and ``encode(decode(b)) == b`` for records this codec wrote.
 
 Validation (:meth:`Codec.prepare`) accepts only data that survives JSON unchanged:
@@ -29,7 +31,7 @@ from storage.errors import (
     LogCorruptError,
     UnknownEventTypeError,
 )
-from storage.events import EVENT_TYPES, SURFACE_TYPES, Event
+from storage.events import EVENT_TYPES, SURFACE_TYPES, Event, IgnoredRecord
 from storage.lossless import Check, check_plain_json, describe, run_check, struct_check
 
 __all__ = ["DEFAULT_MAX_EVENT_BYTES", "Codec", "EventKind", "EventTypes"]
@@ -329,20 +331,30 @@ class Codec:
             "raise max_event_bytes"
         )
 
-    def decode(self, payload: bytes, *, session_id: str) -> Event | None:
-        """Read a record back. ``None`` means an unknown but ignorable type: skip it."""
+    def decode(
+        self, payload: bytes, *, session_id: str, include_ignored: bool = False
+    ) -> Event | None:
+        """Read a record back. ``None`` means an unknown but ignorable type: skip it; with
+        ``include_ignored``, such a record reads as a placeholder event instead (its
+        data an :class:`~storage.events.IgnoredRecord` holding the record's bytes)."""
         decoder = self._types.record_decoder()
         try:  # one pass: the envelope and its typed data (see EventTypes.record_decoder)
             record = decoder.decode(payload)
-        except msgspec.DecodeError:
-            return self._decode_slowly(payload, session_id)  # says what is wrong, or skips
+        except msgspec.DecodeError:  # says what is wrong, or skips
+            return self._decode_slowly(payload, session_id, include_ignored)
         return Event(record.name, record.seq, record.time, record.data)
 
     def decode_run(
-        self, payloads: Iterable[bytes], *, first_seq: int, session_id: str
+        self,
+        payloads: Iterable[bytes],
+        *,
+        first_seq: int,
+        session_id: str,
+        include_ignored: bool = False,
     ) -> list[Event]:
         """:meth:`decode` of the records stored at seqs ``first_seq``, ``first_seq + 1``,
-        ... of one session (unknown ignorable types skipped). Raises
+        ... of one session (unknown ignorable types skipped, or with ``include_ignored``
+        read as placeholders: then every seq has its event). Raises
         :class:`LogCorruptError` naming the seq of a record that does not decode or that
         says another seq than the one it is stored at."""
         decoder = self._types.record_decoder()
@@ -352,8 +364,8 @@ class Codec:
         for payload in payloads:
             try:
                 record = decoder.decode(payload)
-            except msgspec.DecodeError:
-                event = self._decode_at(payload, session_id, seq)
+            except msgspec.DecodeError:  # the slow path only: the fast one pays nothing
+                event = self._decode_at(payload, session_id, seq, include_ignored)
                 if event is not None:
                     append(event)
                 seq += 1
@@ -364,10 +376,12 @@ class Codec:
             seq += 1
         return events
 
-    def _decode_at(self, payload: bytes, session_id: str, seq: int) -> Event | None:
+    def _decode_at(
+        self, payload: bytes, session_id: str, seq: int, include_ignored: bool
+    ) -> Event | None:
         """:meth:`decode` of the record stored at ``seq``, its errors naming that seq."""
         try:
-            event = self._decode_slowly(payload, session_id)
+            event = self._decode_slowly(payload, session_id, include_ignored)
         except LogCorruptError as err:
             if f"seq {seq}" in str(err):
                 raise
@@ -382,7 +396,9 @@ class Codec:
             f"session {session_id!r}: the record stored at seq {stored} says seq {says}"
         )
 
-    def _decode_slowly(self, payload: bytes, session_id: str) -> Event | None:
+    def _decode_slowly(
+        self, payload: bytes, session_id: str, include_ignored: bool = False
+    ) -> Event | None:
         """:meth:`decode` in two passes (the envelope, then its data by type): for a
         record of an unknown type, or one that does not decode (the error says why)."""
         try:
@@ -395,6 +411,10 @@ class Codec:
         entry = self._types._entries.get(record.type)
         if entry is None:
             if record.ignorable:
+                if include_ignored:  # a placeholder: accounted for, not interpreted
+                    return Event(
+                        record.type, record.seq, record.time, IgnoredRecord(bytes(payload))
+                    )
                 return None
             raise UnknownEventTypeError(
                 f"session {session_id!r} seq {record.seq}: unknown event type "

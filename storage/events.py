@@ -36,6 +36,7 @@ __all__ = [
     "EventData",
     "FinishChunk",
     "HookCause",
+    "IgnoredRecord",
     "ImageBlock",
     "InboxLane",
     "Interrupted",
@@ -546,3 +547,19 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     seq: int
     time: int
     data: Any
+
+
+class IgnoredRecord(msgspec.Struct, frozen=True, gc=False):
+    """The ``data`` of a *placeholder* :class:`Event`: a record of an ignorable plugin
+    type that the reading store's registry does not know.
+
+    A reader that does not know an ignorable type skips its records; asked to account
+    for them (``Store.read(..., include_ignored=True)``), it returns one placeholder per
+    skipped record instead, with the record's ``type``, ``seq`` and ``time`` and, here,
+    its stored bytes verbatim. Nothing else of the record is interpreted: the invariant
+    checker takes a placeholder for its seq and time only, and a fork copies ``raw``
+    into the child as it is (same seq, ``"ignorable":true`` kept), so that the seqs the
+    rest of the log cites stay valid.
+    """
+
+    raw: bytes

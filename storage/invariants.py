@@ -27,6 +27,13 @@ the first); :func:`assert_invariants` raises an ``AssertionError`` listing them.
   message that went through the inbox appends it only after it was claimed in the same
   turn, and only once [``inbox-entry``] (checked for a whole log only);
 * the log ends outside any turn [``open-tail``], unless ``allow_open_tail=True``.
+
+A placeholder for a record of an ignorable type the reader did not know (data an
+:class:`~storage.events.IgnoredRecord`, from ``Store.read(..., include_ignored=True)``)
+is taken for its seq alone: it fills its place in the seq order and may be cited, and
+nothing else of it is checked. Read a log to check with ``include_ignored=True``: a
+store that skips such records leaves gaps where they were, which a whole-log check
+reports as ``seq-gap``.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from storage.events import (
     SURFACE_TYPES,
     AgentInboxSpliced,
     Event,
+    IgnoredRecord,
     SurfaceAppend,
     SurfaceReplace,
 )
@@ -93,6 +101,9 @@ class _Checker:
     def visit(self, event: Event) -> None:
         self.check_seq(event)
         kind, data = event.type, event.data
+        if type(data) is IgnoredRecord:  # opaque: its seq only
+            self.seqs.add(event.seq)
+            return
         if kind == "turn/start":
             self.turn_start(event)
         elif kind == "turn/end":

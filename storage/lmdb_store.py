@@ -33,13 +33,14 @@ from storage.codec import Codec, EventTypes
 from storage.errors import (
     DuplicateSessionError,
     InvalidEventError,
+    LogCorruptError,
     StorageError,
     StoreClosedError,
     UnknownSessionError,
 )
-from storage.events import Event, SessionEndSeed
+from storage.events import Event, IgnoredRecord, SessionEndSeed
 from storage.lmdb_env import SCHEMA_VERSION, LmdbEnv, SessionRow
-from storage.projections import fork_prefix
+from storage.projections import derive_messages, fork_prefix
 from storage.session import Record, Session, SessionHeader, epoch_ms
 from storage.writer import FlushCallback, LogWriter
 
@@ -278,20 +279,29 @@ class Store:
         lower: int = 0,
         upper: int | None = None,
         limit: int | None = None,
+        include_ignored: bool = False,
     ) -> list[Event]:
         """Durable events with ``lower <= seq <= upper`` (inclusive), at most ``limit``;
-        an unknown session reads as ``[]``. Unknown ignorable types are skipped."""
+        an unknown session reads as ``[]``.
+
+        Records of ignorable types that this store's registry does not know are
+        skipped (code that does not know a plugin's type is never handed its events),
+        so the seqs read may have gaps. ``include_ignored=True`` accounts for them
+        instead: each reads as a placeholder event of its type, seq and time, whose
+        data is an :class:`~storage.events.IgnoredRecord` holding the record's bytes;
+        every seq of the range then has its event (what checking or copying a whole
+        log needs)."""
         self._check_open()
         row = self._db.row(session_id)
         if row is None:
             return []
         if limit is None:
-            return self._decode(row, lower, upper)
+            return self._decode(row, lower, upper, include_ignored)
         events: list[Event] = []
         stop = row.last_seq if upper is None else min(upper, row.last_seq)
         while len(events) < limit and lower <= stop:
             end = min(stop, lower + limit - len(events) - 1)
-            events += self._decode(row, lower, end)
+            events += self._decode(row, lower, end, include_ignored)
             lower = end + 1
         return events
 
@@ -328,34 +338,63 @@ class Store:
     # ------------------------------------------------------------------ fork, export
 
     def fork(self, source_id: str, boundary: int, new_id: str | None = None) -> Session:
-        """A new session seeded with ``source_id``'s events up to ``boundary`` (inclusive,
-        re-sequenced from 0) and a ``session/end-seed`` event citing the source."""
+        """A new session seeded with ``source_id``'s events up to ``boundary`` (inclusive)
+        and a ``session/end-seed`` event citing the source.
+
+        The seed keeps the source's seqs (0..``boundary``) and so every seq its events
+        cite. Records of ignorable types this store does not know are copied verbatim
+        (see :class:`~storage.events.IgnoredRecord`); the child's session object skips
+        them as a reopened session does. Atomic: the header, the seed and the
+        ``session/end-seed`` commit in one transaction, and only once the seed has
+        passed the checks a session applies to its history, so a fork that fails
+        (here or in a crash) leaves no child."""
         self._check_writable()
         assert self._writer is not None
         self._writer.flush()
         source = self._header(source_id)
-        seed = fork_prefix(self._load(source)[0], boundary)
-        seed = [e if e.seq == i else msgspec.structs.replace(e, seq=i) for i, e in enumerate(seed)]
+        seed = fork_prefix(self._load(source, include_ignored=True)[0], boundary)
+        payloads: list[bytes] = []
+        known: list[Event] = []
+        for index, event in enumerate(seed):
+            if event.seq != index:  # Invariant: a whole log read with placeholders
+                raise LogCorruptError(
+                    f"session {source_id!r}: seq {event.seq} is read at position {index}; "
+                    "the log is damaged: restore it from a backup or an export"
+                )
+            if type(event.data) is IgnoredRecord:
+                payloads.append(event.data.raw)
+            else:
+                payloads.append(self.codec.encode(event))
+                known.append(event)
+        try:  # what the child's session checks when it loads the seed, before any write
+            derive_messages(known)
+        except InvalidEventError as err:
+            raise LogCorruptError(f"session {source_id!r} cannot be forked: {err}") from err
+        time = max((event.time for event in seed), default=0)
+        end = Event(
+            "session/end-seed",
+            len(seed),
+            max(self._clock(), time),  # time never goes backwards in a log
+            SessionEndSeed(source_session=source_id, source_seq=boundary),
+        )
+        payloads.append(self.codec.encode(end))
         header = self._new_header(
             new_id,
             parent=source_id,
             fork_seq=boundary,
-            seed_length=len(seed) + 1,
-            payloads=[self.codec.encode(event) for event in seed],
+            seed_length=len(payloads),
+            payloads=payloads,
         )
         self._writer.flush()  # the seed is readable before the session drops it from memory
-        session = Session(
+        return Session(
             header,
             sink=self._sink,
             codec=self.codec,
             clock=self._clock,
-            events=seed,
+            events=[*known, end],
+            last_seq=end.seq,
             reader=partial(self.read, header.id),
         )
-        session.append(
-            "session/end-seed", SessionEndSeed(source_session=source_id, source_seq=boundary)
-        )
-        return session
 
     def export_jsonl(self, session_id: str, out: BinaryIO) -> int:
         """Write the session as JSONL (a header line, then each record's stored bytes);
@@ -467,12 +506,16 @@ class Store:
             header = row.header
         return header
 
-    def _load(self, header: SessionHeader) -> tuple[list[Event], int]:
+    def _load(
+        self, header: SessionHeader, *, include_ignored: bool = False
+    ) -> tuple[list[Event], int]:
         """Every durable event of a session (checked contiguous from 0); its last seq."""
-        events, last = self._stream(header)
+        events, last = self._stream(header, include_ignored=include_ignored)
         return list(events), last
 
-    def _stream(self, header: SessionHeader) -> tuple[Iterator[Event], int]:
+    def _stream(
+        self, header: SessionHeader, *, include_ignored: bool = False
+    ) -> tuple[Iterator[Event], int]:
         """:meth:`_load` as an iterator that reads ``_LOAD_WINDOW`` seqs at a time."""
         try:
             last = self.stats(header.id).last_seq
@@ -484,14 +527,24 @@ class Store:
         def windows(stop: int) -> Iterator[Event]:
             for lower in range(0, stop + 1, _LOAD_WINDOW):
                 upper = min(stop, lower + _LOAD_WINDOW - 1)
-                yield from self.read(header.id, lower=lower, upper=upper)
+                yield from self.read(
+                    header.id, lower=lower, upper=upper, include_ignored=include_ignored
+                )
 
         return windows(last), last
 
-    def _decode(self, row: SessionRow, lower: int = 0, upper: int | None = None) -> list[Event]:
+    def _decode(
+        self,
+        row: SessionRow,
+        lower: int = 0,
+        upper: int | None = None,
+        include_ignored: bool = False,
+    ) -> list[Event]:
         decode_run = self.codec.decode_run
         session_id = row.header.id
         events: list[Event] = []
         for first, values in self._db.chunks(row, lower, upper):
-            events += decode_run(values, first_seq=first, session_id=session_id)
+            events += decode_run(
+                values, first_seq=first, session_id=session_id, include_ignored=include_ignored
+            )
         return events

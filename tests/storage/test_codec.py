@@ -21,6 +21,7 @@ from storage import (
 )
 from storage.events import (
     Errored,
+    IgnoredRecord,
     LlmFailure,
     LlmRetry,
     MessageTrigger,
@@ -366,6 +367,22 @@ def test_decode_run_skips_unknown_ignorable_records_and_refuses_unknown_others()
     assert [e.type for e in decoded] == ["turn/start"]
     with pytest.raises(UnknownEventTypeError, match=r"session 's' seq 2: unknown event type"):
         plain.decode_run([turn, trace, note], first_seq=0, session_id="s")
+
+
+def test_unknown_ignorable_records_read_as_placeholders_on_request() -> None:
+    writer = codec()
+    plain = Codec(EventTypes.default())  # does not know plugin/trace
+    turn = writer.encode(Event("turn/start", 0, 1, TurnStart(turn=1, trigger=MessageTrigger())))
+    trace = writer.encode(Event("plugin/trace", 1, 7, {"span": 1}))
+    placeholder = Event("plugin/trace", 1, 7, IgnoredRecord(raw=trace))
+    decoded = plain.decode_run([turn, trace], first_seq=0, session_id="s", include_ignored=True)
+    assert [e.type for e in decoded] == ["turn/start", "plugin/trace"]
+    assert decoded[1] == placeholder
+    assert plain.decode(trace, session_id="s", include_ignored=True) == placeholder
+    known = writer.decode_run([turn, trace], first_seq=0, session_id="s", include_ignored=True)
+    assert known[1] == Event("plugin/trace", 1, 7, {"span": 1})  # a known type is decoded
+    with pytest.raises(LogCorruptError, match="stored at seq 5 says seq 1"):
+        plain.decode_run([trace], first_seq=5, session_id="s", include_ignored=True)
 
 
 def test_a_type_registered_after_the_first_decode_is_decoded_too() -> None:

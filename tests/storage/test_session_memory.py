@@ -309,7 +309,7 @@ def test_forked_and_imported_sessions_keep_no_seeded_event_in_memory(tmp_path: P
         appended = two_turns(store.create_session("a"))
         store.flush()
         child = store.fork("a", appended[-1].seq, "child")
-        assert child.resident_events == 1  # only its own session/end-seed, not yet flushed
+        assert child.resident_events == 0  # its session/end-seed commits with the seed
         assert child.events()[:-1] == [
             msgspec.structs.replace(e, seq=i) for i, e in enumerate(appended)
         ]

@@ -359,6 +359,21 @@ def test_a_fork_is_seeded_with_the_prefix_and_an_end_seed_citing_its_source(
     assert store.read("agent-1") == log.events  # the source is untouched
 
 
+def test_a_fork_is_durable_whole_when_it_returns(tmp_path: Path) -> None:
+    """The header, the seed and the session/end-seed commit in one transaction: no
+    crash after the fork can leave a child without its end-seed."""
+    with Store.open(tmp_path / "s") as store:
+        log = two_turns(store)
+        boundary = log.events[-1].seq
+        child = store.fork("agent-1", boundary, "child")
+        assert child.resident_events == 0  # nothing of it waits for a flush
+        durable = store.read("child")
+        assert durable == child.events()
+        assert [e.type for e in durable[-2:]] == ["turn/end", "session/end-seed"]
+    with Store.open(tmp_path / "s", readonly=True) as store:
+        assert store.read("child") == durable
+
+
 def test_a_fork_inside_an_open_turn_is_refused_and_creates_nothing(store: Store) -> None:
     log = two_turns(store)
     inside = next(e.seq for e in log.events if e.type == "step/start")
