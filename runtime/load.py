@@ -22,6 +22,7 @@ import math
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -32,7 +33,7 @@ import psutil  # type: ignore[import-untyped]
 from actors.live import AgentSettled
 from actors.model import Model, ModelRequest
 from storage.errors import StorageError
-from storage.events import LlmFailure, ToolMessage
+from storage.events import IgnoredRecord, LlmFailure, ToolMessage
 from storage.invariants import check_invariants
 from storage.lmdb_store import Durability, Store
 
@@ -166,6 +167,9 @@ class StoreCheck(msgspec.Struct, frozen=True):
 
     sessions: int
     failed: list[SessionViolations]
+    ignored: dict[str, int] = msgspec.field(default_factory=dict)
+    """How many records of each ignorable type the checking store did not know (checked
+    for their seq only: see :class:`storage.events.IgnoredRecord`)."""
 
     @property
     def ok(self) -> bool:
@@ -424,19 +428,23 @@ def store_bytes(path: str | Path) -> int:
 
 def check_store(store: Store, *, allow_open_tail: bool = False) -> StoreCheck:
     """Check every session log of ``store`` against the session invariants. A session
-    that cannot be read back counts as failed, with the storage error as its violation."""
+    that cannot be read back counts as failed, with the storage error as its violation.
+    Records of ignorable types that ``store`` does not know (a plugin's, registered in
+    the process that wrote them) are accounted for by their seq and counted by type."""
     headers = store.sessions()
     failed: list[SessionViolations] = []
+    ignored: Counter[str] = Counter()
     for header in headers:
         try:
-            events = store.read(header.id)
+            events = store.read(header.id, include_ignored=True)
         except StorageError as err:
             failed.append(SessionViolations(header.id, [f"[unreadable] {err}"]))
             continue
+        ignored.update(e.type for e in events if type(e.data) is IgnoredRecord)
         found = check_invariants(events, allow_open_tail=allow_open_tail)
         if found:
             failed.append(SessionViolations(header.id, [str(v) for v in found]))
-    return StoreCheck(len(headers), failed)
+    return StoreCheck(len(headers), failed, dict(sorted(ignored.items())))
 
 
 def run_bench(

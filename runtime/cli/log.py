@@ -3,6 +3,10 @@
 Read commands open the store read-only (``Store.open(path, readonly=True)``), so they
 work while another process's runtime is writing: every read is a short LMDB read
 transaction that never blocks the writer. Only ``import`` opens the store writable.
+
+The CLI registers no plugin event type: a record of an ignorable type (a plugin's)
+is shown, followed and checked as a placeholder of its type, seq and time (see
+:class:`storage.events.IgnoredRecord`); ``--raw`` prints it as it is stored.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from rich.text import Text
 
 from runtime.load import check_store, store_bytes
 from storage.errors import DuplicateSessionError, UnknownSessionError
-from storage.events import Event
+from storage.events import Event, IgnoredRecord
 from storage.lmdb_env import SCHEMA_VERSION
 from storage.lmdb_store import Store
 
@@ -154,7 +158,7 @@ def show(session: str, store: Path, raw: bool, verbose: bool) -> None:
         if raw:
             _write_records(st, session, sys.stdout.buffer)
             return
-        events = st.read(session)
+        events = st.read(session, include_ignored=True)
         header = next((h for h in st.sessions() if h.id == session), None)
     out = _out()
     created = f"  created {_created(header.created)}" if header is not None else ""
@@ -174,7 +178,9 @@ def _write_records(st: Store, session: str, out: BinaryIO) -> None:
 
 def _print_events(out: Console, events: list[Event], raw: bool) -> None:
     for event in events:
-        if raw:
+        if raw and type(event.data) is IgnoredRecord:  # not decoded: the stored record
+            out.file.write(event.data.raw.decode() + "\n")
+        elif raw:
             import msgspec  # noqa: PLC0415 - only for --raw
 
             out.file.write(msgspec.json.encode(event).decode() + "\n")
@@ -216,7 +222,8 @@ def tail(
     out = _out()
     with _reading(store) as st:
         total = _require(st, session)
-        events = st.read(session, lower=max(0, total - count)) if count else []
+        lower = max(0, total - count)
+        events = st.read(session, lower=lower, include_ignored=True) if count else []
         _print_events(out, events, raw)
         next_seq = events[-1].seq + 1 if events else total
         if not follow:
@@ -224,7 +231,7 @@ def tail(
         try:
             while True:
                 time.sleep(interval)
-                events = st.read(session, lower=next_seq)
+                events = st.read(session, lower=next_seq, include_ignored=True)
                 if events:
                     _print_events(out, events, raw)
                     next_seq = events[-1].seq + 1
@@ -325,6 +332,11 @@ def check(store: Path, allow_open_tail: bool) -> None:
     with _reading(store) as st:
         result = check_store(st, allow_open_tail=allow_open_tail)
     out = _out()
+    if result.ignored:  # a plugin's records: their seqs are checked, nothing else
+        kinds = ", ".join(f"{name} ({count:,})" for name, count in result.ignored.items())
+        out.print(
+            Text(f"records of ignorable types not known here, checked for their seq only: {kinds}")
+        )
     if result.ok:
         out.print(f"invariants: {result.sessions:,} sessions OK")
         return

@@ -19,6 +19,7 @@ from storage.events import (
     AssistantChunk,
     AssistantMessageData,
     Event,
+    IgnoredRecord,
     ImageBlock,
     LlmRetry,
     ReasoningBlock,
@@ -45,6 +46,15 @@ __all__ = ["clock", "summary", "transcript"]
 
 _QUIET: Final = frozenset({"assistant/chunk", "request/context", "agent/inbox/spliced"})
 _encode: Final = msgspec.json.Encoder()
+
+
+class _Stored(msgspec.Struct):
+    """The data of a stored record, undecoded (for a placeholder of an unknown type)."""
+
+    data: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_stored: Final = msgspec.json.Decoder(_Stored)
 
 
 def clock(ms: int) -> str:
@@ -163,6 +173,12 @@ def _parts(event: Event, limit: int | None) -> tuple[str, str]:
             return f"step {step}", "bold"
         case StepEnd(step=step):
             return f"step {step} ends", "dim"
+        case IgnoredRecord(raw=record):  # a plugin's record of a type this reader does not know
+            shown = bytes(_stored.decode(record).data).decode()
+            return (
+                f"ignored plugin event {event.type} (type not known here): {_clip(shown, limit)}",
+                "dim",
+            )
         case _:
             raw = _encode.encode(data).decode() if data is not None else "null"
             return f"{event.type}: {_clip(raw, limit)}", ""

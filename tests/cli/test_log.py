@@ -117,6 +117,64 @@ def test_check_fails_listing_a_step_outside_a_turn(tmp_path: Path) -> None:
     assert_one_error_line(result, "1 of 1 sessions")
 
 
+def import_log_with_plugin_records(tmp_path: Path) -> Path:
+    """A store holding session ``plugged``: one turn whose user message cites a record
+    of an ignorable plugin type, another such record after it. The CLI registers no
+    plugin type."""
+    note = {"type": "plugin/note", "data": {"text": "from a plugin"}, "ignorable": True}
+    message = {
+        "message": {"role": "user", "id": "m-1", "content": [{"type": "text", "text": "hi"}]},
+        "turn": 1,
+        "step": 1,
+        "surfaceOp": {"kind": "append"},
+        "sourceEventSeqs": [2],
+    }
+    records = [
+        {"type": "turn/start", "data": {"turn": 1, "trigger": {"kind": "message"}}},
+        {"type": "step/start", "data": {"turn": 1, "step": 1}},
+        note,
+        {"type": "user/message", "data": message},
+        {"type": "step/end", "data": {"turn": 1, "step": 1}},
+        {"type": "turn/end", "data": {"turn": 1, "reason": {"kind": "completed"}}},
+        note,
+    ]
+    crafted = tmp_path / "plugged.jsonl"
+    lines = [json.dumps({**r, "seq": seq, "time": 1 + seq}) for seq, r in enumerate(records)]
+    crafted.write_text("".join(line + "\n" for line in lines))
+    store = tmp_path / "store"
+    run_ok(["log", "import", crafted, "--session-id", "plugged", "--store", store])
+    return store
+
+
+def test_check_accounts_for_records_of_ignorable_types_it_does_not_know(tmp_path: Path) -> None:
+    store = import_log_with_plugin_records(tmp_path)
+    out = run_ok(["log", "check", "--store", store])
+    assert "invariants: 1 sessions OK" in out
+    assert "checked for their seq only: plugin/note (2)" in out
+
+
+def test_show_and_tail_print_records_of_unknown_ignorable_types_as_ignored_plugin_events(
+    tmp_path: Path,
+) -> None:
+    store = import_log_with_plugin_records(tmp_path)
+    shown = run_ok(["log", "show", "plugged", "--store", store])
+    ignored = 'ignored plugin event plugin/note (type not known here): {"text": "from a plugin"}'
+    assert shown.count(ignored) == 2, shown
+    assert "7 events" in shown
+    tail = run_ok(["log", "tail", "plugged", "-n", "2", "--store", store]).splitlines()
+    assert len(tail) == 2
+    assert tail[0].split()[0] == "5" and "turn 1 ends" in tail[0]
+    assert tail[1].split()[0] == "6" and ignored in tail[1]
+    raw = run_ok(["log", "tail", "plugged", "-n", "1", "--raw", "--store", store])
+    assert json.loads(raw) == {
+        "type": "plugin/note",
+        "seq": 6,
+        "time": 7,
+        "data": {"text": "from a plugin"},
+        "ignorable": True,
+    }
+
+
 def test_stats_reports_sessions_events_and_sizes(written_store: Path) -> None:
     out = run_ok(["log", "stats", "--store", written_store])
     fields = {line.split()[0]: line for line in out.splitlines() if line.strip()}

@@ -96,6 +96,36 @@ def test_a_fork_child_continues_turn_numbers_without_the_parents_inbox(store_pat
     check_store(store_path)
 
 
+def test_a_runtime_that_does_not_know_a_plugins_ignorable_type_forks_its_log_intact(
+    store_path: Path,
+) -> None:
+    with Runtime.open(store_path) as rt:
+        rt.store.register_event_type("plugin/note", ignorable=True)
+        parent = rt.spawn(model=ScriptedModel.echo(), session_id="parent")
+        for text in ("one", "two"):
+            parent.session.append("plugin/note", {"before": text})
+            parent.followup(text)
+            assert parent.wait_idle(WAIT)
+        boundary = max(e.seq for e in parent.session.events() if e.type == "turn/end")
+    with Runtime.open(store_path) as rt:  # registers no plugin type
+        child = rt.fork("parent", boundary, model=ScriptedModel.echo(), session_id="child")
+        assert len(child.session.messages()) == 4
+        child.followup("three")
+        assert child.wait_idle(WAIT)
+        starts = [e.data.turn for e in child.session.events() if e.type == "turn/start"]
+        assert starts == [1, 2, 3]
+    check_store(store_path)
+    with Store.open(store_path, readonly=True) as store:
+        store.register_event_type("plugin/note", ignorable=True)
+        inherited = store.read("child", upper=boundary)
+        assert inherited == store.read("parent", upper=boundary)
+        assert [e.data for e in inherited if e.type == "plugin/note"] == [
+            {"before": "one"},
+            {"before": "two"},
+        ]
+        assert_invariants(store.read("child"))
+
+
 def test_a_tool_turn_survives_a_restart_between_turns(store_path: Path) -> None:
     @tool
     def ping() -> str:
