@@ -185,7 +185,6 @@ class TurnMachine:
         self.status: AgentStatus = "idle"
         self.signal: TurnSignal | None = None
         self.turn_open = False
-        self.pausing = False  # waiting before a retry turn (see _pause)
         # The actor stops (a crash, a kill, a forced stop) with a turn under way: closing
         # the coroutine must log nothing more. A step/end would close a step whose tool
         # calls are unanswered; the turn stays open for the resume to repair (CONTRACT 7).
@@ -268,6 +267,7 @@ class TurnMachine:
         retry: Retry | None = None
         failed_turn: int | None = None
         prior: list[LlmFailure] = []
+        delay = 0.0  # how long the next turn, a retry turn, waits before its first step
         while True:
             trigger: Trigger
             if retry is not None:
@@ -290,8 +290,12 @@ class TurnMachine:
             self.session.append_fact(TurnStart(turn=turn, trigger=trigger))
             self._last_turn = turn
             self.turn_open = True
-            batch = self.inbox.claim(turn, new_turn=retry is None)
-            reason, retry = await self._turn(turn, trigger, batch, signal, prior)
+            # A retry turn opens at once and waits out its delay open (see _turn), so
+            # that a cancel meanwhile ends it aborted and a crash leaves it open for the
+            # resume to close as interrupted: the log never announces a retry turn it
+            # does not hold. It claims once the wait is over.
+            batch = [] if delay > 0 else self.inbox.claim(turn, new_turn=retry is None)
+            reason, retry = await self._turn(turn, trigger, batch, signal, prior, delay)
             failure = reason.error if retry is not None and isinstance(reason, Errored) else None
             delay = 0.0 if retry is None else retry.delay_s or 0.0
             if failure is not None and not signal.aborted:
@@ -307,11 +311,7 @@ class TurnMachine:
             if failure is not None:
                 prior.append(failure)
                 failed_turn = turn
-                if delay <= 0 or await self._pause(delay):
-                    continue
-                # Cancelled while it waited: the failed turn is the last of its chain,
-                # and its error is terminal after all.
-                self._error(turn, self._failed_step, failure)
+                continue
             retry = None  # the chain ends here; a turn it goes on with is a new one
             await self._settle(turn, reason)
             prior.clear()
@@ -322,23 +322,10 @@ class TurnMachine:
                 continue
             return
 
-    async def _pause(self, seconds: float) -> bool:
-        """Wait before a retry turn; False if a cancel ended the wait. The failed turn
-        is closed meanwhile, but a cancel aims at its signal (see active_signal)."""
-        self.pausing = True
-        try:
-            await Sleep(seconds)
-        except TurnAborted:
-            return False
-        finally:
-            self.pausing = False
-        return True
-
     def active_signal(self) -> TurnSignal | None:
-        """The signal a cancel aborts now: the open turn's, or during the wait before a
-        retry turn the failed turn's (so that a wake sent after the cancel sees the
-        chain unwinding, and is latched). None between chains."""
-        return self.signal if self.turn_open or self.pausing else None
+        """The signal a cancel aborts now: the open turn's (a retry turn's during its
+        delay too). None between chains."""
+        return self.signal if self.turn_open else None
 
     async def _settle(self, turn: int, reason: TurnEndReason) -> None:
         if self.durability != "none":
@@ -362,12 +349,18 @@ class TurnMachine:
         batch: list[UserMessage],
         signal: TurnSignal,
         prior: Sequence[LlmFailure],
+        delay: float = 0.0,
     ) -> tuple[TurnEndReason, Retry | None]:
         step = 0
         proposal: Sequence[UserMessage] = batch
         quiet = self.quiet
         try:
-            if quiet is None or not quiet():  # else it would resolve at once
+            if delay > 0:  # a retry turn's wait before its first step
+                await Sleep(delay)
+                if signal.aborted:
+                    return self._aborted(signal), None
+                proposal = self.inbox.claim(turn, new_turn=False)
+            elif quiet is None or not quiet():  # else it would resolve at once
                 await Checkpoint()
         except TurnAborted:
             return self._aborted(signal), None

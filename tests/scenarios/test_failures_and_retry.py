@@ -220,29 +220,42 @@ def test_a_cancel_while_the_failed_turn_closes_ends_it_aborted_and_opens_no_retr
 
 
 def _waiting_to_retry(store_path: Path) -> tuple[Runtime, Timeline, Any]:
-    """A runtime whose agent failed once and waits 60 s before its retry turn."""
+    """A runtime whose agent failed once; its retry turn is open and waits 60 s."""
     rt = Runtime.open(store_path, retry_policy=None)
     timeline = Timeline(rt)
     rt.on("agent/request-error", lambda event, next_: Retry(delay_s=60.0))
     agent = rt.spawn(model=ScriptedModel([SERVER, "after the retry"]))
     agent.followup("hi")
-    timeline.wait_for("turn/end")  # the failed turn's: the wait before the retry follows
+    timeline.wait_for("turn/start", 2)  # the retry turn's: its wait follows
     return rt, timeline, agent
 
 
-def test_a_cancel_during_a_retry_delay_makes_the_failure_terminal_with_agent_error(
+def test_a_retry_turn_opens_at_once_and_waits_out_its_delay_open(store_path: Path) -> None:
+    # The failed turn closes and the retry turn opens in the same breath (the seed:
+    # "closes the failed turn and immediately opens another"); the delay is the retry
+    # turn's wait before its first step.
+    rt, timeline, agent = _waiting_to_retry(store_path)
+    try:
+        kinds = [e.type for e in agent.session.events()]
+        assert kinds[-3:] == ["llm/retry", "turn/end", "turn/start"]
+        assert agent.session.state.open_turn == 2
+        assert agent.status == "running"
+    finally:
+        rt.close()
+    check_store(store_path)
+
+
+def test_a_cancel_during_a_retry_delay_ends_the_retry_turn_aborted_with_no_step(
     store_path: Path,
 ) -> None:
     rt, timeline, agent = _waiting_to_retry(store_path)
     try:
         agent.cancel()
         settled = timeline.wait_for("agent/settled")
-        assert [(s.turn, s.reason.kind) for s in settled] == [(1, "error")]
-        errors = timeline.of("agent/error")
-        assert [(e.turn, e.step, e.error.code) for e in errors] == [(1, 1, "SERVER")]
-        labels = timeline.labels()
-        assert labels.index("agent/error") < labels.index("agent/settled")
-        assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error"]
+        assert [(s.turn, s.reason.kind) for s in settled] == [(2, "aborted")]
+        assert timeline.of("agent/error") == []  # abort is classified before error
+        assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error", "aborted"]
+        assert [e.turn for e in turn_events(agent, "step/start")] == [1]
     finally:
         rt.close()
     check_store(store_path)
@@ -252,20 +265,69 @@ def test_a_cancel_during_a_retry_delay_makes_the_failure_terminal_with_agent_err
 def test_a_followup_sent_right_after_a_cancel_during_a_retry_delay_runs_once_the_chain_settles(
     store_path: Path, keep_inbox: bool
 ) -> None:
-    # During the delay no turn is open: the cancel did not mark the chain unwinding, so
-    # the followup was neither latched nor run, and the agent went idle with it pending.
     rt, timeline, agent = _waiting_to_retry(store_path)
     try:
         agent.cancel(keep_inbox=keep_inbox)
         message_id = agent.followup("again")
         settled = timeline.wait_for("agent/settled", 2)
-        assert [(s.turn, s.reason.kind) for s in settled] == [(1, "error"), (2, "completed")]
+        assert [(s.turn, s.reason.kind) for s in settled] == [(2, "aborted"), (3, "completed")]
         claimed = timeline.of("agent/inbox/claimed")
-        assert [(c.message.id, c.turn) for c in claimed][-1] == (message_id, 2)
+        assert [(c.message.id, c.turn) for c in claimed][-1] == (message_id, 3)
         assert agent.wait_idle(WAIT)
         assert agent.inbox.next_turn == () and agent.inbox.next_step == ()
     finally:
         rt.close()
+    check_store(store_path)
+
+
+def test_a_crash_during_a_retry_delay_leaves_the_retry_turn_for_the_resume_to_close(
+    store_path: Path,
+) -> None:
+    # Before, the retry turn opened only after the delay: a crash during it left a log
+    # whose llm/retry announced a turn that never came, and nothing to repair.
+    rt, timeline, agent = _waiting_to_retry(store_path)
+    try:
+        rt.flush()
+        agent.kill()
+        timeline.wait_for("agent/disposed")
+        resumed = rt.resume(agent.id, model=ScriptedModel(["after the resume"]))
+        ends = [(e.turn, e.reason.kind) for e in turn_events(resumed, "turn/end")]
+        assert ends == [(1, "error"), (2, "interrupted")]
+        starts = [(e.turn, e.trigger.kind) for e in turn_events(resumed, "turn/start")]
+        assert starts == [(1, "message"), (2, "retry")]
+        resumed.followup("go on")
+        assert resumed.wait_idle(WAIT)
+        assert turn_events(resumed, "turn/end")[-1].reason.kind == "completed"
+    finally:
+        rt.close()
+    check_store(store_path)
+
+
+def test_a_steer_sent_while_a_retry_turn_waits_is_claimed_for_its_first_step(
+    store_path: Path,
+) -> None:
+    model = ScriptedModel([SERVER, "after the retry"])
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        rt.on("agent/request-error", lambda event, next_: Retry(delay_s=0.05))
+        agent = rt.spawn(model=model)
+
+        def on_event(event: Any) -> None:
+            fact = event.event
+            if fact.type == "turn/start" and fact.data.trigger.kind == "retry":
+                agent.steer("and this too")  # before the wait has even begun
+
+        agent.on("session/event", on_event)
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
+        claims = [
+            e.data.target
+            for e in agent.session.events()
+            if e.type == "agent/inbox/spliced" and not e.data.inserted and e.data.outcome is None
+        ]
+        assert claims == ["next-turn", "next-step"]  # the retry turn's after its wait
+        texts = [m.content[0].text for m in agent.session.messages() if m.role == "user"]
+        assert texts == ["hi", "and this too"]
+        assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error", "completed"]
     check_store(store_path)
 
 
