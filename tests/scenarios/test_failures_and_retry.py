@@ -234,7 +234,7 @@ def test_a_retry_turn_opens_at_once_and_waits_out_its_delay_open(store_path: Pat
     # The failed turn closes and the retry turn opens in the same breath (the seed:
     # "closes the failed turn and immediately opens another"); the delay is the retry
     # turn's wait before its first step.
-    rt, timeline, agent = _waiting_to_retry(store_path)
+    rt, _timeline, agent = _waiting_to_retry(store_path)
     try:
         kinds = [e.type for e in agent.session.events()]
         assert kinds[-3:] == ["llm/retry", "turn/end", "turn/start"]
