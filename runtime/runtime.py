@@ -84,6 +84,28 @@ def _check_system(system: object) -> None:
         raise TypeError(f"system must be a str or None, got {type(system).__name__}")
 
 
+def _check_agent_options(system: object, limits: object) -> None:
+    """The options every way of starting an agent takes, checked before anything is
+    written (a bad one would otherwise crash the agent at its first turn, or be logged
+    where no reader could read it back)."""
+    _check_system(system)
+    _check_limits("limits", limits)
+
+
+def _check_limits(name: str, limits: object) -> None:
+    if limits is not None and not isinstance(limits, UsageLimits):
+        raise TypeError(f"{name} must be a UsageLimits or None, got {limits!r}")
+
+
+def _check_count(name: str, value: object, *, optional: bool = True) -> None:
+    """``value`` must be a positive int (or None where ``optional``)."""
+    if value is None and optional:
+        return
+    if type(value) is not int or value < 1:
+        allowed = "a positive int or None" if optional else "a positive int"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
 def _resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
     out: dict[str, Tool] = {}
     if isinstance(tools, str | bytes):
@@ -151,6 +173,21 @@ class Runtime:
     ) -> None:
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
+        _check_count("threads", threads)
+        _check_count("blocking_workers", blocking_workers, optional=False)
+        _check_count("max_steps", max_steps)
+        _check_count("inbox_limit", inbox_limit)
+        _check_limits("limits", limits)
+        _check_limits("agent_limits", agent_limits)
+        if (
+            retry_policy is not None
+            and retry_policy is not _DEFAULT_POLICY
+            and not callable(retry_policy)
+        ):
+            raise TypeError(
+                "retry_policy must be an agent/request-error listener (e.g. RetryPolicy()) "
+                f"or None, got {retry_policy!r}"
+            )
         self.store = store
         self.durability: Durability = durability
         self.max_steps = max_steps
@@ -287,7 +324,7 @@ class Runtime:
         ``limits`` caps this agent's model requests and tokens (default: the runtime's
         ``agent_limits``)."""
         self._check_open()
-        _check_system(system)
+        _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         with self._starting_agent():
             session = self.store.create_session(session_id)
@@ -307,11 +344,12 @@ class Runtime:
         inbox from its splices, continue turn numbers. It stays idle until a waking send."""
         self._check_open()
         check_session_id(session_id)
-        _check_system(system)
+        _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         with self._starting_agent(resuming=session_id):
             session = self.store.open_session(session_id)
-            session.repair()
+            if session.repair():
+                session.flush()  # repaired durably (CONTRACT 7) by the time resume returns
             handle = self._start(session, resolved, tool_map, system, limits)
         return self._announce_start(handle, "resume")
 
@@ -330,10 +368,12 @@ class Runtime:
         (an inclusive seq that must not end inside an open turn). Turn numbers continue;
         the parent's pending inbox is not inherited."""
         self._check_open()
+        check_session_id(source_id)
         if type(boundary) is not int:
             raise TypeError(
                 f"boundary is the int seq of the last event to inherit, got {boundary!r}"
             )
+        _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         with self._starting_agent():
             session = self.store.fork(source_id, boundary, session_id)
@@ -355,7 +395,10 @@ class Runtime:
             self._check_open()  # again, under the lock close() takes to set it
             if resuming is not None:
                 if resuming in self._agents or resuming in self._resuming:
-                    raise ValueError(f"agent {resuming!r} is already live in this runtime")
+                    raise ValueError(
+                        f"agent {resuming!r} is already in this runtime (live, passivated or "
+                        f"being resumed); rt.get({resuming!r}) returns it"
+                    )
                 self._resuming.add(resuming)
             self._starting += 1
         try:
@@ -718,7 +761,6 @@ class Runtime:
         if self._tuned_gc:
             gctune.release_gc_tuning()
 
-
     def _stop_now(self, stuck: list[Agent], timeout: float | None) -> None:
         """Stop the actors of agents whose disposal did not end in time (a tool body
         still running, say): their turns stay open in the log, their outcome unknown, as
@@ -755,4 +797,3 @@ def _close_at_exit(ref: weakref.ref[Runtime]) -> Callable[[], None]:
             log.exception("closing a runtime at exit failed")
 
     return close
-

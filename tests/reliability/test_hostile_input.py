@@ -466,6 +466,11 @@ def _wrong_calls(rt: Runtime, agent: Agent) -> list[tuple[str, Callable[[], Any]
         ("resume(system=1)", lambda: rt.resume("missing", model=echo, system=1), TypeError),
         ("fork(boundary='3')", lambda: rt.fork(agent.id, "3", model=echo), TypeError),  # type: ignore[arg-type]
         ("fork(boundary=None)", lambda: rt.fork(agent.id, None, model=echo), TypeError),  # type: ignore[arg-type]
+        ("fork(system=123)", lambda: rt.fork(agent.id, 0, model=echo, system=123), TypeError),  # type: ignore[arg-type]
+        ("fork(5, 0)", lambda: rt.fork(5, 0, model=echo), InvalidSessionIdError),  # type: ignore[arg-type]
+        ("spawn(limits=5)", lambda: rt.spawn(model=echo, limits=5), TypeError),  # type: ignore[arg-type]
+        ("resume(limits=5)", lambda: rt.resume("missing", model=echo, limits=5), TypeError),  # type: ignore[arg-type]
+        ("fork(limits=5)", lambda: rt.fork(agent.id, 0, model=echo, limits=5), TypeError),  # type: ignore[arg-type]
         (
             "splice(messages='abc')",
             lambda: agent.splice("next-turn", 0, 0, "abc"),
@@ -506,6 +511,38 @@ def test_every_public_verb_refuses_wrong_types_with_a_typed_error_and_writes_not
     assert {h.id for h in rt.store.sessions()} == sessions, "a refused spawn left a session"
     assert_alive(rt, agent)
     # the rt fixture reads every session back from the store when the test ends
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("threads", "2", ValueError),
+        ("threads", 0, ValueError),
+        ("blocking_workers", 0, ValueError),
+        ("blocking_workers", None, ValueError),
+        ("max_steps", "3", ValueError),
+        ("max_steps", 0, ValueError),
+        ("inbox_limit", -1, ValueError),
+        ("inbox_limit", True, ValueError),
+        ("limits", 5, TypeError),
+        ("agent_limits", {"max_requests": 2}, TypeError),
+        ("retry_policy", 5, TypeError),
+        ("max_running_turns", 0, ValueError),
+    ],
+)
+def test_runtime_options_of_the_wrong_type_are_refused_when_the_runtime_opens(
+    tmp_path: Path, option: str, value: Any, expected: type[Exception]
+) -> None:
+    store_path = tmp_path / "store"
+    # Before, most were accepted and crashed every agent at its first turn (max_steps,
+    # limits, agent_limits), refused every send (inbox_limit=-1), or failed deep inside
+    # with a bare TypeError (threads).
+    with pytest.raises(expected, match=option):
+        Runtime.open(store_path, **{option: value})
+    with Runtime.open(store_path) as rt:  # nothing was left open or locked
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
 
 
 # --------------------------------------------------------------------------- plugin events
