@@ -418,11 +418,14 @@ def _join(tails: Tails, session: int, first: int, records: list[bytes]) -> None:
 
 
 class ResizeLock:
-    """Shared for read transactions, exclusive for ``env.set_mapsize``/``env.close``.
+    """Shared for read transactions, exclusive for ``env.set_mapsize``/``env.close``
+    and for the abort of a write transaction.
 
     ``set_mapsize`` invalidates every transaction of the environment in this process,
-    so the map is grown only while no reader of this process is inside one. Readers
-    never wait for commits, only (briefly) for a resize. Not reentrant.
+    so the map is grown only while no reader of this process is inside one; a write
+    transaction is aborted the same way, or py-lmdb's abort waits for the readers (see
+    :meth:`LmdbEnv.writing`). Readers never wait for commits, only (briefly) for a
+    resize or an abort. Not reentrant.
     """
 
     def __init__(self) -> None:
@@ -542,7 +545,7 @@ class LmdbEnv:
         )
         self._stored_version = stored
         if stored is None:  # a new store (an older one is stamped by _recover)
-            with env.begin(write=True) as txn:
+            with self.writing() as txn:
                 txn.put(SCHEMA_VERSION_KEY, current, db=meta)
                 txn.put(NEXT_KEY_KEY, encode_u64(1), db=meta)
             self._stored_version = current
@@ -561,7 +564,7 @@ class LmdbEnv:
         current = str(SCHEMA_VERSION).encode("ascii")
         while True:
             try:
-                with self.env.begin(write=True) as txn:
+                with self.writing() as txn:
                     self._compact_journal(txn)
                     if self._stored_version != current:
                         txn.put(SCHEMA_VERSION_KEY, current, db=self.dbs.meta)
@@ -611,6 +614,27 @@ class LmdbEnv:
             self._closed = True
             self.env.close()
         self._unlock()
+
+    @contextmanager
+    def writing(self) -> Iterator[lmdb.Transaction[bytes]]:
+        """A write transaction, committed when the block returns and aborted if it
+        raises (as on :class:`lmdb.MapFullError`, when the map must grow).
+
+        The abort holds the resize lock, as a growth does: readers of this process
+        finish their transaction and wait. py-lmdb (3.0) aborts a write transaction only
+        at an instant when no other thread is inside an LMDB call (its ``active_ops``
+        count, which holds a call until its thread has the GIL back), and readers in a
+        loop starved that wait: the growth that follows a full map took seconds to
+        minutes with three reader threads (RELIABILITY.md, section 7). A commit does not
+        wait (a failed one is aborted by LMDB itself)."""
+        txn = self.env.begin(write=True)
+        try:
+            yield txn
+        except BaseException:
+            with self.resize_lock.resizing():
+                txn.abort()
+            raise
+        txn.commit()
 
     def grow(self) -> int:
         """Double the map (no write transaction may be active); return the new size."""

@@ -734,7 +734,7 @@ class LogWriter:
         frames a round's last step deleted."""
         dbs = self._dbs
         tracked = self._tracked
-        with self._env.begin(write=True) as txn:
+        with self._store.writing() as txn:
             if headers:
                 next_key = 0
                 for header in headers:

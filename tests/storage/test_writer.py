@@ -160,6 +160,53 @@ def test_a_full_map_is_grown_and_the_same_batch_retried_without_loss_or_duplicat
     assert stats.events_written == 3000
 
 
+GROWTH_WAIT = 60.0  # a hang guard only (a growth takes milliseconds), under the 120 s test timeout
+
+
+def read_in_threads(rig: Rig, threads: int, done: threading.Event) -> list[threading.Thread]:
+    """``threads`` readers, each in a loop of short read transactions until ``done``;
+    returns once each has read. Their failures go to the thread's exception hook."""
+    started = threading.Barrier(threads + 1)
+
+    def read_until_done() -> None:
+        started.wait(WAIT)
+        while not done.is_set():
+            with rig.store.reading() as txn:
+                txn.get(b"session-1", db=rig.dbs.sessions)
+
+    readers = [threading.Thread(target=read_until_done) for _ in range(threads)]
+    for reader in readers:
+        reader.start()
+    started.wait(WAIT)
+    return readers
+
+
+def test_a_full_map_grows_while_reader_threads_keep_reading(tmp_path: Path) -> None:
+    """py-lmdb 3.0 aborts a write transaction only at an instant when no other thread of
+    the process is inside (or returning from) an LMDB call: three reader threads held
+    the abort of the transaction that filled the map, and so the growth, for minutes."""
+    rig = Rig(tmp_path / "tiny", map_size=64 << 10)
+    done = threading.Event()
+    readers: list[threading.Thread] = []
+    try:
+        rig.writer.track(header(1), next_seq=0, new=True)
+        rig.writer.flush(WAIT)
+        readers = read_in_threads(rig, 3, done)
+        for seq in range(3000):
+            rig.writer.submit(PendingRecord(1, seq, payload(1, seq, size=200)))
+        rig.writer.flush(GROWTH_WAIT)
+        assert all(reader.is_alive() for reader in readers)  # they read all along
+        stats = rig.writer.statistics()
+        assert read_back(rig, "session-1") == [payload(1, s, size=200) for s in range(3000)]
+    finally:
+        done.set()
+        for reader in readers:
+            reader.join(WAIT)
+        rig.close()
+    assert stats.resizes >= 1
+    assert stats.events_written == 3000
+
+
 def test_a_failing_writer_fails_the_pending_flush_and_every_later_call(tmp_path: Path) -> None:
     LmdbEnv(tmp_path / "env", readonly=False, map_size=1 << 20, sync=True).close()
     # A real LMDB failure: the environment refuses write transactions.
