@@ -796,3 +796,70 @@ def test_another_process_reads_while_this_one_writes_and_grows_the_map(
         if route == "journal":
             assert store.statistics().compactions >= 5
     assert out.split()[-1] == str(target)
+
+
+GROWTH_WAIT = 60.0  # a hang guard only (a growth takes milliseconds), under the 120 s test timeout
+
+
+def test_a_tiny_map_grows_while_reader_threads_and_another_process_keep_reading(
+    tmp_path: Path,
+) -> None:
+    """RELIABILITY.md's probe: a 64 KiB map, three reader threads and a reader in another
+    process. Each growth used to wait (seconds to minutes) for the reader threads to
+    leave LMDB at the same instant; now they wait for it, and everyone reads it all."""
+    path = tmp_path / "s"
+    types = EventTypes.default()
+    types.register("test/padded", Padded)
+    target = 1999
+    done = threading.Event()
+    problems: list[BaseException] = []
+    with Store.open(path, map_size=64 << 10, event_types=types) as store:
+        session = store.create_session("shared")
+        session.append("test/padded", Padded(n=0, pad=""))
+        store.flush()
+        started = threading.Barrier(4)
+
+        def read_until_done() -> None:
+            try:
+                started.wait(WAIT)
+                seen = 0
+                while not done.is_set():
+                    last = store.last_seq("shared")
+                    assert last >= seen, "went backwards"
+                    seen = last
+                    events = store.read("shared", lower=max(0, last - 3), upper=last)
+                    assert [e.seq for e in events] == list(range(max(0, last - 3), last + 1))
+            except BaseException as err:
+                problems.append(err)
+
+        threads = [threading.Thread(target=read_until_done) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        started.wait(WAIT)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        reader = subprocess.Popen(
+            [sys.executable, "-c", READER, str(path), str(target)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert reader.stdout is not None
+            assert reader.stdout.readline().strip() == "0"  # the reader is reading
+            for n in range(1, target + 1):
+                session.append("test/padded", Padded(n=n, pad="g" * 300))
+            store.flush(GROWTH_WAIT)
+            assert all(thread.is_alive() for thread in threads)  # they read all along
+            out, err = reader.communicate(timeout=WAIT)
+        finally:
+            done.set()
+            for thread in threads:
+                thread.join(WAIT)
+            reader.kill()
+            reader.wait()
+        assert problems == []
+        assert reader.returncode == 0, err
+        assert out.split()[-1] == str(target)
+        assert store.statistics().resizes >= 3
+        assert [e.data.n for e in store.read("shared")] == list(range(target + 1))
