@@ -29,7 +29,8 @@ journal (a bulk append, a batch) skips the journal and goes straight to ``events
 with its session row (see :class:`_Batch`).
 
 Blocking :meth:`LogWriter.flush` callers of one commit are woken in a chain, each by
-the previous one as soon as it runs (see :class:`_Waiter`): woken all at once, dozens
+the previous one as soon as it runs (see :class:`_Waiter`; each waits on a pipe of its
+own, :class:`_PipeGate`, up to :data:`_MAX_GATES` at once): woken all at once, dozens
 of threads would queue for the GIL, and each would sleep and wake again on its way;
 woken only when the previous one blocks again, each would wait out a whole thread
 wake-up with the GIL idle. The writer
@@ -64,6 +65,9 @@ The layout it writes is described in :mod:`storage.lmdb_env`.
 from __future__ import annotations
 
 import logging
+import math
+import os
+import select
 import struct
 import threading
 from collections.abc import Callable, Sequence
@@ -802,6 +806,82 @@ class LogWriter:
         _log.info("the log map was full; grown to %d bytes", size)
 
 
+_MAX_GATES: Final = 128
+
+
+class _GateCount:
+    """How many :class:`_PipeGate` objects are open (two file descriptors each)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open = 0
+
+    def take(self) -> bool:
+        with self.lock:
+            if self.open >= _MAX_GATES:
+                return False
+            self.open += 1
+            return True
+
+    def give_back(self) -> None:
+        with self.lock:
+            self.open -= 1
+
+
+_gates: Final = _GateCount()
+
+
+class _PipeGate:
+    """A lock-shaped gate over a pipe: ``release`` writes a byte, ``acquire`` reads it.
+
+    A blocking flush waits on one. The kernel wakes the reader of a pipe as a "sync"
+    wake-up (the waker is about to sleep), which tends to run it on the waker's CPU: a
+    thread woken in a chain then does not start on the other CPU while the waker still
+    holds the GIL, sleep on the GIL and wake a second time (see benchmarks/README.md).
+    Starts held; a release lets exactly one acquire through."""
+
+    __slots__ = ("_read", "_write")
+
+    def __init__(self, read: int, write: int) -> None:
+        self._read = read
+        self._write = write
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if timeout is not None and timeout >= 0:
+            poller = select.poll()
+            poller.register(self._read, select.POLLIN)
+            if not poller.poll(math.ceil(timeout * 1000)):
+                return False
+        os.read(self._read, 1)
+        return True
+
+    def release(self) -> None:
+        os.write(self._write, b"\0")
+
+    def __del__(self) -> None:
+        try:
+            os.close(self._read)
+            os.close(self._write)
+            _gates.give_back()
+        except Exception:  # noqa: BLE001, S110 - at interpreter exit the module may be gone
+            pass
+
+
+def _new_gate() -> Any:
+    """A held gate for a waiter: a pipe while fewer than :data:`_MAX_GATES` are open,
+    otherwise (or out of file descriptors) a lock, which does as well a little slower."""
+    if _gates.take():
+        try:
+            read, write = os.pipe()
+        except OSError:
+            _gates.give_back()
+        else:
+            return _PipeGate(read, write)
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 class _Waiter:
     """A blocking flush. Waiters resolved by one commit are linked (``next``) and woken
     in order, each by the previous one as soon as it runs, so that about one thread at
@@ -814,8 +894,7 @@ class _Waiter:
     __slots__ = ("_done", "_gone", "_guard", "_woken", "error", "next")
 
     def __init__(self) -> None:
-        self._done = threading.Lock()  # held until woken: the cheapest wait
-        self._done.acquire()
+        self._done = _new_gate()  # held until woken
         self._guard = threading.Lock()  # orders a wake against giving up
         self._woken = False
         self._gone = False

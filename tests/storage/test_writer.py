@@ -1088,3 +1088,42 @@ def test_a_session_stepped_then_written_straight_to_events_reads_back_and_reopen
     with Store.open(path) as store:
         store.register_event_type("probe/blob")
         assert [e.seq for e in store.read("victim")] == list(range(22))
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_blocking_flushers_beyond_the_pipe_gates_all_return_and_hold_no_more_descriptors(
+    rig: Rig,
+) -> None:
+    # A blocking flush waits on a pipe (two descriptors) while fewer than _MAX_GATES
+    # are open, on a lock beyond: rounds of 3 x _MAX_GATES threads flushing at once all
+    # return, and the process never holds more than the gates' descriptors.
+    count = 3 * writer_module._MAX_GATES
+    before = _open_fds()
+    for _round in range(2):
+        all_waiting = threading.Barrier(count + 1, timeout=WAIT)
+        gates_seen: list[int] = []
+        errors: list[BaseException] = []
+
+        def flusher() -> None:
+            try:
+                all_waiting.wait()  # this round's barrier
+                rig.writer.flush(WAIT)
+                gates_seen.append(writer_module._gates.open)
+            except BaseException as err:  # reported below
+                errors.append(err)
+
+        threads = [threading.Thread(target=flusher) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        all_waiting.wait()
+        for thread in threads:
+            thread.join(WAIT)
+        assert errors == []
+        assert not any(thread.is_alive() for thread in threads)
+        assert len(gates_seen) == count
+        assert max(gates_seen) <= writer_module._MAX_GATES
+        assert _open_fds() <= before + 2 * writer_module._MAX_GATES
