@@ -106,10 +106,16 @@ _MESSAGES: Final = msgspec.json.Decoder(list[UserMessage])
 
 def _checked(messages: Sequence[UserMessage], proposal: Sequence[UserMessage]) -> list[UserMessage]:
     """A pre-step listener's batch, each field type checked (msgspec does not check at
-    construction, and an ill-typed fact would be logged but never read back)."""
-    batch = list(messages)
-    if messages is not proposal:
-        _MESSAGES.decode(_ENCODER.encode(batch))  # raises on a field of the wrong type
+    construction, and an ill-typed fact would be logged but never read back), as typed
+    messages (a content block given as a dict is logged as what it reads back as), each
+    message once (a message is entered into the history once per claim)."""
+    if messages is proposal:
+        return list(messages)
+    batch = _MESSAGES.decode(_ENCODER.encode(list(messages)))  # raises on a wrong type
+    ids = [message.id for message in batch]
+    if len(set(ids)) < len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"the batch holds message {twice!r} more than once")
     return batch
 
 
@@ -401,7 +407,7 @@ class TurnMachine:
                     messages = _checked(decision.messages, proposal)
                 except (TypeError, ValueError, msgspec.MsgspecError) as err:
                     failure = LlmFailure(
-                        message=f"agent/pre-step returned messages that are not UserMessages: {err}"
+                        message=f"agent/pre-step returned an invalid batch of UserMessages: {err}"
                     )
                     return self._error(turn, None, failure), None
             else:

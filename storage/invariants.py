@@ -25,7 +25,8 @@ the first); :func:`assert_invariants` raises an ``AssertionError`` listing them.
   [``inbox-duplicate``]; a claim (a pure deletion: no ``outcome``) takes messages from
   the front of its lane inside an open turn [``inbox-claim``]; a ``user/message`` of a
   message that went through the inbox appends it only after it was claimed in the same
-  turn, and only once [``inbox-entry``] (checked for a whole log only);
+  turn, once per claim [``inbox-entry``] (checked for a whole log only; an id may be
+  inserted again once it left the inbox);
 * the log ends outside any turn [``open-tail``], unless ``allow_open_tail=True``.
 
 A placeholder for a record of an ignorable type the reader did not know (data an
@@ -38,6 +39,7 @@ reports as ``seq-gap``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
@@ -92,7 +94,9 @@ class _Checker:
         self.surface: set[int] = set()
         self.lanes: dict[str, list[str]] = {"next-turn": [], "next-step": []}
         self.inboxed: set[str] = set()  # ids that ever went through the inbox
-        self.claimed: set[str] = set()  # claimed in the open turn, not entered yet
+        # Claimed in the open turn and not entered yet, with how many times: an id may come
+        # back into the inbox once it left it, and be claimed again.
+        self.claimed: Counter[str] = Counter()
         self.entered: set[str] = set()  # inbox messages appended by a user/message
 
     def bad(self, event: Event | None, rule: str, message: str) -> None:
@@ -153,7 +157,7 @@ class _Checker:
         self.last_turn = number if self.last_turn is None else max(self.last_turn, number)
         self.turn, self.step, self.last_step = number, None, 0
         self.calls, self.answered = {}, set()
-        self.claimed = set()
+        self.claimed = Counter()
 
     def turn_end(self, event: Event) -> None:
         number = event.data.turn
@@ -232,7 +236,7 @@ class _Checker:
                 self.bad(event, "inbox-claim", f"claims {where} outside any turn")
             if start != 0 or data.inserted:
                 self.bad(event, "inbox-claim", f"a claim takes the front of a lane: {where}")
-            self.claimed.update(lane[start : start + removed])
+            self.claimed.update(lane[start : start + removed])  # a Counter: counts them
         pending = {*self.lanes["next-turn"], *self.lanes["next-step"]}
         pending.difference_update(lane[start : start + removed])
         ids = [message.id for message in data.inserted]
@@ -248,12 +252,13 @@ class _Checker:
         message_id = data.message.id
         if type(data.surface_op) is not SurfaceAppend or message_id not in self.inboxed:
             return  # not an inbox message (a seed, a plugin's or a replaced one)
-        if message_id in self.entered:
+        if self.claimed[message_id] > 0:
+            self.claimed[message_id] -= 1
+        elif message_id in self.entered:
             self.bad(event, "inbox-entry", f"message {message_id!r} entered twice")
-        elif message_id not in self.claimed:
+        else:
             self.bad(event, "inbox-entry", f"message {message_id!r} entered unclaimed")
         self.entered.add(message_id)
-        self.claimed.discard(message_id)
 
     def surface_refs(self, event: Event) -> None:
         data = event.data

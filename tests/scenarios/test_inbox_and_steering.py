@@ -19,6 +19,7 @@ from runtime import (
     UnknownMessageError,
     UserMessage,
 )
+from storage import check_invariants
 from storage.events import TextBlock
 
 from .conftest import WAIT, HeldActor, Timeline
@@ -121,6 +122,47 @@ def test_pre_step_runs_before_every_step_and_its_batch_is_authoritative(rt: Runt
     assert user_texts(agent) == ["hi", "added"]
 
 
+def test_a_pre_step_batch_that_holds_a_message_twice_ends_the_turn_as_error(rt: Runtime) -> None:
+    # Before, it was logged twice, and the checker rejected the log (entered twice).
+    rt.on("agent/pre-step", lambda event, next_: Enter(messages=[*event.messages, *event.messages]))
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    end = next(e.data for e in agent.session.events() if e.type == "turn/end")
+    assert end.reason.kind == "error" and "more than once" in end.reason.error.message
+    assert user_texts(agent) == []
+    # the rt fixture checks the log when the test ends
+
+
+def test_a_content_block_given_as_a_dict_by_pre_step_is_entered_as_the_block_it_reads_back_as(
+    rt: Runtime,
+) -> None:
+    def rewrite(event: Any, next_: Any) -> Any:
+        extra = UserMessage(id="extra", content=[{"type": "text", "text": "added"}])  # type: ignore[list-item]
+        return Enter(messages=[*event.messages, extra])
+
+    rt.on("agent/pre-step", rewrite)
+    model = ScriptedModel.echo()
+    agent = rt.spawn(model=model)
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    entered = agent.session.messages()[1]
+    assert entered.content == [TextBlock(text="added")]
+    assert model.requests == 1
+
+
+def test_a_message_id_may_be_used_again_once_its_message_left_the_inbox(rt: Runtime) -> None:
+    # CONTRACT 3: ids are unique while pending. Before, the checker (and `corral log
+    # check`) rejected such a log: "message 'task-1' entered twice".
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("one", id="task-1")
+    assert agent.wait_idle(WAIT)
+    agent.followup("two", id="task-1")
+    assert agent.wait_idle(WAIT)
+    assert user_texts(agent) == ["one", "two"]
+    assert check_invariants(agent.session.events()) == []
+
+
 def test_an_empty_enter_on_the_first_step_closes_a_no_step_completed_turn(rt: Runtime) -> None:
     rt.on("agent/pre-step", lambda event, next_: Enter(messages=[]))
     agent = rt.spawn(model=ScriptedModel.echo())
@@ -202,7 +244,12 @@ def test_the_general_splice_edits_a_lane_like_list_slicing(rt: Runtime, timeline
     texts = [m.content[0].text for m in agent.inbox.next_step]
     assert texts == ["a", "x", "y", "c"]
     last = [e.data for e in agent.session.events() if e.type == "agent/inbox/spliced"][-1]
-    assert (last.target, last.start, last.removed_count, last.outcome) == ("next-step", 1, 1, "canceled")
+    assert (last.target, last.start, last.removed_count, last.outcome) == (
+        "next-step",
+        1,
+        1,
+        "canceled",
+    )
     assert [d.message.id for d in timeline.of("agent/inbox/discarded")] == [ids[1]]
     assert agent.splice("next-turn", 5, 3) == []  # a no-op writes nothing
     assert [e.type for e in agent.session.events()].count("agent/inbox/spliced") == 4
@@ -244,9 +291,7 @@ def test_a_followup_sent_after_a_turn_ended_while_its_chain_settles_starts_the_n
     replies = [failure, "ok"] if ending == "error" else ["ok"]
     agent = rt.spawn(model=ScriptedModel(replies))
     if ending == "blocked":
-        agent.on(
-            "agent/pre-step", lambda event, next_: Reject() if event.turn == 1 else next_()
-        )
+        agent.on("agent/pre-step", lambda event, next_: Reject() if event.turn == 1 else next_())
     sent: list[str] = []
 
     def on_event(event: Any) -> None:
