@@ -373,13 +373,9 @@ class TurnMachine:
         while True:
             if signal.aborted:
                 return self._aborted(signal), None
-            for meter in self.meters:
-                limited = meter.exceeded()
-                if limited is not None:
-                    return limited, None
-            if self.max_steps is not None and step >= self.max_steps:
-                message = f"the turn reached its limit of {self.max_steps} steps"
-                return LimitExceeded(limit="max_steps", message=message), None
+            limited = self._limited(step)
+            if limited is not None:
+                return limited, None
             if self._maybe("agent/pre-step") and self._listened("agent/pre-step"):
                 event = PreStep(
                     agent=self.agent, messages=proposal, turn=turn, step=step + 1, signal=signal
@@ -424,8 +420,16 @@ class TurnMachine:
                 return await self._failed(turn, step, result, signal, prior)
             if result.end is not None:
                 return result.end, None
-            proposal = self.inbox.claim(turn, new_turn=False)
-            if result.more or proposal:
+            if self.inbox.lane_size("next-step"):
+                # Steering asks for another step: claimed only if one may follow (a
+                # claimed message must be entered; else it stays for the next turn).
+                limited = self._limited(step)
+                if limited is not None:
+                    return limited, None
+                proposal = self.inbox.claim(turn, new_turn=False)
+                continue
+            if result.more:
+                proposal = []
                 continue
             if not self._listened("agent/turn-stopping"):
                 return Completed(), None
@@ -443,9 +447,23 @@ class TurnMachine:
                 return self._error(turn, step, _listener_failure("agent/turn-stopping", err)), None
             if signal.aborted:
                 return self._aborted(signal), None
-            proposal = self.inbox.claim(turn, new_turn=False)
-            if not proposal:
+            if not self.inbox.lane_size("next-step"):
                 return Completed(), None
+            limited = self._limited(step)
+            if limited is not None:
+                return limited, None
+            proposal = self.inbox.claim(turn, new_turn=False)
+
+    def _limited(self, steps: int) -> LimitExceeded | None:
+        """Why no further step may follow ``steps`` steps (a usage limit, ``max_steps``)."""
+        for meter in self.meters:
+            limited = meter.exceeded()
+            if limited is not None:
+                return limited
+        if self.max_steps is not None and steps >= self.max_steps:
+            message = f"the turn reached its limit of {self.max_steps} steps"
+            return LimitExceeded(limit="max_steps", message=message)
+        return None
 
     async def _failed(
         self,

@@ -47,6 +47,32 @@ def test_a_turn_stops_at_max_steps_with_a_limit_reason(store_path: Path) -> None
     check_store(store_path)
 
 
+@pytest.mark.parametrize("limit", ["max_steps", "max_requests"])
+def test_a_steer_sent_during_the_last_allowed_step_is_not_claimed_and_stays_pending(
+    store_path: Path, limit: str
+) -> None:
+    # Before, it was claimed after the step (a durable claim, a live claimed event) and
+    # the limit then ended the turn: the message was neither entered nor pending.
+    options: dict[str, Any] = (
+        {"max_steps": 1} if limit == "max_steps" else {"agent_limits": UsageLimits(max_requests=1)}
+    )
+    model = GateModel()
+    with Runtime.open(store_path, **options) as rt:
+        timeline = Timeline(rt)
+        agent = rt.spawn(model=model)
+        agent.followup("first")
+        assert model.reached.wait(WAIT)
+        steered = agent.steer("steer during the last step")
+        model.release(0)
+        assert timeline.wait_for("agent/settled")[0].reason.kind == "limit"
+        assert agent.wait_idle(WAIT)
+        assert [c.message.id for c in timeline.of("agent/inbox/claimed")] != [] and all(
+            c.message.id != steered for c in timeline.of("agent/inbox/claimed")
+        )
+        assert agent.inbox.ids() == [steered]
+    check_store(store_path)
+
+
 def test_an_agent_request_limit_ends_the_turn_before_the_next_request(store_path: Path) -> None:
     @tool
     def again() -> str:
