@@ -9,6 +9,7 @@ committed ``step/start`` a ``step/end``, whatever happens in between.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -321,8 +322,16 @@ class TurnMachine:
             retry = None  # the chain ends here; a turn it goes on with is a new one
             await self._settle(turn, reason)
             prior.clear()
-            if isinstance(reason, _GO_ON):
-                continue
+            quiet = self.quiet
+            if not signal.aborted and (quiet is None or not quiet()):
+                # What a sync agent/settled listener sent (a followup, a cancel) is
+                # queued to us: let it land before deciding whether the chain goes on,
+                # so that a followup keeps the agent running (no idle between turns) and
+                # a cancel parks the queued work instead of aborting the next turn.
+                with contextlib.suppress(TurnAborted):
+                    await Checkpoint()
+            if isinstance(reason, _GO_ON) and not signal.aborted:
+                continue  # (aborted: a cancel between the turns; queued work stays parked)
             if self.latched_wake:  # a wake that came after the turn ended, or a cancel
                 self.latched_wake = False
                 continue

@@ -28,6 +28,9 @@ def test_a_test_can_step_a_whole_turn_by_hand() -> None:
     assert isinstance(harness.send(), Flush)  # write-ahead: durable before the request
     effect = answer(harness, harness.send(), [TextDelta(text="hi"), FinishChunk(reason="stop")])
     assert isinstance(effect, Flush)  # settle only after turn/end is durable
+    # After agent/settled: what its listeners sent lands before the chain decides
+    # whether to go on (the stepper skips this when nothing is queued).
+    assert isinstance(harness.send(), Checkpoint)
     assert harness.send() is None and harness.done
     assert harness.types()[-4:] == ["assistant/chunk", "assistant/message", "step/end", "turn/end"]
     assert harness.live()[-2:] == ["agent/settled", "agent/status"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -160,3 +161,78 @@ def test_a_pre_step_listener_that_cancels_then_raises_ends_its_turn_aborted(
     settled = timeline.wait_for("agent/settled")
     assert settled[0].reason.kind == "aborted"
     assert timeline.of("agent/error") == []
+
+
+def _statuses(timeline: Timeline) -> list[str]:
+    return [e.status for e in timeline.of("agent/status")]
+
+
+def test_a_followup_from_a_sync_settled_listener_keeps_the_agent_running_into_the_next_turn(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    # CONTRACT 1: no idle between a turn and the next queued one. Before, the chain
+    # decided before the listener's followup landed: running, idle, running, idle.
+    agent = rt.spawn(model=ScriptedModel.echo())
+
+    def once(event: Any) -> None:
+        if event.turn == 1:
+            agent.followup("second")
+
+    agent.on("agent/settled", once)
+    agent.followup("first")
+    timeline.wait_for("agent/settled", 2)
+    assert agent.wait_idle(WAIT)
+    assert _statuses(timeline) == ["running", "idle"]
+
+
+def test_a_cancel_keeping_the_inbox_from_a_settled_listener_parks_the_work_queued_behind(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    # Before, the next turn opened, claimed the queued message and was aborted by the
+    # cancel at its first checkpoint: the message was neither pending nor entered.
+    agent = rt.spawn(model=ScriptedModel.echo())
+    queued: list[str] = []
+
+    def on_settled(event: Any) -> None:
+        if event.turn == 1:
+            queued.append(agent.followup("second"))
+            agent.cancel(keep_inbox=True)
+
+    agent.on("agent/settled", on_settled)
+    agent.followup("first")
+    assert agent.wait_idle(WAIT)
+    assert [(s.turn, s.reason.kind) for s in timeline.of("agent/settled")] == [(1, "completed")]
+    assert agent.inbox.ids() == queued
+    assert _statuses(timeline) == ["running", "idle"]
+    agent.followup("wake")  # the next waking send runs the parked work first
+    assert agent.wait_idle(WAIT)
+    users = [m.content[0].text for m in agent.session.messages() if m.role == "user"]
+    assert users == ["first", "second", "wake"]
+
+
+def test_a_cancel_keeping_the_inbox_between_two_turns_of_a_chain_parks_the_next_one(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    # The cancel lands while turn 1 settles (sent from another thread by an observer of
+    # its turn/end), with a followup queued during turn 1.
+    agent = rt.spawn(model=ScriptedModel.echo())
+    queued: list[str] = []
+
+    def on_request(event: Any, next_: Any) -> Any:
+        if not queued:
+            queued.append(agent.followup("second"))
+        return next_()
+
+    def on_event(event: Any) -> None:
+        if event.event.type == "turn/end" and event.event.data.turn == 1:
+            canceller = threading.Thread(target=agent.cancel, kwargs={"keep_inbox": True})
+            canceller.start()
+            canceller.join()
+
+    agent.on("agent/request", on_request)
+    agent.on("session/event", on_event)
+    agent.followup("first")
+    assert agent.wait_idle(WAIT)
+    assert [s.turn for s in timeline.of("agent/settled")] == [1]
+    assert agent.inbox.ids() == queued
+    assert [e.data.turn for e in agent.session.events() if e.type == "turn/start"] == [1]
