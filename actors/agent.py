@@ -391,12 +391,15 @@ class AgentActor(PooledActor):
                 machine.latched_wake = True
         try:
             self.inbox.insert(lane, message.message)
-        except Exception:
+        except Exception as err:
+            # The verb checked everything the append checks (field types, the size of the
+            # records that carry the message), so only the log itself failed here (the
+            # store closed, the session opened again elsewhere): the agent cannot go on
+            # logging, and its sender holds the id. The actor fails: ``agent.crash`` says
+            # why, later sends are refused, ``rt.resume`` goes on from the log.
             self.inbox.release(message.message.id)
-            log.exception(
-                "agent %s could not insert message %s", self.session.id, message.message.id
-            )
-            return
+            err.add_note(f"agent {self.session.id} could not insert message {message.message.id}")
+            raise
         if wake and self._coro is None and not self._disposing:
             self._coro = self.machine.drain()  # start a drain
             self._advance(None)

@@ -526,8 +526,12 @@ class TurnMachine:
         append = self.session.append_fact
         append(StepStart(turn=turn, step=step))
         try:
-            for message in messages:
-                append(UserMessageData(message=message, turn=turn, step=step))
+            try:
+                for message in messages:
+                    append(UserMessageData(message=message, turn=turn, step=step))
+            except InvalidEventError as err:  # e.g. over the event size limit
+                failure = LlmFailure(message=f"a user message cannot be logged: {err}")
+                return _StepResult(failure=failure, offer=False)
             try:
                 if self._maybe("agent/request") and self._listened("agent/request"):
                     config = await self._waterfall(

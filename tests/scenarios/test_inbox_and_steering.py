@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from runtime import (
+    AgentDisposedError,
     DuplicateMessageError,
     EditTimeoutError,
     Enter,
@@ -19,7 +20,7 @@ from runtime import (
     UnknownMessageError,
     UserMessage,
 )
-from storage import check_invariants
+from storage import StorageError, check_invariants
 from storage.events import TextBlock
 
 from .conftest import WAIT, HeldActor, Timeline
@@ -306,3 +307,22 @@ def test_a_followup_sent_after_a_turn_ended_while_its_chain_settles_starts_the_n
     assert (claimed[-1].message.id, claimed[-1].turn) == (sent[0], 2)
     assert agent.wait_idle(WAIT)
     assert agent.inbox.next_turn == ()
+
+
+def test_a_send_whose_insert_cannot_be_logged_fails_the_agent_instead_of_dropping_it(
+    rt: Runtime,
+) -> None:
+    # The actor logged the failed insert and went on: the caller held an id for a
+    # message that was nowhere, and nothing told it so.
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("first")
+    assert agent.wait_idle(WAIT)
+    gone = threading.Event()
+    agent.on("agent/disposed", lambda event: gone.set())
+    rt.store.open_session(agent.id)  # opened again: the agent's session may append no more
+    sent = agent.followup("second")
+    assert gone.wait(WAIT), "the agent went on although its message was not logged"
+    assert isinstance(agent.crash, StorageError)
+    assert any(sent in note for note in getattr(agent.crash, "__notes__", ()))
+    with pytest.raises(AgentDisposedError):
+        agent.followup("third")
