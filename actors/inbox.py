@@ -88,6 +88,44 @@ class Inbox:
                 )
             self._reserved.add(message_id)
 
+    def reserve_all(
+        self, message_ids: Sequence[MessageId], removes: Callable[[], int] = lambda: 0
+    ) -> None:
+        """Claim the ids of an edit's messages, all or none (a duplicate, pending or among
+        them, is refused). ``removes()``, called under the lock so that the lanes hold
+        still, counts the pending messages the edit discards as the lanes stand now: the
+        edit is refused as full only if the inbox would hold more than its limit after it
+        (a ``replace`` of a pending message in a full inbox is accepted)."""
+        with self._lock:
+            fresh: set[MessageId] = set()
+            for message_id in message_ids:
+                if message_id in self._reserved or message_id in fresh:
+                    raise DuplicateMessageError(
+                        f"message id {message_id!r} is already pending in this agent's inbox; "
+                        "use a new id, or replace() the pending message"
+                    )
+                fresh.add(message_id)
+            if fresh and self._limit is not None:
+                after = len(self._reserved) + len(fresh) - removes()
+                if after > self._limit:
+                    raise InboxFullError(
+                        f"the edit would leave {after} pending messages in the inbox, over its "
+                        f"limit of {self._limit}; wait for the agent to claim some, or raise "
+                        "inbox_limit"
+                    )
+            self._reserved |= fresh
+
+    def holds(self, message_id: MessageId) -> bool:
+        """Whether ``message_id`` is pending or on its way in (reserved): its insert is
+        then queued to the owner before anything told after this call."""
+        return message_id in self._reserved
+
+    def span(self, lane: InboxLane, start: int, removed_count: int) -> int:
+        """How many pending messages ``splice(lane, start, removed_count, ...)`` would
+        discard as the lane stands now (sends still on their way in not counted)."""
+        begin, end = _span(len(self._lanes[lane]), start, removed_count)
+        return end - begin
+
     def release(self, message_id: MessageId) -> None:
         with self._lock:
             self._reserved.discard(message_id)
@@ -126,8 +164,7 @@ class Inbox:
         messages must already be reserved.
         """
         items = self._lanes[lane]
-        begin = slice(start, None).indices(len(items))[0]
-        end = min(len(items), begin + max(removed_count, 0))
+        begin, end = _span(len(items), start, removed_count)
         removed = items[begin:end]
         if not removed and not inserted:
             return []
@@ -235,6 +272,12 @@ class Inbox:
             for message in taken:
                 self._reserved.discard(message.id)
         return taken
+
+
+def _span(length: int, start: int, removed_count: int) -> tuple[int, int]:
+    """A splice's coordinates in a lane of ``length``, normalized like list slicing."""
+    begin = slice(start, None).indices(length)[0]
+    return begin, min(length, begin + max(removed_count, 0))
 
 
 def _always(_name: str) -> bool:

@@ -362,7 +362,7 @@ class Agent:
             if inserted:
                 self._check_open(f"a {edit.op} inserting messages")
             assert self._inbox is not None
-            self._reserve(inserted)
+            self._reserve(edit, inserted)
             return apply_edit(self._inbox, edit)
         try:
             # The edit is queued before a passivation may stop the actor (and the ids are
@@ -373,7 +373,7 @@ class Agent:
                     self._check_open(f"a {edit.op} inserting messages")
                 self._live()
                 assert self._ref is not None
-                self._reserve(inserted)
+                self._reserve(edit, inserted)
                 try:
                     reply = self._ref.ask(edit, block=False)
                 except ActorDeadError:
@@ -392,15 +392,29 @@ class Agent:
                 f"{timeout} s; it stays queued and is applied in order"
             ) from err
 
-    def _reserve(self, message_ids: Sequence[MessageId]) -> None:
-        """Reserve every id, or none (a duplicate raises ``DuplicateMessageError``)."""
-        assert self._inbox is not None
-        for index, message_id in enumerate(message_ids):
-            try:
-                self._inbox.reserve(message_id)
-            except BaseException:
-                self._release(message_ids[:index])
-                raise
+    def _reserve(self, edit: Edit, message_ids: Sequence[MessageId]) -> None:
+        """Reserve every id ``edit`` inserts, or none (a duplicate raises
+        ``DuplicateMessageError``); a full inbox refuses the edit (``InboxFullError``)
+        only if it would hold more than its limit once the edit discarded what it
+        discards: a replace of a pending message (or of one whose send is queued before
+        the edit) fits, as does a 1-for-1 splice of messages in the lane (its coordinates
+        are counted on the lane as it stands: a send still on its way in is not)."""
+        inbox = self._inbox
+        assert inbox is not None
+        removes: Callable[[], int]
+        if edit.op == "replace":
+            replaced = edit.message_id
+            assert replaced is not None
+
+            def removes() -> int:
+                return 1 if inbox.holds(replaced) else 0
+
+        else:  # a splice (the other edits insert nothing: never refused as full)
+
+            def removes() -> int:
+                return inbox.span(edit.lane, edit.start, edit.removed_count)
+
+        inbox.reserve_all(message_ids, removes)
 
     def _release(self, message_ids: Iterable[MessageId]) -> None:
         """Free the ids of an edit that was never applied (see :meth:`_ask`)."""

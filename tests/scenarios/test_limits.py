@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from runtime import InboxFullError, Runtime, ScriptedModel, ToolCall, UsageLimits, tool
+from runtime import (
+    EditTimeoutError,
+    InboxFullError,
+    Runtime,
+    ScriptedModel,
+    ToolCall,
+    UsageLimits,
+    tool,
+)
 
 from .conftest import WAIT, HeldActor, Timeline, check_store
 from .models import GateModel
@@ -27,6 +35,35 @@ def test_a_full_inbox_refuses_a_send_with_a_clear_error(store_path: Path) -> Non
             agent.inject("c")
         assert agent.wait_idle(WAIT)
         assert len(agent.inbox) == 2
+    check_store(store_path)
+
+
+def test_a_replace_or_a_one_for_one_splice_fits_an_inbox_at_its_limit(store_path: Path) -> None:
+    # The new id was counted before the old one was removed: a full inbox refused them.
+    with Runtime.open(store_path, inbox_limit=2) as rt:
+        agent = rt.spawn(model=ScriptedModel.echo())
+        first = agent.inject("a")
+        agent.inject("b")
+        replaced = agent.replace(first, "a2")
+        (removed,) = agent.splice("next-step", 0, 1, ["a3"])
+        assert removed.id == replaced
+        agent.splice("next-step", 0, 2, ["c", "d"])
+        with pytest.raises(InboxFullError, match="limit"):
+            agent.splice("next-step", 2, 0, ["e"])  # one more
+        with pytest.raises(InboxFullError, match="limit"):
+            agent.splice("next-step", 0, 1, ["e", "f"])  # two for one
+        with pytest.raises(InboxFullError, match="limit"):
+            agent.inject("e")
+        assert [m.content[0].text for m in agent.inbox.next_step] == ["c", "d"]
+        # a replace of a message whose send is still queued to the actor fits too
+        agent.clear()
+        held = HeldActor(agent)
+        queued = agent.inject("queued")
+        with pytest.raises(EditTimeoutError):  # applied once the actor is released
+            agent.replace(queued, "queued2", timeout=0)
+        held.release()
+        assert agent.wait_idle(WAIT)
+        assert [m.content[0].text for m in agent.inbox.next_step] == ["hold", "queued2"]
     check_store(store_path)
 
 
