@@ -239,9 +239,11 @@ class Agent:
         try:
             encoded = msgspec.json.encode(message)
             # Field types: msgspec does not check them at construction. A message built
-            # here from a str (and a str source) has them right by construction.
+            # here from a str (and a str source) has them right by construction. The
+            # decoded message is the one kept: content blocks given as plain dicts
+            # become the block structs the log reads back (and providers send).
             if not (isinstance(value, str) and isinstance(source, str)):
-                _message_decoder.decode(encoded)
+                message = _message_decoder.decode(encoded)
         except (TypeError, ValueError, msgspec.MsgspecError) as err:
             raise InvalidMessageError(f"the message is not a valid UserMessage: {err}") from err
         size = len(encoded)

@@ -309,6 +309,38 @@ def test_a_followup_sent_after_a_turn_ended_while_its_chain_settles_starts_the_n
     assert agent.inbox.next_turn == ()
 
 
+def test_content_blocks_given_as_dicts_reach_the_model_and_the_history_as_block_structs(
+    rt: Runtime,
+) -> None:
+    # The verb checked a round trip of such a message but kept the original: the model
+    # request and the in-memory history held plain dicts (which providers drop), while
+    # the log read back TextBlocks after a rehydrate.
+    seen: list[Any] = []
+
+    def reply(request: Any) -> str:
+        seen.append(request.messages[-1])
+        return "ok"
+
+    def as_dicts(message_id: str, text: str) -> UserMessage:
+        return UserMessage(id=message_id, content=[{"type": "text", "text": text}])  # type: ignore[list-item]
+
+    def typed(message_id: str, text: str) -> UserMessage:
+        return UserMessage(id=message_id, content=[TextBlock(text=text)])
+
+    agent = rt.spawn(model=ScriptedModel(reply))
+    agent.followup(as_dicts("u", "hi"))
+    assert agent.wait_idle(WAIT)
+    assert seen == [typed("u", "hi")]
+    history = [m for m in agent.session.messages() if isinstance(m, UserMessage)]
+    assert history == [typed("u", "hi")]
+    pending = agent.inject("p")
+    agent.replace(pending, as_dicts("r", "replaced"))
+    agent.splice("next-step", 1, 0, [as_dicts("s", "spliced")])
+    assert agent.inbox.next_step == (typed("r", "replaced"), typed("s", "spliced"))
+    assert agent.passivate()
+    assert [m for m in agent.session.messages() if isinstance(m, UserMessage)] == history
+
+
 def test_a_send_whose_insert_cannot_be_logged_fails_the_agent_instead_of_dropping_it(
     rt: Runtime,
 ) -> None:
