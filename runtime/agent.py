@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -93,6 +93,16 @@ _CARRIED_BYTES, _SPLICE_BYTES = _carried_bytes()
 def _check_id(message_id: object) -> None:
     if not isinstance(message_id, str) or not message_id:
         raise InvalidMessageError(f"a message id is a non-empty str, got {message_id!r}")
+
+
+def _check_timeout(timeout: object) -> float | None:
+    """An edit's ``timeout``: None (wait as long as it takes) or a number of seconds;
+    ``inf`` is None (a wait that long overflows the platform's clock)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
+        raise TypeError(f"timeout is a number of seconds or None, got {timeout!r}")
+    return None if timeout == math.inf else timeout
 
 
 class Agent:
@@ -215,19 +225,25 @@ class Agent:
             size = len(value) + len(source) + len(message_id)
             if _EMPTY_TEXT_BYTES + 6 * size <= self._max_message_bytes:
                 return UserMessage(id=message_id, content=[TextBlock(text=value)], source=source)
+        if message_id is not None:
+            _check_id(message_id)  # an empty id is refused, not replaced by a new one
         if isinstance(value, UserMessage):
             if message_id is not None and message_id != value.id:
                 raise InvalidMessageError("give the id inside the UserMessage, or pass a str")
             message = value
         elif isinstance(value, str):
             message = UserMessage(
-                id=message_id or self._new_id(), content=[TextBlock(text=value)], source=source
+                id=self._new_id() if message_id is None else message_id,
+                content=[TextBlock(text=value)],
+                source=source,
             )
         elif (
             isinstance(value, list | tuple) and value and all(isinstance(b, _BLOCKS) for b in value)
         ):
             message = UserMessage(
-                id=message_id or self._new_id(), content=list(value), source=source
+                id=self._new_id() if message_id is None else message_id,
+                content=list(value),
+                source=source,
             )
         else:
             raise InvalidMessageError(
@@ -236,6 +252,8 @@ class Agent:
             )
         if not message.id or not isinstance(message.id, str):
             raise InvalidMessageError(f"a message id is a non-empty str, got {message.id!r}")
+        if isinstance(message.content, list | tuple) and not message.content:
+            raise InvalidMessageError("a message holds at least one content block, got none")
         try:
             encoded = msgspec.json.encode(message)
             # Field types: msgspec does not check them at construction. A message built
@@ -426,6 +444,7 @@ class Agent:
 
     def remove(self, message_id: MessageId, *, timeout: float | None = 10.0) -> UserMessage:
         """Discard one pending message (``outcome: canceled``); raises if it is not pending."""
+        timeout = _check_timeout(timeout)
         _check_id(message_id)
         removed: UserMessage = self._ask(Edit(op="remove", message_id=message_id), timeout)
         return removed
@@ -434,6 +453,7 @@ class Agent:
         self, message_id: MessageId, message: MessageLike, *, timeout: float | None = 10.0
     ) -> MessageId:
         """Swap a pending message for a new one in the same place; returns the new id."""
+        timeout = _check_timeout(timeout)
         _check_id(message_id)
         new = self._message(message, None, "user")
         self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
@@ -451,11 +471,23 @@ class Agent:
         """The general inbox edit: in ``lane``, discard ``removed_count`` pending messages
         from ``start`` (coordinates like list slicing) and insert ``messages`` there.
         Returns the discarded messages; nothing wakes the agent."""
+        timeout = _check_timeout(timeout)
         if lane not in ("next-turn", "next-step"):
             raise InvalidMessageError(f"lane must be 'next-turn' or 'next-step', got {lane!r}")
-        if not isinstance(start, int) or not isinstance(removed_count, int) or removed_count < 0:
-            raise InvalidMessageError("start is an int and removed_count an int >= 0")
-        if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
+        if (
+            not isinstance(start, int)
+            or not isinstance(removed_count, int)
+            or isinstance(start, bool)
+            or isinstance(removed_count, bool)
+            or removed_count < 0
+        ):
+            raise InvalidMessageError(
+                f"start is an int and removed_count an int >= 0, got {start!r} and "
+                f"{removed_count!r}"
+            )
+        if isinstance(messages, str | bytes | bytearray | Mapping | Set) or not isinstance(
+            messages, Iterable
+        ):
             raise InvalidMessageError(
                 f"messages is a list of messages, got {type(messages).__name__} "
                 "(one text is one message: pass [text])"
@@ -474,6 +506,7 @@ class Agent:
 
     def clear(self, *, timeout: float | None = 10.0) -> list[UserMessage]:
         """Discard every pending message; returns them."""
+        timeout = _check_timeout(timeout)
         cleared: list[UserMessage] = self._ask(Edit(op="clear"), timeout)
         return cleared
 
@@ -481,6 +514,8 @@ class Agent:
 
     def cancel(self, cause: CancelCause | None = None, *, keep_inbox: bool = False) -> None:
         """Clear the inbox durably (unless ``keep_inbox``) and abort the active turn."""
+        if type(keep_inbox) is not bool:
+            raise TypeError(f"keep_inbox is a bool, got {keep_inbox!r}")
         cause = cause or UserCause()
         if getattr(cause, "kind", None) not in _CAUSES:
             raise InvalidMessageError(

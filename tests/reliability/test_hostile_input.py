@@ -524,6 +524,8 @@ def _wrong_calls(rt: Runtime, agent: Agent) -> list[tuple[str, Callable[[], Any]
     echo = ScriptedModel.echo()
     bad_content = UserMessage(id="bad-content", content="text")
     bad_text = UserMessage(id="bad-text", content=[TextBlock(text=5)])
+    no_blocks = UserMessage(id="no-blocks", content=[])
+    pending = agent.inbox.ids()[0]
     return [
         ("followup(123)", lambda: agent.followup(123), InvalidMessageError),
         ("followup(None)", lambda: agent.followup(None), InvalidMessageError),
@@ -589,6 +591,48 @@ def _wrong_calls(rt: Runtime, agent: Agent) -> list[tuple[str, Callable[[], Any]
         ("splice(messages=5)", lambda: agent.splice("next-turn", 0, 0, 5), InvalidMessageError),  # type: ignore[arg-type]
         ("wait_idle('1')", lambda: agent.wait_idle("1"), TypeError),  # type: ignore[arg-type]
         ("wait_idle(nan)", lambda: agent.wait_idle(math.nan), TypeError),
+        ("followup(x, id='')", lambda: agent.followup("x", id=""), InvalidMessageError),
+        (
+            "followup([block], id='')",
+            lambda: agent.followup([TextBlock(text="x")], id=""),
+            InvalidMessageError,
+        ),
+        ("followup(content=[])", lambda: agent.followup(no_blocks), InvalidMessageError),
+        ("replace(x, content=[])", lambda: agent.replace(pending, no_blocks), InvalidMessageError),
+        (
+            "splice(start=True)",
+            lambda: agent.splice("next-step", True, 0, ["x"]),
+            InvalidMessageError,
+        ),
+        (
+            "splice(removed_count=True)",
+            lambda: agent.splice("next-step", 0, True, []),
+            InvalidMessageError,
+        ),
+        (
+            "splice(messages=dict)",
+            lambda: agent.splice("next-step", 0, 0, {"key": 1}),  # type: ignore[arg-type]
+            InvalidMessageError,
+        ),
+        (
+            "splice(messages=set)",
+            lambda: agent.splice("next-step", 0, 0, {"a", "b"}),  # type: ignore[arg-type]
+            InvalidMessageError,
+        ),
+        ("cancel(keep_inbox='no')", lambda: agent.cancel(keep_inbox="no"), TypeError),  # type: ignore[arg-type]
+        ("cancel(keep_inbox=1)", lambda: agent.cancel(keep_inbox=1), TypeError),  # type: ignore[arg-type]
+        ("clear(timeout='1')", lambda: agent.clear(timeout="1"), TypeError),  # type: ignore[arg-type]
+        ("remove(p, timeout='1')", lambda: agent.remove(pending, timeout="1"), TypeError),  # type: ignore[arg-type]
+        (
+            "replace(p, x, timeout=nan)",
+            lambda: agent.replace(pending, "x", timeout=math.nan),
+            TypeError,
+        ),
+        (
+            "splice(timeout=True)",
+            lambda: agent.splice("next-step", 0, 1, [], timeout=True),
+            TypeError,
+        ),
         ("spawn(tools=[lambda])", lambda: rt.spawn(model=echo, tools=[lambda x: x]), ValueError),
         ("tool(name='a b')", lambda: tool(name="a b")(probe.fn), ValueError),
         ("tool(name='x' * 65)", lambda: tool(name="x" * 65)(probe.fn), ValueError),
