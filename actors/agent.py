@@ -201,8 +201,12 @@ class AgentMailbox(Mailbox):
         """A send the actor will never handle because it crashed: its caller holds the
         message's id, so the message is logged pending (the crashed handler's turn stays
         open; ``rt.resume`` repairs it and finds the message in the inbox). Anything
-        else, or after a requested stop, is a dead letter as for any actor."""
+        else, or after a requested stop, is a dead letter as for any actor, except a
+        ``wait_idle`` that was queued behind the stop: it is answered (idle for good)."""
         message = envelope.message
+        if type(message) is AwaitIdle:  # a stopped agent runs nothing more: idle for good
+            message.callback()
+            return
         death, lanes = self._death, self.lanes
         if type(message) is Insert and death is not None and death.failed and lanes is not None:
             try:

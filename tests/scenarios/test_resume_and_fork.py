@@ -201,6 +201,23 @@ def test_the_repair_is_durable_when_resume_returns(store_path: Path) -> None:
         assert agent.session.resident_events == 0
 
 
+def test_a_wait_idle_sent_right_after_a_kill_returns_once_the_agent_is_dead(
+    store_path: Path,
+) -> None:
+    # Queued behind the kill, its request was dropped with the dead actor: it waited
+    # out its whole timeout and returned False (found by a helper).
+    from .models import GateModel
+
+    with Runtime.open(store_path) as rt:
+        model = GateModel()
+        agent = rt.spawn(model=model)
+        agent.followup("work")
+        assert model.reached.wait(WAIT)
+        agent.kill("chaos test")
+        assert agent.wait_idle(WAIT)
+        assert agent.crash is not None
+
+
 def test_a_killed_agent_is_unregistered_and_resume_repairs_its_open_turn(store_path: Path) -> None:
     from .models import GateModel
 
