@@ -230,6 +230,8 @@ class Agent:
         if isinstance(value, UserMessage):
             if message_id is not None and message_id != value.id:
                 raise InvalidMessageError("give the id inside the UserMessage, or pass a str")
+            if source != "user" and source != value.source:
+                raise InvalidMessageError("give the source inside the UserMessage, or pass a str")
             message = value
         elif isinstance(value, str):
             message = UserMessage(

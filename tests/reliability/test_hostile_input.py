@@ -536,6 +536,13 @@ def _wrong_calls(rt: Runtime, agent: Agent) -> list[tuple[str, Callable[[], Any]
         ("followup(x, source=1)", lambda: agent.followup("x", source=1), InvalidMessageError),
         ("followup(content=str)", lambda: agent.followup(bad_content), InvalidMessageError),
         ("followup(text=int)", lambda: agent.followup(bad_text), InvalidMessageError),
+        (
+            "inject(UserMessage, source=)",
+            lambda: agent.inject(
+                UserMessage(id="m", content=[TextBlock(text="x")]), source="plugin"
+            ),
+            InvalidMessageError,
+        ),
         ("followup(surrogate)", lambda: agent.followup("a \udc00"), InvalidMessageError),
         ("steer({})", lambda: agent.steer({}), InvalidMessageError),
         ("inject(1.5)", lambda: agent.inject(1.5), InvalidMessageError),
