@@ -52,7 +52,8 @@ def test_a_resumed_session_with_pending_inbox_items_stays_idle_until_a_waking_se
     check_store(store_path)
 
 
-def test_resume_repairs_an_interrupted_tail_turn_durably(store_path: Path) -> None:
+def _crashed_mid_tool_call(store_path: Path) -> None:
+    """A store whose session "crashed" ends with a tool/call: its turn and step are open."""
     with Store.open(store_path) as store:
         session = store.create_session("crashed")
         session.append_fact(TurnStart(turn=1, trigger=MessageTrigger()))
@@ -61,6 +62,10 @@ def test_resume_repairs_an_interrupted_tail_turn_durably(store_path: Path) -> No
             ToolCallData(turn=1, step=1, call_id="c1", name="probe", arguments="{}")
         )
         store.flush()
+
+
+def test_resume_repairs_an_interrupted_tail_turn_durably(store_path: Path) -> None:
+    _crashed_mid_tool_call(store_path)
     with Runtime.open(store_path) as rt:
         agent = rt.resume("crashed", model=ScriptedModel.echo())
         types = [e.type for e in agent.session.events()]
@@ -170,14 +175,7 @@ def test_the_repair_is_durable_when_resume_returns(store_path: Path) -> None:
     # A process SIGKILLed right after rt.resume returned often left the log ending at
     # its tool/call (11 of 20 runs of a probe): the repair was appended, not flushed.
     for run in range(3):
-        with Store.open(store_path) as store:
-            session = store.create_session("crashed")
-            session.append_fact(TurnStart(turn=1, trigger=MessageTrigger()))
-            session.append_fact(StepStart(turn=1, step=1))
-            session.append_fact(
-                ToolCallData(turn=1, step=1, call_id="c1", name="probe", arguments="{}")
-            )
-            store.flush()
+        _crashed_mid_tool_call(store_path)
         child = subprocess.run(
             [sys.executable, "-c", _RESUME_THEN_DIE, str(store_path)],
             capture_output=True,

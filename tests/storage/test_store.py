@@ -755,6 +755,18 @@ READER = textwrap.dedent(
 )
 
 
+def _start_reader(path: Path, target: int) -> subprocess.Popen[str]:
+    """Another process that reads the store at ``path`` until it holds ``target``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen(
+        [sys.executable, "-c", READER, str(path), str(target)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
 @pytest.mark.parametrize("route", ["journal", "direct"])
 def test_another_process_reads_while_this_one_writes_and_grows_the_map(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, route: str
@@ -771,14 +783,7 @@ def test_another_process_reads_while_this_one_writes_and_grows_the_map(
         session = store.create_session("shared")
         session.append("test/padded", Padded(n=0, pad=""))
         store.flush()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        reader = subprocess.Popen(
-            [sys.executable, "-c", READER, str(path), str(target)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        reader = _start_reader(path, target)
         try:
             assert reader.stdout is not None
             assert reader.stdout.readline().strip() == "0"  # the reader is reading
@@ -836,14 +841,7 @@ def test_a_tiny_map_grows_while_reader_threads_and_another_process_keep_reading(
         for thread in threads:
             thread.start()
         started.wait(WAIT)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        reader = subprocess.Popen(
-            [sys.executable, "-c", READER, str(path), str(target)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        reader = _start_reader(path, target)
         try:
             assert reader.stdout is not None
             assert reader.stdout.readline().strip() == "0"  # the reader is reading
