@@ -230,7 +230,7 @@ class Agent:
         if isinstance(value, UserMessage):
             if message_id is not None and message_id != value.id:
                 raise InvalidMessageError("give the id inside the UserMessage, or pass a str")
-            if source != "user" and source != value.source:
+            if source not in ("user", value.source):
                 raise InvalidMessageError("give the source inside the UserMessage, or pass a str")
             message = value
         elif isinstance(value, str):

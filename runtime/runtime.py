@@ -35,6 +35,7 @@ from actors import (
 )
 from actors._deadline import deadline, remaining
 from actors.agent import AgentActor, AwaitIdle, Cancel, Quiescent
+from actors.errors import AgentDisposedError
 from actors.flushes import FlushGroup
 from actors.inbox import Inbox
 from actors.limits import Admission, UsageLimits, UsageMeter
@@ -223,6 +224,8 @@ class Runtime:
         # lock, then a session's lock (a session observer must not bridge: see _bridge).
         self._bridge_lock = threading.Lock()
         self._bridged: dict[str, Session] = {}  # agent id -> the session it bridges
+        self._going_live: dict[str, tuple[Session, _Parts]] = {}  # agents being created
+        self._scoped: dict[str, set[Callable[[], None]]] = {}  # agent id -> its disposers
         self._closed = False
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
@@ -277,21 +280,35 @@ class Runtime:
     ) -> Callable[[], None]:
         if not callable(listener):
             raise TypeError(f"a listener must be callable, got {listener!r}")
+        if type(name) is not str:
+            raise TypeError(f"a live event name is a str, got {name!r}")
         if name not in AGENT_EVENTS:
             known = ", ".join(sorted(AGENT_EVENTS))
             raise ValueError(f"unknown live event {name!r}; known: {known}")
-        dispose = self.bus.on(name, listener, scope=scope)
-        if name != "session/event":
-            return dispose
-        with self._lock:
-            self._session_listeners += 1
-            self._bridging = True  # every agent that goes live from now on is bridged
-            if scope is None:
-                handles = list(self._agents.values())
-            else:
-                handles = [h] if (h := self._agents.get(scope)) is not None else []
-        for handle in handles:  # before returning: the listener sees every later append
-            self._bridge(handle)
+        session_event = name == "session/event"
+        with self._lock:  # atomic with the disposal's sweep of the agent's listeners
+            self._check_open()
+            if scope is not None and scope not in self._agents:
+                raise AgentDisposedError(
+                    f"agent {scope} is disposed; a listener of it would never be called"
+                )
+            dispose = self.bus.on(name, listener, scope=scope)
+            if session_event:
+                dispose = self._session_disposer(dispose)
+                self._session_listeners += 1
+                self._bridging = True  # every agent that goes live from now on is bridged
+                agents = self._agents
+                handles = list(agents.values()) if scope is None else [agents[scope]]
+            if scope is not None:
+                dispose = self._scoped_disposer(scope, dispose)
+        if session_event:
+            for handle in handles:  # before returning: the listener sees every later append
+                self._bridge(handle)
+        return dispose
+
+    def _session_disposer(self, dispose: Callable[[], None]) -> Callable[[], None]:
+        """``dispose`` of a ``session/event`` listener, which also counts it out (appends
+        skip the bridge while none listens). Idempotent."""
         done = False
 
         def dispose_session_listener() -> None:
@@ -304,6 +321,20 @@ class Runtime:
             dispose()
 
         return dispose_session_listener
+
+    def _scoped_disposer(self, scope: str, dispose: Callable[[], None]) -> Callable[[], None]:
+        """``dispose``, also called when the agent ``scope`` is disposed (its listeners
+        go with it: a long-lived runtime would otherwise keep every disposed agent's).
+        Under ``self._lock``."""
+        disposers = self._scoped.setdefault(scope, set())
+
+        def dispose_scoped() -> None:
+            with self._lock:
+                disposers.discard(dispose_scoped)
+            dispose()
+
+        disposers.add(dispose_scoped)
+        return dispose_scoped
 
     # ------------------------------------------------------------------ agents
 
@@ -432,14 +463,17 @@ class Runtime:
         parts = self._assemble(handle, session, spec)
         with self._lock:
             self._agents[agent_id] = handle
+            # Made live by _announce_created, before agent/created is emitted: its
+            # listeners get a handle they can send to.
+            self._going_live[agent_id] = (session, parts)
         try:
             create = ProxyCall(attr_path=("create",), args=(agent_id, parts.start), kwargs={})
-            ref: ActorRef[Any] = self._registry.ask(create, block=True)
+            self._registry.ask(create, block=True)
         except BaseException:
             with self._lock:
                 self._agents.pop(agent_id, None)
+                self._going_live.pop(agent_id, None)
             raise
-        self._go_live(handle, session, ref, parts)
         return handle
 
     def _announce_start(self, handle: Agent, source: Literal["startup", "resume"]) -> Agent:
@@ -612,8 +646,12 @@ class Runtime:
 
         return observe
 
-    def _announce_created(self, agent_id: str, _ref: ActorRef[Any]) -> None:
-        handle = self._agents[agent_id]
+    def _announce_created(self, agent_id: str, ref: ActorRef[Any]) -> None:
+        """On the registry's thread, once the agent's actor runs under its id."""
+        with self._lock:
+            handle = self._agents[agent_id]
+            session, parts = self._going_live.pop(agent_id)
+        self._go_live(handle, session, ref, parts)
         self.bus.emit("agent/created", AgentCreated(agent=handle), scope=agent_id)
 
     def _announce_disposed(self, agent_id: str) -> None:
@@ -624,6 +662,10 @@ class Runtime:
         if handle is None:
             return
         self.bus.emit("agent/disposed", AgentDisposed(agent=handle), scope=agent_id)
+        with self._lock:
+            disposers = self._scoped.pop(agent_id, set())
+        for dispose in list(disposers):  # its agent.on listeners go with it
+            dispose()
         handle._disposed.set()
 
     def _dispose_live(self, handle: Agent, *, keep_inbox: bool = False) -> bool:

@@ -556,7 +556,7 @@ def _wrong_calls(rt: Runtime, agent: Agent) -> list[tuple[str, Callable[[], Any]
         ("cancel(123)", lambda: agent.cancel(123), InvalidMessageError),
         ("on('nope', f)", lambda: agent.on("nope", print), ValueError),
         ("on(name, 'x')", lambda: agent.on("agent/settled", "x"), TypeError),
-        ("rt.on(123, f)", lambda: rt.on(123, print), ValueError),
+        ("rt.on(123, f)", lambda: rt.on(123, print), TypeError),
         ("rt.on(name, None)", lambda: rt.on("agent/status", None), TypeError),
         ("spawn(model=123)", lambda: rt.spawn(model=123), TypeError),
         ("spawn(model='nonsense')", lambda: rt.spawn(model="nonsense"), ValueError),

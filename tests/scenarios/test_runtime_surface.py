@@ -15,6 +15,7 @@ import pytest
 from pykka import ActorRegistry
 
 from actors.agent import AgentActor
+from actors.errors import AgentDisposedError
 from runtime import Runtime, ScriptedModel, ToolCall, tool
 from storage import (
     DuplicateSessionError,
@@ -114,6 +115,53 @@ def test_agent_scoped_listeners_see_only_their_agents_events(rt: Runtime) -> Non
     assert a.wait_idle(WAIT)
     assert b.wait_idle(WAIT)
     assert seen == [a.id]
+
+
+def test_an_agent_created_listener_may_send_work_to_the_new_agent(rt: Runtime) -> None:
+    # Before, agent/created was emitted before the handle was bound: followup, inject,
+    # clear and .inbox raised a bare AssertionError there.
+    sent: list[str] = []
+    rt.on("agent/created", lambda event: sent.append(event.agent.followup("from created")))
+    agent = rt.spawn(model=ScriptedModel.echo())
+    assert agent.wait_idle(WAIT)
+    assert len(sent) == 1
+    users = [m.content[0].text for m in agent.session.messages() if m.role == "user"]
+    assert users == ["from created"]
+
+
+def test_an_agents_own_listeners_go_with_it_when_it_is_disposed(rt: Runtime) -> None:
+    # Before, every disposed agent's agent.on listeners stayed on the bus for good (a
+    # long-lived runtime leaked them), and one registered on a disposed agent was
+    # accepted and never called.
+    for _ in range(50):
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.on("agent/status", lambda event: None)
+        agent.on("session/event", lambda event: None)
+        assert agent.dispose(WAIT)
+    assert rt.bus.listener_count("agent/status", scope=agent.id) == 0
+    assert rt.bus.listener_count("session/event", scope=agent.id) == 0
+    assert rt._session_listeners == 0
+    with pytest.raises(AgentDisposedError):
+        agent.on("agent/status", lambda event: None)
+    kept = rt.spawn(model=ScriptedModel.echo())
+    seen: list[str] = []
+    dispose = kept.on("agent/status", lambda event: seen.append(event.status))
+    kept.followup("hi")
+    assert kept.wait_idle(WAIT)
+    assert seen == ["running", "idle"]
+    dispose()
+    dispose()  # idempotent, also after the sweep
+    assert rt.bus.listener_count("agent/status", scope=kept.id) == 0
+
+
+def test_on_after_close_is_refused(store_path: Path) -> None:
+    rt = Runtime.open(store_path)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    rt.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        rt.on("agent/status", lambda event: None)
+    with pytest.raises((RuntimeError, AgentDisposedError)):
+        agent.on("agent/status", lambda event: None)
 
 
 def test_session_event_listeners_see_every_committed_fact_in_order(rt: Runtime) -> None:
