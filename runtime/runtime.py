@@ -379,9 +379,7 @@ class Runtime:
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         with self._starting_agent(resuming=session_id):
             session = self.store.open_session(session_id)
-            if session.repair():
-                session.flush()  # repaired durably (CONTRACT 7) by the time resume returns
-            handle = self._start(session, resolved, tool_map, system, limits)
+            handle = self._start(session, resolved, tool_map, system, limits, repair=True)
         return self._announce_start(handle, "resume")
 
     def fork(
@@ -449,7 +447,11 @@ class Runtime:
         tools: dict[str, Tool],
         system: str | None,
         limits: UsageLimits | None = None,
+        *,
+        repair: bool = False,
     ) -> Agent:
+        """Start an agent over ``session``; with ``repair``, first close its open tail
+        turn durably (CONTRACT 7), seen by ``session/event`` listeners like any append."""
         meters = self._meters_for(session.id, limits)
         spec = _Spec(model=model, tools=tools, system=system, meters=meters)
         handle = Agent(
@@ -460,6 +462,13 @@ class Runtime:
             spec=spec,
         )
         agent_id = session.id
+        if repair:
+            with self._lock:
+                bridging = self._bridging
+            if bridging:
+                self._bridge(handle)
+            if session.repair():
+                session.flush()  # repaired durably by the time resume returns
         parts = self._assemble(handle, session, spec)
         with self._lock:
             self._agents[agent_id] = handle
@@ -473,6 +482,8 @@ class Runtime:
             with self._lock:
                 self._agents.pop(agent_id, None)
                 self._going_live.pop(agent_id, None)
+                if self._bridged.get(agent_id) is session:
+                    del self._bridged[agent_id]
             raise
         return handle
 

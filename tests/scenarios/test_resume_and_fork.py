@@ -171,6 +171,20 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+def test_session_event_listeners_see_the_facts_of_the_resumes_repair(store_path: Path) -> None:
+    # Before, the repair was appended before the session was bridged: a live transcript
+    # never saw the interrupted turn end.
+    _crashed_mid_tool_call(store_path)
+    with Runtime.open(store_path) as rt:
+        live: list[int] = []
+        rt.on("session/event", lambda event: live.append(event.event.seq))
+        agent = rt.resume("crashed", model=ScriptedModel.echo())
+        agent.followup("again")
+        assert agent.wait_idle(WAIT)
+        rt.flush()
+        assert live == [e.seq for e in agent.session.events()][3:]  # all but the crashed part
+
+
 def test_the_repair_is_durable_when_resume_returns(store_path: Path) -> None:
     # A process SIGKILLed right after rt.resume returned often left the log ending at
     # its tool/call (11 of 20 runs of a probe): the repair was appended, not flushed.
@@ -277,6 +291,7 @@ def test_a_kill_while_tools_run_leaves_the_step_open_and_resume_answers_every_ca
             ]
             revived.followup("again")
             assert revived.wait_idle(WAIT)
+            release.set()  # the killed turn's bodies may end now: the close need not wait
     finally:
         release.set()
     check_store(store_path)
