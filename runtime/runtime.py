@@ -599,8 +599,12 @@ class Runtime:
 
     def passivate_idle(self, timeout: float | None = 10.0) -> int:
         """Passivate every idle agent (evict it from memory until its next send);
-        returns how many were passivated."""
-        return sum(1 for a in self.agents() if a.status == "idle" and self._passivate(a, timeout))
+        returns how many were passivated now (not those that were passive already)."""
+        return sum(
+            1
+            for a in self.agents()
+            if not a._passive and a.status == "idle" and self._passivate(a, timeout)
+        )
 
     def _rehydrate(self, handle: Agent) -> None:
         """Rebuild a passivated agent from its log (the caller holds its live lock)."""

@@ -369,6 +369,7 @@ def test_a_busy_agent_is_not_passivated(rt: Runtime) -> None:
     assert agent.wait_idle(WAIT)
     assert rt.passivate_idle() == 1
     assert agent.passive
+    assert rt.passivate_idle() == 0  # it was passive already
     assert agent.dispose(WAIT)  # a passive agent disposes (its inbox durably discarded)
 
 
