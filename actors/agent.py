@@ -187,11 +187,14 @@ class AgentMailbox(Mailbox):
     plus ``lanes``, the pending user messages of the ``next-turn`` and ``next-step``
     lanes, changed only by the actor through durable splices."""
 
-    __slots__ = ("lanes",)
+    __slots__ = ("_idle_after_death", "lanes")
 
     def __init__(self) -> None:
         super().__init__()
         self.lanes: Inbox | None = None
+        # wait_idle callbacks refused while the actor is torn down: answered once its
+        # death watchers ran (the runtime's sets agent.crash). None outside a teardown.
+        self._idle_after_death: list[Callable[[], None]] | None = None
 
     def pending_messages(self) -> InboxView:
         assert self.lanes is not None
@@ -205,7 +208,10 @@ class AgentMailbox(Mailbox):
         ``wait_idle`` that was queued behind the stop: it is answered (idle for good)."""
         message = envelope.message
         if type(message) is AwaitIdle:  # a stopped agent runs nothing more: idle for good
-            message.callback()
+            if self._idle_after_death is not None:
+                self._idle_after_death.append(message.callback)  # once its watchers ran
+            else:
+                message.callback()
             return
         death, lanes = self._death, self.lanes
         if type(message) is Insert and death is not None and death.failed and lanes is not None:
@@ -220,8 +226,12 @@ class AgentMailbox(Mailbox):
         super()._refuse(envelope, reason)
 
     def _teardown(self, actor: MailboxOwner) -> None:
+        answers = self._idle_after_death = []
         super()._teardown(actor)  # refuses what is left: a crashed actor's sends are kept
         self.lanes = None
+        self._idle_after_death = None
+        for callback in answers:  # after the death watchers (agent.crash is set)
+            callback()
 
 
 class AgentActor(PooledActor):
