@@ -275,6 +275,7 @@ class TurnMachine:
         failed_turn: int | None = None
         prior: list[LlmFailure] = []
         delay = 0.0  # how long the next turn, a retry turn, waits before its first step
+        carried: Any = None  # the cause of a cancel handled between two turns of the chain
         while True:
             trigger: Trigger
             if retry is not None:
@@ -294,6 +295,9 @@ class TurnMachine:
             turn = last_turn + 1
             # A retry turn's signal is aborted with the failed turn's (see TurnSignal).
             signal = self.signal = TurnSignal(None if retry is None else self.signal)
+            if carried is not None:  # it aborts this turn, as a cancel right after a wake
+                signal.abort(carried)
+                carried = None
             self.session.append_fact(TurnStart(turn=turn, trigger=trigger))
             self._last_turn = turn
             self.turn_open = True
@@ -330,8 +334,13 @@ class TurnMachine:
                 # a cancel parks the queued work instead of aborting the next turn.
                 with contextlib.suppress(TurnAborted):
                     await Checkpoint()
-            if isinstance(reason, _GO_ON) and not signal.aborted:
-                continue  # (aborted: a cancel between the turns; queued work stays parked)
+            if isinstance(reason, _GO_ON):
+                # A cancel handled while this turn settled (between two turns of the
+                # chain) aborts the turn the queued work opens: a no-step aborted turn,
+                # as for a cancel right after a waking send (CONTRACT 4); what is queued
+                # behind it stays parked.
+                carried = signal.reason if signal.aborted else None
+                continue
             if self.latched_wake:  # a wake that came after the turn ended, or a cancel
                 self.latched_wake = False
                 continue

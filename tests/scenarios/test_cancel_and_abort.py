@@ -185,42 +185,43 @@ def test_a_followup_from_a_sync_settled_listener_keeps_the_agent_running_into_th
     assert _statuses(timeline) == ["running", "idle"]
 
 
-def test_a_cancel_keeping_the_inbox_from_a_settled_listener_parks_the_work_queued_behind(
+def test_a_cancel_from_a_settled_listener_aborts_the_turn_its_followup_opens(
     rt: Runtime, timeline: Timeline
 ) -> None:
-    # Before, the next turn opened, claimed the queued message and was aborted by the
-    # cancel at its first checkpoint: the message was neither pending nor entered.
+    # As a cancel right after a waking send (CONTRACT 4): the followup's turn opens and
+    # ends aborted with no step; what is queued behind it stays parked.
     agent = rt.spawn(model=ScriptedModel.echo())
     queued: list[str] = []
 
     def on_settled(event: Any) -> None:
         if event.turn == 1:
             queued.append(agent.followup("second"))
+            queued.append(agent.followup("third"))
             agent.cancel(keep_inbox=True)
 
     agent.on("agent/settled", on_settled)
     agent.followup("first")
     assert agent.wait_idle(WAIT)
-    assert [(s.turn, s.reason.kind) for s in timeline.of("agent/settled")] == [(1, "completed")]
-    assert agent.inbox.ids() == queued
+    settled = [(s.turn, s.reason.kind) for s in timeline.of("agent/settled")]
+    assert settled == [(1, "completed"), (2, "aborted")]
+    assert [e.data.turn for e in agent.session.events() if e.type == "step/start"] == [1]
+    assert agent.inbox.ids() == queued[1:]
     assert _statuses(timeline) == ["running", "idle"]
-    agent.followup("wake")  # the next waking send runs the parked work first
-    assert agent.wait_idle(WAIT)
-    users = [m.content[0].text for m in agent.session.messages() if m.role == "user"]
-    assert users == ["first", "second", "wake"]
 
 
-def test_a_cancel_keeping_the_inbox_between_two_turns_of_a_chain_parks_the_next_one(
+def test_a_cancel_handled_between_two_turns_of_a_chain_aborts_the_next_one_before_its_step(
     rt: Runtime, timeline: Timeline
 ) -> None:
     # The cancel lands while turn 1 settles (sent from another thread by an observer of
-    # its turn/end), with a followup queued during turn 1.
+    # its turn/end), with followups queued during turn 1. Before, the cancel hit the
+    # next turn wherever it was: its user/message was entered, then it was aborted.
     agent = rt.spawn(model=ScriptedModel.echo())
     queued: list[str] = []
 
     def on_request(event: Any, next_: Any) -> Any:
         if not queued:
             queued.append(agent.followup("second"))
+            queued.append(agent.followup("third"))
         return next_()
 
     def on_event(event: Any) -> None:
@@ -233,6 +234,8 @@ def test_a_cancel_keeping_the_inbox_between_two_turns_of_a_chain_parks_the_next_
     agent.on("session/event", on_event)
     agent.followup("first")
     assert agent.wait_idle(WAIT)
-    assert [s.turn for s in timeline.of("agent/settled")] == [1]
-    assert agent.inbox.ids() == queued
-    assert [e.data.turn for e in agent.session.events() if e.type == "turn/start"] == [1]
+    settled = [(s.turn, s.reason.kind) for s in timeline.of("agent/settled")]
+    assert settled == [(1, "completed"), (2, "aborted")]
+    users = [m.content[0].text for m in agent.session.messages() if m.role == "user"]
+    assert users == ["first"]
+    assert agent.inbox.ids() == queued[1:]
