@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["deadline", "remaining"]
+__all__ = ["GRACE_S", "deadline", "extended", "remaining"]
+
+GRACE_S = 0.1
+"""What a wait for the runtime's own machinery gets when the shared deadline has run
+out: an actor handling its stop message, cancelled tasks unwinding, a thread's exit take
+milliseconds when nothing is stuck; none of them waits for user code to return."""
 
 
 def deadline(timeout: float | None) -> float | None:
@@ -15,3 +20,10 @@ def deadline(timeout: float | None) -> float | None:
 def remaining(until: float | None) -> float | None:
     """Seconds left until ``until`` (None: no limit), never negative."""
     return None if until is None else max(0.0, until - time.monotonic())
+
+
+def extended(until: float | None, grace: float = GRACE_S) -> float | None:
+    """``until``, or ``grace`` seconds from now if that is later: the deadline of a wait
+    for the runtime's own machinery, which must not be cut to nothing because the
+    waits for user code before it used up the shared deadline."""
+    return None if until is None else max(until, time.monotonic() + grace)

@@ -21,7 +21,7 @@ from pykka import ActorDeadError, ActorRef
 from actors._dispatcher import DeadLetters, mark_thread_nonblocking
 from actors.errors import IoSideClosedError, MailboxFullError
 
-from ._deadline import deadline, remaining
+from ._deadline import deadline, extended, remaining
 
 __all__ = [
     "BlockingWork",
@@ -384,6 +384,8 @@ class IoSide:
         Running blocking bodies cannot be interrupted: close waits for them until the
         timeout, then leaves them running (logged as a warning): their threads end when
         their bodies return, and what those report then goes nowhere or to dead letters.
+        Once the timeout has run out, cancelled tasks and the loop thread still get a
+        moment (``GRACE_S`` each) to end.
         """
         if self.in_loop_thread():
             raise RuntimeError("IoSide.close() cannot run on its own loop thread")
@@ -396,8 +398,8 @@ class IoSide:
         for handle in pending:
             handle.cancel()
         drain = asyncio.run_coroutine_threadsafe(self._drain_tasks(), self.loop)
-        try:
-            drain.result(remaining(until))
+        try:  # cancelled tasks unwind in a moment, even when the time has run out
+            drain.result(remaining(extended(until)))
         except TimeoutError:
             logger.warning("I/O side closed with coroutine effects still running")
         self.blocking_pool.shutdown(wait=False)
@@ -412,7 +414,7 @@ class IoSide:
                 timeout,
             )
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(remaining(until))
+        self._thread.join(remaining(extended(until)))
 
     # -- internals -------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ arrives as a message. So while a model call is in flight the agent still handles
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from itertools import count
@@ -187,7 +188,7 @@ class AgentMailbox(Mailbox):
     plus ``lanes``, the pending user messages of the ``next-turn`` and ``next-step``
     lanes, changed only by the actor through durable splices."""
 
-    __slots__ = ("_idle_after_death", "lanes")
+    __slots__ = ("_idle_after_death", "abandoned", "lanes")
 
     def __init__(self) -> None:
         super().__init__()
@@ -195,6 +196,9 @@ class AgentMailbox(Mailbox):
         # wait_idle callbacks refused while the actor is torn down: answered once its
         # death watchers ran (the runtime's sets agent.crash). None outside a teardown.
         self._idle_after_death: list[Callable[[], None]] | None = None
+        # Set by a runtime's close that gave up on the actor (its disposal did not end in
+        # time) and went on to close the store and the I/O side under it.
+        self.abandoned = False
 
     def pending_messages(self) -> InboxView:
         assert self.lanes is not None
@@ -569,6 +573,22 @@ class AgentActor(PooledActor):
                 self._advance(items, error)
 
     # ------------------------------------------------------------------ lifecycle
+
+    def _told_failed(self) -> None:
+        """A handler failed. In an actor its runtime's close gave up on, that is the
+        runtime closed under it (a sync listener blocked during the close returned, and
+        the turn went on): it stops, quietly and without writing more, its turn open in
+        the log for ``resume`` to repair, as close said it would."""
+        if not self._mailbox.abandoned:
+            super()._told_failed()
+            return
+        log.info(
+            "%s, which its runtime's close gave up on, stopped (%r); its turn stays open "
+            "in the log",
+            self,
+            sys.exc_info()[1],
+        )
+        self._stop()
 
     def on_failure(self, *_exc_info: object) -> None:
         # The mailbox keeps the inbox until it has logged the sends left in it (see

@@ -33,8 +33,8 @@ from actors import (
     in_nonblocking_thread,
     watch,
 )
-from actors._deadline import deadline, remaining
-from actors.agent import AgentActor, AwaitIdle, Cancel, Quiescent
+from actors._deadline import deadline, extended, remaining
+from actors.agent import AgentActor, AgentMailbox, AwaitIdle, Cancel, Quiescent
 from actors.errors import AgentDisposedError
 from actors.flushes import FlushGroup
 from actors.inbox import Inbox
@@ -64,7 +64,6 @@ __all__ = ["Runtime"]
 
 log = logging.getLogger("corral.runtime")
 _DURABILITY = ("write-ahead", "turn", "none")
-_STOP_WAIT_S = 5.0  # how long close waits for an actor it stops without its disposal
 _DEFAULT_POLICY: Any = object()
 
 
@@ -628,7 +627,8 @@ class Runtime:
             with handle._dispose_lock:
                 handle._disposing = True
         forget = ProxyCall(attr_path=("remove",), args=(agent_id,), kwargs={"stop": False})
-        self._registry.tell(forget)
+        with contextlib.suppress(ActorDeadError):  # after a close: the registry is gone
+            self._registry.tell(forget)
 
     def _meters_for(self, agent_id: str, limits: UsageLimits | None) -> list[UsageMeter]:
         meters = [] if self._meter is None else [self._meter]
@@ -768,14 +768,20 @@ class Runtime:
                     f"messages to {len(futures)} agents were not handled within {timeout} s"
                 ) from err
 
-    def _close_models(self, timeout: float | None) -> None:
-        """Close the models agents used (their HTTP clients live on this I/O loop)."""
+    def _close_models(self, until: float | None) -> None:
+        """Close the models agents used (their HTTP clients live on this I/O loop), by
+        ``until`` (a deadline) in all."""
+        until = extended(until)  # closing a client takes a moment; they share it
         for model in list(self._models.values()):
             aclose = getattr(model, "aclose", None)
             if aclose is None:
                 continue
+            closing = asyncio.run_coroutine_threadsafe(aclose(), self.io.loop)
             try:
-                asyncio.run_coroutine_threadsafe(aclose(), self.io.loop).result(timeout)
+                closing.result(remaining(until))
+            except TimeoutError:
+                closing.cancel()
+                log.warning("closing model %r did not end in time; cancelled", model)
             except Exception:  # a model that fails to close must not block close
                 log.exception("closing model %r failed", model)
 
@@ -786,6 +792,16 @@ class Runtime:
     def close(self, timeout: float | None = 30.0) -> None:
         """Cancel running turns (inboxes kept), stop agents, flush, release everything.
 
+        ``timeout`` bounds the whole close (None: no limit): each stage gets what the
+        ones before it left. What is still running when it runs out is logged as a
+        warning and left: an agent whose disposal did not end is stopped with its turn
+        open in the log (its outcome unknown, as after a crash: ``resume`` repairs it), a
+        blocked sync listener or tool body keeps its thread until it returns (the agent
+        then stops without writing more). The store is flushed and closed
+        whatever time is left. Once the time has run out, each stage that waits for the
+        runtime's own machinery (an actor's stop, cancelled tasks, a thread's exit) still
+        gets a moment (``GRACE_S``, 0.1 s) to end.
+
         Not from the runtime's own threads (a sync listener or hook, an async one, the
         scheduler): it would wait for the agents that thread runs. That raises
         ``RuntimeError``, and the runtime stays open."""
@@ -795,34 +811,43 @@ class Runtime:
                 "a hook): it would wait for the agents that thread runs; close the "
                 "runtime from another thread, e.g. tell the main thread to"
             )
+        until = deadline(timeout)
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             atexit.unregister(self._close_at_exit)
-            if not self._started.wait_for(lambda: not self._starting, timeout):
+            if not self._started.wait_for(lambda: not self._starting, remaining(until)):
                 log.warning("an agent was still starting after %s s; closing anyway", timeout)
             agents = list(self._agents.values())
         for handle in agents:
             handle._begin_disposal(keep_inbox=True)
-        until = deadline(timeout)
         stuck = [h for h in agents if not h._disposed.wait(remaining(until))]
-        self._stop_now(stuck, timeout)
-        self._registry.stop(timeout=timeout)
-        self.scheduler.close()
-        self._close_models(timeout)
-        self.io.close(timeout)
-        self.dispatcher.shutdown(timeout)
+        self._stop_now(stuck, until, timeout)
+        self._stop_registry(until, timeout)
+        self.scheduler.close(remaining(extended(until)))
+        self._close_models(until)
+        self.io.close(remaining(until))
+        if not self.dispatcher.shutdown(remaining(extended(until))):
+            log.warning(
+                "a dispatcher thread was still running a handler (a blocked sync listener, "
+                "say) after %s s; it ends when that returns",
+                timeout,
+            )
         if self._owns_store:
             self.store.close()
         if self._tuned_gc:
             gctune.release_gc_tuning()
 
-    def _stop_now(self, stuck: list[Agent], timeout: float | None) -> None:
+    def _stop_now(self, stuck: list[Agent], until: float | None, timeout: float | None) -> None:
         """Stop the actors of agents whose disposal did not end in time (a tool body
         still running, say): their turns stay open in the log, their outcome unknown, as
         after a crash (``resume`` repairs them). Left running, such an actor would finish
-        its turn on a closed runtime, and stay registered with pykka for good."""
+        its turn on a closed runtime, and stay registered with pykka for good.
+
+        An actor stuck in a handler (a blocked sync listener) stops when the handler
+        returns, after close: it is marked abandoned, so that it then stops without
+        failing on the closed store or I/O side (see ``AgentActor._told_failed``)."""
         stops = []
         for handle in stuck:
             log.warning(
@@ -832,11 +857,30 @@ class Runtime:
             )
             ref = self._refs.get(handle.id)
             if ref is not None:
+                mailbox = ref.actor_inbox
+                if isinstance(mailbox, AgentMailbox):
+                    mailbox.abandoned = True
                 with contextlib.suppress(ActorDeadError):
-                    stops.append(ref.stop(block=False))
-        for stop in stops:
-            with contextlib.suppress(Exception):
-                stop.get(timeout=_STOP_WAIT_S)
+                    stops.append((handle, ref.stop(block=False)))
+        until = extended(until)  # a stop message is handled in a moment unless stuck
+        for handle, stop in stops:
+            try:
+                stop.get(timeout=remaining(until))
+            except Timeout:
+                log.warning(
+                    "agent %s is still in a handler (a blocked sync listener, say) after "
+                    "%s s: it stops when that returns, writing nothing more",
+                    handle.id,
+                    timeout,
+                )
+            except Exception:  # stopped anyway; close goes on
+                log.debug("stopping agent %s", handle.id, exc_info=True)
+
+    def _stop_registry(self, until: float | None, timeout: float | None) -> None:
+        try:
+            self._registry.stop(timeout=remaining(extended(until)))
+        except Timeout:
+            log.warning("the agent registry did not stop within %s s; left to stop", timeout)
 
 
 def _close_at_exit(ref: weakref.ref[Runtime]) -> Callable[[], None]:

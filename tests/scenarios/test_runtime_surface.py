@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +267,57 @@ def test_close_with_a_timeout_does_not_wait_for_a_sync_tool_body_past_it(
         resumed = again.resume(agent.id, model=ScriptedModel.echo(), tools=[stuck])
         (result,) = [e.data for e in resumed.session.events() if e.type == "tool/result"]
         assert result.error.code == "TOOL_OUTCOME_UNKNOWN"
+    check_store(store_path)
+
+
+def test_close_with_a_timeout_gives_an_agent_blocked_in_a_sync_listener_only_what_is_left_of_it(
+    store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = Runtime.open(store_path)
+    entered, release = threading.Event(), threading.Event()
+
+    def blocked(event: Any) -> None:
+        if event.status == "running":
+            entered.set()
+            release.wait(WAIT)
+
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.on("agent/status", blocked)
+    message_id = agent.followup("go")
+    assert entered.wait(WAIT)
+    try:
+        with caplog.at_level(logging.INFO):
+            began = time.monotonic()
+            rt.close(timeout=0.5)
+            took = time.monotonic() - began
+            # One deadline for the whole close (it took 6 s: 0.5 s for the disposals, 5 s
+            # for the stuck actor's stop, 0.5 s more for the dispatcher).
+            assert took < 0.5 + 3, took
+            assert f"agent {agent.id} did not stop within 0.5 s" in caplog.text
+            release.set()
+            for thread in rt.dispatcher._threads:  # the blocked one ends its handler
+                thread.join(WAIT)
+                assert not thread.is_alive()
+    finally:
+        release.set()
+    # The turn went on once the listener returned, over the closed store: the actor
+    # stops quietly (it crashed with StoreClosedError, and its death watcher failed on
+    # the stopped registry).
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
+    assert agent.crash is None
+    ref = agent._ref
+    assert ref is not None and not ref.is_alive()
+    # Nothing was logged after the close gave up: the message is still pending, for a
+    # resume.
+    with Store.open(store_path) as store:
+        events = store.read(agent.id)
+        assert_invariants(events, allow_open_tail=True)
+        assert [m.id for m in pending_inbox(events)[0]] == [message_id]
+    with Runtime.open(store_path) as again:
+        resumed = again.resume(agent.id, model=ScriptedModel.echo())
+        resumed.followup("again")
+        assert resumed.wait_idle(WAIT)
     check_store(store_path)
 
 
