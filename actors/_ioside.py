@@ -97,6 +97,7 @@ class EffectHandle(Generic[T]):
         "_task",
         "effect_id",
         "is_blocking",
+        "is_listener",
     )
 
     def __init__(
@@ -106,9 +107,11 @@ class EffectHandle(Generic[T]):
         on_done: Callable[[Outcome[T]], None],
         *,
         is_blocking: bool,
+        is_listener: bool = False,
     ) -> None:
         self.effect_id = effect_id
         self.is_blocking = is_blocking
+        self.is_listener = is_listener
         self._io = io
         self._on_done = on_done
         self._lock = threading.Lock()
@@ -305,14 +308,26 @@ class IoSide:
 
     # -- effects ---------------------------------------------------------------------
 
-    def start(self, work: Work[T], *, on_done: Callable[[Outcome[T]], None]) -> EffectHandle[T]:
+    def start(
+        self,
+        work: Work[T],
+        *,
+        on_done: Callable[[Outcome[T]], None],
+        listener: bool = False,
+    ) -> EffectHandle[T]:
         """Start ``work`` and call ``on_done(outcome)`` exactly once when it ends.
 
         ``on_done`` runs on the loop thread (coroutine work) or on a pool thread
         (blocking work); it must be quick. Raises ``IoSideClosedError`` after close.
+        ``listener``: the work is an emitted event's async listener, which :meth:`close`
+        lets finish within its timeout instead of cancelling it at once.
         """
         handle: EffectHandle[T] = EffectHandle(
-            next(self._ids), self, on_done, is_blocking=isinstance(work, BlockingWork)
+            next(self._ids),
+            self,
+            on_done,
+            is_blocking=isinstance(work, BlockingWork),
+            is_listener=listener,
         )
         with self._lock:
             if self._closed:
@@ -378,8 +393,14 @@ class IoSide:
     # -- lifecycle -------------------------------------------------------------------
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Cancel every effect in flight, wait for them to report, stop loop and pool;
-        within ``timeout`` seconds in all (None: no limit).
+        """Stop loop and pool within ``timeout`` seconds in all (None: no limit).
+
+        Listener work (``start(..., listener=True)``: the async listeners of emitted
+        events, started or still to start) is let finish first, within the timeout;
+        every other effect in flight (model streams, tool bodies, deferred chains) is
+        cancelled at once. At the timeout the listener calls not finished are cancelled
+        (those not started yet never run), and a warning says how many. Work started
+        after close began is refused (``IoSideClosedError``).
 
         Running blocking bodies cannot be interrupted: close waits for them until the
         timeout, then leaves them running (logged as a warning): their threads end when
@@ -389,19 +410,32 @@ class IoSide:
         """
         if self.in_loop_thread():
             raise RuntimeError("IoSide.close() cannot run on its own loop thread")
+        until = deadline(timeout)
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             pending = list(self._in_flight.values())
-        until = deadline(timeout)
+        listeners = [handle for handle in pending if handle.is_listener]
         for handle in pending:
-            handle.cancel()
+            if not handle.is_listener:
+                handle.cancel()
+        late = self._finish_listeners(listeners, until)
         drain = asyncio.run_coroutine_threadsafe(self._drain_tasks(), self.loop)
         try:  # cancelled tasks unwind in a moment, even when the time has run out
             drain.result(remaining(extended(until)))
         except TimeoutError:
             logger.warning("I/O side closed with coroutine effects still running")
+        # Those that finished before their cancel landed are not counted.
+        late = [h for h in late if h.outcome is None or h.outcome.cancelled]
+        if late:
+            logger.warning(
+                "I/O side closed with %d async listener call%s not finished after %s s: "
+                "cancelled (or dropped, not started yet)",
+                len(late),
+                "" if len(late) == 1 else "s",
+                timeout,
+            )
         self.blocking_pool.shutdown(wait=False)
         running = self.blocking_pool.wait_idle(remaining(until))
         if running:
@@ -415,6 +449,21 @@ class IoSide:
             )
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(remaining(extended(until)))
+
+    @staticmethod
+    def _finish_listeners(
+        listeners: list[EffectHandle[Any]], until: float | None
+    ) -> list[EffectHandle[Any]]:
+        """Wait for listener work until ``until``, then cancel what is left (returned)."""
+        for handle in listeners:
+            try:
+                handle.wait(remaining(until))
+            except TimeoutError:
+                break
+        late = [handle for handle in listeners if not handle.done()]
+        for handle in late:
+            handle.cancel()
+        return late
 
     # -- internals -------------------------------------------------------------------
 
@@ -499,4 +548,3 @@ async def _contained(work: Callable[[], Awaitable[T]]) -> T:
         return await work()
     except SystemExit as exit_:
         raise RuntimeError(f"the work raised SystemExit({exit_.code!r})") from exit_
-

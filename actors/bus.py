@@ -240,7 +240,9 @@ class Bus:
                 )
 
         try:
-            self._io.start(lambda: cast(Awaitable[object], listener(event)), on_done=on_done)
+            self._io.start(  # listener=True: a close lets it finish within its timeout
+                lambda: cast(Awaitable[object], listener(event)), on_done=on_done, listener=True
+            )
         except IoSideClosedError:
             logger.warning(
                 "async listener %s for %r dropped: I/O side closed", _label(listener), name

@@ -793,11 +793,13 @@ class Runtime:
         """Cancel running turns (inboxes kept), stop agents, flush, release everything.
 
         ``timeout`` bounds the whole close (None: no limit): each stage gets what the
-        ones before it left. What is still running when it runs out is logged as a
-        warning and left: an agent whose disposal did not end is stopped with its turn
-        open in the log (its outcome unknown, as after a crash: ``resume`` repairs it), a
-        blocked sync listener or tool body keeps its thread until it returns (the agent
-        then stops without writing more). The store is flushed and closed
+        ones before it left. Async listeners of the events emitted until then (the
+        ``agent/disposed`` of each agent among them) may finish within it. What is still
+        running when it runs out is logged as a warning and left: an agent whose disposal
+        did not end is stopped with its turn open in the log (its outcome unknown, as
+        after a crash: ``resume`` repairs it), a blocked sync listener or tool body
+        keeps its thread until it returns (the agent then stops without writing more),
+        async listener calls not finished are cancelled. The store is flushed and closed
         whatever time is left. Once the time has run out, each stage that waits for the
         runtime's own machinery (an actor's stop, cancelled tasks, a thread's exit) still
         gets a moment (``GRACE_S``, 0.1 s) to end.

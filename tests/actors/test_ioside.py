@@ -213,6 +213,57 @@ def test_close_cancels_effects_in_flight_and_refuses_new_ones() -> None:
     assert side.statistics().in_flight == 0
 
 
+def test_close_lets_listener_work_finish_within_its_timeout_while_it_cancels_other_effects(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    side = IoSide(blocking_workers=1, name="closing-io")
+    done = Outcomes()
+    streaming, listening = threading.Event(), threading.Event()
+    cancelled = asyncio.Event()  # touched on the loop only
+
+    async def stream() -> None:  # a model stream, say: cancelled at once
+        try:
+            streaming.set()
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    async def listener() -> str:  # an async listener: goes on until it is done
+        listening.set()
+        await cancelled.wait()
+        await asyncio.sleep(0)
+        return "finished"
+
+    other = side.start(stream, on_done=done)
+    mine = side.start(listener, on_done=done, listener=True)
+    assert streaming.wait(WAIT) and listening.wait(WAIT)
+    with caplog.at_level(logging.WARNING, logger="corral.io"):
+        side.close(timeout=WAIT)
+    assert other.wait(0).cancelled
+    assert mine.wait(0).value == "finished"  # close used to cancel it as well
+    assert "listener" not in caplog.text
+
+
+def test_close_cancels_listener_work_still_running_at_its_timeout_and_says_how_many(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    side = IoSide(blocking_workers=1, name="closing-io")
+    done = Outcomes()
+    entered = threading.Semaphore(0)
+
+    async def forever() -> None:
+        entered.release()
+        await asyncio.Event().wait()
+
+    handles = [side.start(forever, on_done=done, listener=True) for _ in range(2)]
+    for _ in handles:
+        assert entered.acquire(timeout=WAIT)
+    with caplog.at_level(logging.WARNING, logger="corral.io"):
+        side.close(timeout=0.05)
+    assert all(handle.wait(WAIT).cancelled for handle in handles)
+    assert "2 async listener calls not finished after 0.05 s" in caplog.text
+
+
 def test_close_waits_for_blocking_bodies_that_finish_within_its_timeout() -> None:
     side = IoSide(blocking_workers=1, name="closing-io")
     done = Outcomes()

@@ -321,6 +321,29 @@ def test_close_with_a_timeout_gives_an_agent_blocked_in_a_sync_listener_only_wha
     check_store(store_path)
 
 
+def test_close_lets_the_async_agent_disposed_listeners_it_triggers_finish_within_its_timeout(
+    store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = Runtime.open(store_path)
+    agents = [rt.spawn(model=ScriptedModel.echo()) for _ in range(10)]
+    called: list[str] = []
+    finished: list[str] = []
+
+    async def on_disposed(event: Any) -> None:
+        called.append(event.agent.id)
+        await asyncio.sleep(0.2)  # its work: recording the agent's end somewhere, say
+        finished.append(event.agent.id)
+
+    rt.on("agent/disposed", on_disposed)
+    with caplog.at_level(logging.WARNING):
+        rt.close(timeout=WAIT)
+    # Close cancelled them all (called 10 times, finished 0), or dropped those not
+    # started yet, saying nothing.
+    assert sorted(finished) == sorted(called) == sorted(a.id for a in agents)
+    assert "listener" not in caplog.text
+    check_store(store_path)
+
+
 def test_a_spawn_under_way_when_close_begins_is_waited_for_and_stopped(
     store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
