@@ -35,10 +35,13 @@ __all__ = ["Bus", "Deferred", "Listener", "Ready"]
 
 logger = logging.getLogger("corral.bus")
 
-# What a listener may raise and have contained as its own failure: a listener's
-# `sys.exit()` is a fault of that listener, not an exit of the process (it runs on a
-# dispatcher or pool thread, or the I/O loop, where SystemExit would end the actor
-# that ran it, and pykka's fatal path then stops every actor of the process).
+# What the bottom of a waterfall (corral's own ``default``) may raise as its failure.
+# A *listener's* failure is any exception at all (see `_interrupted` and `_ours`): a
+# listener's `sys.exit()`, KeyboardInterrupt, asyncio.CancelledError or own
+# BaseException subclass is a fault of that listener, not an exit of the process nor a
+# cancel (it runs on a dispatcher or pool thread, or the I/O loop, where a BaseException
+# would end the actor that ran it, and pykka's fatal path then stops every actor of the
+# process, every runtime's included; or end the I/O loop's thread).
 _FAULTS: Final = (Exception, SystemExit)
 
 T = TypeVar("T")
@@ -156,6 +159,40 @@ def _is_async(listener: Listener) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
+def _interrupted(err: BaseException) -> bool:
+    """Whether ``err``, raised by a call of a sync listener, is not that listener's failure
+    but a Ctrl-C: a KeyboardInterrupt on the main thread, where Python delivers SIGINT
+    (listeners run there only inline, in an emit the application made on that thread).
+    On any other thread only the listener itself can have raised it."""
+    return isinstance(err, KeyboardInterrupt) and threading.current_thread() is _MAIN_THREAD
+
+
+_MAIN_THREAD: Final = threading.main_thread()
+
+
+def _ours(err: BaseException) -> bool:
+    """Whether ``err``, out of awaiting a listener on the loop, is corral's own doing
+    rather than the listener's failure: the cancel of the task running the listener (a
+    cancelled turn, a close: the task has a cancel request), or the close of a coroutine
+    no task steps any more. A CancelledError a listener raised on its own, with no cancel
+    requested, is that listener's failure."""
+    task = asyncio.current_task()
+    if task is None:
+        return True
+    return isinstance(err, asyncio.CancelledError) and task.cancelling() > 0
+
+
+async def _emitted(name: str, listener: Listener, start: Callable[[], object]) -> None:
+    """An emitted event's async listener: its failure, of whatever kind, is logged and
+    contained."""
+    try:
+        await cast(Awaitable[object], start())
+    except BaseException as err:
+        if _ours(err):
+            raise
+        logger.exception("async listener %s for %r failed", _label(listener), name)
+
+
 class Bus:
     """Named live events with emit / serial / waterfall dispatch."""
 
@@ -222,14 +259,16 @@ class Bus:
             return
         for entry in topic.select(scope).entries:
             if entry.is_async:
-                self._spawn(name, entry.listener, event)
+                self._spawn(name, entry.listener, partial(entry.listener, event))
                 continue
             try:
                 entry.listener(event)
-            except _FAULTS:
+            except BaseException as err:
+                if _interrupted(err):
+                    raise
                 logger.exception("listener %s for %r failed", _label(entry.listener), name)
 
-    def _spawn(self, name: str, listener: Listener, event: object) -> None:
+    def _spawn(self, name: str, listener: Listener, start: Callable[[], object]) -> None:
         def on_done(outcome: Outcome[object]) -> None:
             if outcome.error is not None:
                 logger.error(
@@ -241,7 +280,7 @@ class Bus:
 
         try:
             self._io.start(  # listener=True: a close lets it finish within its timeout
-                lambda: cast(Awaitable[object], listener(event)), on_done=on_done, listener=True
+                partial(_emitted, name, listener, start), on_done=on_done, listener=True
             )
         except IoSideClosedError:
             logger.warning(
@@ -269,7 +308,9 @@ class Bus:
                 return Deferred(partial(self._serial_rest, name, entries[index:], event))
             try:
                 entry.listener(event)
-            except _FAULTS as err:
+            except BaseException as err:
+                if _interrupted(err):
+                    raise
                 raise ListenerError(name, entry.listener, err) from err
         return READY_NONE
 
@@ -285,7 +326,9 @@ class Bus:
                     )
             except ListenerError:
                 raise
-            except _FAULTS as err:
+            except BaseException as err:
+                if _ours(err):
+                    raise
                 raise ListenerError(name, entry.listener, err) from err
 
     # -- waterfall -------------------------------------------------------------------
@@ -374,7 +417,9 @@ class Bus:
             return await work
         except ListenerError:
             raise
-        except _FAULTS as err:
+        except BaseException as err:
+            if _ours(err):
+                raise
             raise ListenerError(name, listener, err) from err
 
     def _next_blocking(
@@ -406,21 +451,25 @@ class Bus:
 
 
 def _call_serial_sync(name: str, listener: Listener, event: object) -> None:
-    """A sync serial listener; its failure raised as ``ListenerError``."""
+    """A sync serial listener; its failure, of any kind, raised as ``ListenerError``."""
     try:
         listener(event)
-    except _FAULTS as err:
+    except BaseException as err:
+        if _interrupted(err):
+            raise
         raise ListenerError(name, listener, err) from err
 
 
 def _call_sync(name: str, listener: Listener, event: object, next_: Callable[[], T]) -> T:
-    """A sync waterfall listener; its failure raised as ``ListenerError`` (an inner
-    listener's passes through as is)."""
+    """A sync waterfall listener; its failure, of any kind, raised as ``ListenerError``
+    (an inner listener's passes through as is)."""
     try:
         return cast(T, listener(event, next_))
     except ListenerError:
         raise
-    except _FAULTS as err:
+    except BaseException as err:
+        if _interrupted(err):
+            raise
         raise ListenerError(name, listener, err) from err
 
 

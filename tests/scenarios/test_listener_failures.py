@@ -1,0 +1,112 @@
+"""Scenario tests of listener failures of every kind (CONTRACT section 8), on real
+runtimes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import Runtime, ScriptedModel
+
+from .conftest import WAIT, Timeline, check_store
+
+
+class Abort(BaseException):
+    """A BaseException of the application's own."""
+
+
+@pytest.mark.parametrize(
+    ("error", "name", "kind"),
+    [
+        (Abort, "agent/status", "sync"),
+        (KeyboardInterrupt, "agent/status", "sync"),
+        (asyncio.CancelledError, "agent/pre-step", "sync"),
+        (Abort, "agent/pre-step", "async"),
+        (KeyboardInterrupt, "agent/pre-step", "async"),
+        (asyncio.CancelledError, "agent/turn-stopping", "async"),
+        (GeneratorExit, "agent/turn-stopping", "sync"),
+    ],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_a_listener_raising_a_base_exception_fails_alone_and_every_other_agent_keeps_working(
+    rt: Runtime,
+    timeline: Timeline,
+    tmp_path: Path,
+    error: type[BaseException],
+    name: str,
+    kind: str,
+) -> None:
+    # Only Exception and SystemExit were contained: the agent's actor crashed, pykka's
+    # fatal path stopped every actor of the process (the bystander, the registries, the
+    # agents of another runtime), and closing the runtimes raised ActorDeadError.
+    other = Runtime.open(tmp_path / "other")
+    try:
+        agent = rt.spawn(model=ScriptedModel.echo())
+        bystander = rt.spawn(model=ScriptedModel.echo())
+        elsewhere = other.spawn(model=ScriptedModel.echo())
+        fired = threading.Event()
+
+        def once() -> bool:
+            first = not fired.is_set()
+            fired.set()
+            return first
+
+        if kind == "sync":
+
+            def listener(event: Any, *next_: Callable[[], Any]) -> Any:
+                if once():
+                    raise error("from a listener")
+                return next_[0]() if next_ else None
+
+        else:
+
+            async def listener(event: Any, *next_: Callable[[], Any]) -> Any:  # type: ignore[misc]
+                if once():
+                    raise error("from a listener")
+                return (await next_[0]()) if next_ else None
+
+        agent.on(name, listener)
+        agent.followup("one")
+        assert agent.wait_idle(WAIT)
+        assert fired.is_set()
+        first = timeline.wait_for("agent/settled")[0]
+        assert first.reason.kind == ("completed" if name == "agent/status" else "error")
+        for each in (bystander, elsewhere, agent):
+            each.followup("and on")
+            assert each.wait_idle(WAIT)
+        assert [e.reason.kind for e in timeline.of("agent/settled")][1:] == ["completed"] * 2
+        assert timeline.of("agent/disposed") == []
+        assert agent.crash is None
+        assert [e.type for e in elsewhere.session.events()].count("turn/end") == 1
+    finally:
+        other.close()  # raised ActorDeadError: its registry had been stopped
+    check_store(tmp_path / "other")
+
+
+def test_a_cancel_while_an_async_pre_step_listener_awaits_still_ends_the_turn_aborted(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    # Our own cancel of the listener's task keeps meaning cancellation: it is not taken
+    # for a CancelledError the listener raised, which is that listener's failure.
+    agent = rt.spawn(model=ScriptedModel.echo())
+    entered = threading.Event()
+
+    async def pre_step(event: Any, next_: Any) -> Any:
+        if event.turn == 1:
+            entered.set()
+            await asyncio.Event().wait()
+        return await next_()
+
+    agent.on("agent/pre-step", pre_step)
+    agent.followup("one")
+    assert entered.wait(WAIT)
+    agent.cancel()
+    assert timeline.wait_for("agent/settled")[0].reason.kind == "aborted"
+    assert timeline.of("agent/error") == []
+    agent.followup("two")
+    assert timeline.wait_for("agent/settled", 2)[1].reason.kind == "completed"
