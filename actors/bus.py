@@ -22,6 +22,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from functools import partial
+from inspect import isawaitable
 from itertools import count
 from typing import Final, Generic, TypeVar, cast
 
@@ -153,10 +154,25 @@ def _seq(entry: _Entry) -> int:
 
 
 def _is_async(listener: Listener) -> bool:
-    if inspect.iscoroutinefunction(listener):
-        return True
-    call = getattr(type(listener), "__call__", None)  # noqa: B004 - async callable objects
-    return call is not None and inspect.iscoroutinefunction(call)
+    """Whether ``listener`` is known up front to return a coroutine: an ``async def``, an
+    object with an ``async def __call__``, either of them under ``functools.partial``
+    or a decorator that sets ``__wrapped__`` (``functools.wraps``). A listener this
+    misses (a lambda returning a coroutine, say) is called as sync and what it returns
+    is awaited all the same when it is awaitable (see ``isawaitable`` below)."""
+    for _ in range(100):  # a cycle of __wrapped__ must not hang registration
+        if inspect.iscoroutinefunction(listener):
+            return True
+        call = getattr(type(listener), "__call__", None)  # noqa: B004 - async callable objects
+        if call is not None and inspect.iscoroutinefunction(call):
+            return True
+        if isinstance(listener, partial):
+            listener = listener.func
+            continue
+        wrapped = getattr(listener, "__wrapped__", None)
+        if wrapped is None or not callable(wrapped):
+            return False
+        listener = wrapped
+    return False
 
 
 def _interrupted(err: BaseException) -> bool:
@@ -182,9 +198,22 @@ def _ours(err: BaseException) -> bool:
     return isinstance(err, asyncio.CancelledError) and task.cancelling() > 0
 
 
+async def _awaited(name: str, listener: Listener, awaitable: Awaitable[T]) -> T:
+    """The value of ``awaitable``, what a listener not known as async returned; its failure
+    raised as ``ListenerError`` (an inner listener's passes through as is)."""
+    try:
+        return await awaitable
+    except ListenerError:
+        raise
+    except BaseException as err:
+        if _ours(err):
+            raise
+        raise ListenerError(name, listener, err) from err
+
+
 async def _emitted(name: str, listener: Listener, start: Callable[[], object]) -> None:
-    """An emitted event's async listener: its failure, of whatever kind, is logged and
-    contained."""
+    """An emitted event's async listener (or the awaitable a sync-looking one returned):
+    its failure, of whatever kind, is logged and contained."""
     try:
         await cast(Awaitable[object], start())
     except BaseException as err:
@@ -262,11 +291,14 @@ class Bus:
                 self._spawn(name, entry.listener, partial(entry.listener, event))
                 continue
             try:
-                entry.listener(event)
+                result = entry.listener(event)
             except BaseException as err:
                 if _interrupted(err):
                     raise
                 logger.exception("listener %s for %r failed", _label(entry.listener), name)
+                continue
+            if result is not None and isawaitable(result):  # async after all: a lambda, say
+                self._spawn(name, entry.listener, partial(_identity, result))
 
     def _spawn(self, name: str, listener: Listener, start: Callable[[], object]) -> None:
         def on_done(outcome: Outcome[object]) -> None:
@@ -283,6 +315,8 @@ class Bus:
                 partial(_emitted, name, listener, start), on_done=on_done, listener=True
             )
         except IoSideClosedError:
+            if isinstance(start, partial) and start.func is _identity:
+                _discard(start.args[0])
             logger.warning(
                 "async listener %s for %r dropped: I/O side closed", _label(listener), name
             )
@@ -307,29 +341,47 @@ class Bus:
             if entry.is_async:
                 return Deferred(partial(self._serial_rest, name, entries[index:], event))
             try:
-                entry.listener(event)
+                result = entry.listener(event)
             except BaseException as err:
                 if _interrupted(err):
                     raise
                 raise ListenerError(name, entry.listener, err) from err
+            if result is not None and isawaitable(result):  # async after all: awaited on the loop
+                pending = partial(_awaited, name, entry.listener, result)
+                return Deferred(
+                    partial(self._serial_rest, name, entries[index + 1 :], event, pending)
+                )
         return READY_NONE
 
-    async def _serial_rest(self, name: str, entries: tuple[_Entry, ...], event: object) -> None:
+    async def _serial_rest(
+        self,
+        name: str,
+        entries: tuple[_Entry, ...],
+        event: object,
+        pending: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        """The chain from an async listener on, on the loop; ``pending`` awaits first what
+        the sync-looking listener before ``entries`` returned."""
+        if pending is not None:
+            await pending()
         loop = asyncio.get_running_loop()
         for entry in entries:
             try:
                 if entry.is_async:
                     await cast(Awaitable[object], entry.listener(event))
-                else:  # its failure wrapped on its thread: a future refuses StopIteration
-                    await loop.run_in_executor(
-                        self._io.blocking_pool, _call_serial_sync, name, entry.listener, event
-                    )
+                    continue
+                # its failure wrapped on its thread: a future refuses StopIteration
+                result = await loop.run_in_executor(
+                    self._io.blocking_pool, _call_serial_sync, name, entry.listener, event
+                )
             except ListenerError:
                 raise
             except BaseException as err:
                 if _ours(err):
                     raise
                 raise ListenerError(name, entry.listener, err) from err
+            if result is not None and isawaitable(result):  # async after all
+                await _awaited(name, entry.listener, result)
 
     # -- waterfall -------------------------------------------------------------------
 
@@ -355,10 +407,13 @@ class Bus:
             except _FAULTS as err:
                 raise ListenerError(name, default, err) from err
         chain = topic.select(scope)
+        entries = chain.entries
         if chain.has_async:
-            entries = chain.entries
             return Deferred(lambda: self._waterfall_async(name, entries, 0, event, default))
-        return Ready(self._waterfall_sync(name, chain.entries, 0, event, default))
+        value = self._waterfall_sync(name, entries, 0, event, default)
+        if value is not None and isawaitable(value):  # the outermost is async after all
+            return Deferred(partial(_awaited, name, entries[0].listener, value))
+        return Ready(value)
 
     @staticmethod
     def _bottom(name: str, default: Callable[[], T]) -> T:
@@ -379,9 +434,21 @@ class Bus:
             return self._bottom(name, default)
 
         def next_() -> T:
-            return self._waterfall_sync(name, entries, index + 1, event, default)
+            if self._io.in_loop_thread():  # from the coroutine of a listener async after all
+                return cast(T, self._waterfall_async(name, entries, index + 1, event, default))
+            value = self._waterfall_sync(name, entries, index + 1, event, default)
+            if value is not None and isawaitable(value) and index + 1 < len(entries):
+                return cast(T, self._block_on(name, entries[index + 1].listener, value))
+            return value
 
         return _call_sync(name, entries[index].listener, event, next_)
+
+    def _block_on(self, name: str, listener: Listener, awaitable: Awaitable[object]) -> object:
+        """The value of what ``listener``, called as sync in the ``next()`` of a sync
+        listener, returned: an awaitable (it is async after all), run on the loop while
+        this thread, blocked in that ``next()``, runs the sync work it sends here."""
+        host = Host(self._io.loop, self._io.blocking_pool)
+        return host.serve(_awaited(name, listener, awaitable))
 
     async def _waterfall_async(
         self,
@@ -414,13 +481,16 @@ class Bus:
                 )
             else:
                 work = host.submit(_call_sync, name, listener, event, next_)
-            return await work
+            value = await work
         except ListenerError:
             raise
         except BaseException as err:
             if _ours(err):
                 raise
             raise ListenerError(name, listener, err) from err
+        if value is not None and isawaitable(value):  # async after all: its value
+            return await _awaited(name, listener, cast(Awaitable[T], value))
+        return value
 
     def _next_blocking(
         self,
@@ -440,9 +510,15 @@ class Bus:
         the chain runs on the loop and sends its sync listeners back to this thread."""
 
         def next_() -> T:
+            if self._io.in_loop_thread():  # from the coroutine of a listener async after all
+                return cast(T, self._waterfall_async(name, entries, index, event, default))
             if index < len(entries) and not entries[index].is_async:
+                listener = entries[index].listener
                 after = self._next_blocking(loop, name, entries, index + 1, event, default)
-                return _call_sync(name, entries[index].listener, event, after)
+                value = _call_sync(name, listener, event, after)
+                if value is not None and isawaitable(value):  # async after all
+                    return cast(T, self._block_on(name, listener, value))
+                return value
             host = Host(loop, self._io.blocking_pool)
             inner = self._waterfall_async(name, entries, index, event, default, host)
             return cast(T, host.serve(inner))
@@ -450,10 +526,11 @@ class Bus:
         return next_
 
 
-def _call_serial_sync(name: str, listener: Listener, event: object) -> None:
-    """A sync serial listener; its failure, of any kind, raised as ``ListenerError``."""
+def _call_serial_sync(name: str, listener: Listener, event: object) -> object:
+    """A sync serial listener; its failure, of any kind, raised as ``ListenerError``; what
+    it returned (an awaitable is awaited on the loop)."""
     try:
-        listener(event)
+        return listener(event)
     except BaseException as err:
         if _interrupted(err):
             raise
@@ -471,6 +548,17 @@ def _call_sync(name: str, listener: Listener, event: object, next_: Callable[[],
         if _interrupted(err):
             raise
         raise ListenerError(name, listener, err) from err
+
+
+def _identity(value: T) -> T:
+    return value
+
+
+def _discard(awaitable: object) -> None:
+    """Close a coroutine that will never run (no "never awaited" warning)."""
+    close = getattr(awaitable, "close", None)
+    if inspect.iscoroutine(awaitable) and close is not None:
+        close()
 
 
 def _label(listener: object) -> str:

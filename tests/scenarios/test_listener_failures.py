@@ -1,9 +1,10 @@
-"""Scenario tests of listener failures of every kind (CONTRACT section 8), on real
-runtimes."""
+"""Scenario tests of listener failures of every kind, and of async listeners the bus
+cannot recognise as async (CONTRACT section 8), on real runtimes."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -110,3 +111,54 @@ def test_a_cancel_while_an_async_pre_step_listener_awaits_still_ends_the_turn_ab
     assert timeline.of("agent/error") == []
     agent.followup("two")
     assert timeline.wait_for("agent/settled", 2)[1].reason.kind == "completed"
+
+
+def test_async_listeners_the_bus_cannot_recognise_as_async_still_run_and_the_turn_waits(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    # A partial of an async callable object, a sync decorator around an async def and a
+    # lambda returning a coroutine were called as sync: their coroutines were never
+    # awaited, so their bodies never ran (a RuntimeWarning was all).
+    ran: list[str] = []
+    settled_bodies = threading.Event()
+
+    class Notifier:
+        async def __call__(self, tag: str, event: Any) -> None:
+            await asyncio.sleep(0)
+            ran.append(tag)
+            if len([t for t in ran if t.startswith("settled")]) == 3:
+                settled_bodies.set()
+
+    def logged(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            return fn(*args)
+
+        return wrapper
+
+    @logged
+    async def on_settled(event: Any) -> None:
+        await Notifier()("settled: decorated", event)
+
+    async def pre_step(event: Any, next_: Any) -> Any:
+        await asyncio.sleep(0)
+        ran.append("pre-step")
+        return await next_()
+
+    async def turn_stopping(event: Any) -> None:
+        await asyncio.sleep(0)
+        ran.append("turn-stopping")
+
+    rt.on("agent/settled", functools.partial(Notifier(), "settled: partial"))
+    rt.on("agent/settled", on_settled)
+    rt.on("agent/settled", lambda e: Notifier()("settled: lambda", e))
+    rt.on("agent/pre-step", lambda e, next_: pre_step(e, next_))  # noqa: PLW0108
+    rt.on("agent/turn-stopping", lambda e: turn_stopping(e))  # noqa: PLW0108 - async by result
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("x")
+    assert agent.wait_idle(WAIT)
+    assert settled_bodies.wait(WAIT)
+    assert ran[:2] == ["pre-step", "turn-stopping"]  # awaited by the turn, in its order
+    assert sorted(ran[2:]) == ["settled: decorated", "settled: lambda", "settled: partial"]
+    assert timeline.wait_for("agent/settled")[0].reason.kind == "completed"
+    assert timeline.of("agent/error") == []
