@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from functools import partial
 from typing import Any, Final, Protocol, runtime_checkable
@@ -183,7 +183,7 @@ async def run_execute_chain(
     async def body(host: Host | None) -> Any:
         lease = None
         if is_async:
-            work = run()
+            work: Awaitable[Any] = _guarded(run())  # wait_for runs it as a task of its own
         elif timeout is not None and isinstance(pool, _BlockingPool):
             lease = pool.lease()
             leased = partial(_run_leased, run, lease)
@@ -230,8 +230,8 @@ async def run_execute_chain(
         return next_
 
     if is_async or timeout is None or all(is_async_listener):
-        return await call(0, None)  # no sync body can hold a listener's thread
-    chain = asyncio.ensure_future(call(0, None))
+        return await _guarded(call(0, None))  # no sync body can hold a listener's thread
+    chain = asyncio.ensure_future(_guarded(call(0, None)))
     try:
         await asyncio.wait((chain, held), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -241,6 +241,18 @@ async def run_execute_chain(
     if chain.done():
         return chain.result()
     raise ToolTimeout
+
+
+async def _guarded(work: Awaitable[Any]) -> Any:
+    """``await work``, a ``BaseException`` it raises (``KeyboardInterrupt``, one of a
+    listener's own) turned into a ``RuntimeError``: the call's failure. Raised out of a
+    task, asyncio would re-raise it out of the I/O loop and end its thread."""
+    try:
+        return await work
+    except (Exception, asyncio.CancelledError, GeneratorExit):
+        raise
+    except BaseException as err:  # the call's failure, not the loop's
+        raise RuntimeError(f"the tool or a tools/execute listener raised {err!r}") from err
 
 
 def _run_leased(run: Callable[[], Any], lease: Lease) -> Any:

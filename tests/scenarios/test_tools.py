@@ -482,3 +482,47 @@ def test_settled_fires_after_the_terminal_turn_end_is_durable(rt: Runtime) -> No
     agent.followup("go")
     assert agent.wait_idle(WAIT)
     assert durable == ["turn/end"]
+
+
+class _Escape(BaseException):
+    """Not an Exception: what a careless listener might raise."""
+
+
+@pytest.mark.parametrize("kind", ["sync KeyboardInterrupt", "async BaseException", "body"])
+def test_a_base_exception_in_the_tool_pipeline_is_that_calls_failure_and_the_io_loop_runs_on(
+    store_path: Any, kind: str
+) -> None:
+    # Before, it was re-raised out of the I/O loop, whose thread ended: no model stream,
+    # async listener or tool of the runtime ran again, and close raised.
+    @tool(timeout=WAIT)
+    async def probe() -> str:
+        if kind == "body":
+            raise _Escape("from the body")
+        return "fine"
+
+    def sync_listener(event: Any, next_: Any) -> Any:
+        raise KeyboardInterrupt
+
+    async def async_listener(event: Any, next_: Any) -> Any:
+        raise _Escape("from a listener")
+
+    rt = Runtime.open(store_path)
+    try:
+        if kind != "body":
+            dispose = rt.on(
+                "tools/execute", sync_listener if kind.startswith("sync") else async_listener
+            )
+        agent = rt.spawn(model=ScriptedModel([[ToolCall(name="probe")], "ok"]), tools=[probe])
+        agent.followup("go")
+        assert agent.wait_idle(WAIT)
+        (result,) = results(agent)
+        assert result.error is not None and result.error.code == "TOOL_FAILED"
+        if kind != "body":
+            dispose()
+        again = rt.spawn(model=ScriptedModel([[ToolCall(name="probe")], "ok"]), tools=[probe])
+        again.followup("go")  # the loop still runs: a model stream and a tool call
+        assert again.wait_idle(WAIT)
+        assert kind == "body" or results(again)[0].error is None
+    finally:
+        rt.close()
+    check_store(store_path)
