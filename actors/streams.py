@@ -164,8 +164,8 @@ def open_stream(
             if answer is not None:
                 items += answer if checked else map(checked_chunk, answer)  # up to a bad one
                 items.append(_END)
-        except Exception as err:  # noqa: BLE001 - the request's failure, as from stream()
-            items.append(_Failure(err))
+        except BaseException as err:  # noqa: BLE001 - the request's failure, as from stream()
+            items.append(_Failure(_as_exception(err)))
             handle.prefill(items, failed=True)
             return handle
         if answer is not None:
@@ -177,10 +177,12 @@ def open_stream(
         try:
             async for chunk in chunks:
                 handle.push(chunk if checked else checked_chunk(chunk))
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # noqa: BLE001 - delivered to the turn as the failure
-            handle.fail(err)
+        except BaseException as err:
+            if isinstance(err, asyncio.CancelledError) and _cancelling():
+                raise  # the turn's cancel (or a close), not the model's failure
+            handle.fail(_as_exception(err))
+            if isinstance(err, GeneratorExit):
+                raise  # a coroutine being closed must not go on
             return
         finally:
             aclose = getattr(chunks, "aclose", None)
@@ -193,6 +195,21 @@ def open_stream(
 
 
 _END = StreamEnd()  # stateless: the end of every inline answer
+
+
+def _cancelling() -> bool:
+    """Whether the running task was asked to cancel (by corral: a turn's cancel, a close)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _as_exception(err: BaseException) -> Exception:
+    """A model's failure as an ``Exception``: one that is not (``SystemExit``,
+    ``KeyboardInterrupt``, a ``CancelledError`` of its own) is the request's failure all
+    the same; raised on, it would stop every actor of the process or end the I/O loop."""
+    if isinstance(err, Exception):
+        return err
+    return RuntimeError(f"the model raised {err!r}")
 
 
 def _ignore(_outcome: Outcome[Any]) -> None:

@@ -438,6 +438,15 @@ class TurnMachine:
                 return await self._failed(turn, step, result, signal, prior)
             if result.end is not None:
                 return result.end, None
+            if quiet is not None and not quiet():
+                # What the agent's own listeners sent during the step (a steer from an
+                # observer of its facts) is queued to us: let it land before deciding.
+                try:
+                    await Checkpoint()
+                except TurnAborted:
+                    return self._aborted(signal), None
+                if signal.aborted:
+                    return self._aborted(signal), None
             if self.inbox.lane_size("next-step"):
                 # Steering asks for another step: claimed only if one may follow (a
                 # claimed message must be entered; else it stays for the next turn).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from runtime import LlmFailure, Retry, RetryPolicy, Runtime, ScriptedModel
+from storage.events import TextDelta
 
 from .conftest import WAIT, Timeline, check_store
 from .models import FailingThenOk, GateModel
@@ -388,3 +390,70 @@ def test_a_provider_asking_to_wait_longer_than_the_policy_allows_is_not_retried(
 def test_a_retry_policy_with_a_bad_number_of_seconds_is_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="finite number of seconds"):
         RetryPolicy(**bad)
+
+
+class _RaisingModel:
+    """Streams one text chunk, then raises ``error`` (no finish); an ``inline`` one raises
+    it from ``answer_now`` instead."""
+
+    provider = "test"
+    name = "raising"
+
+    def __init__(self, error: BaseException | str, *, inline: bool = False) -> None:
+        self.error = error
+        if inline:
+            self.answer_now = self._raise  # type: ignore[method-assign]
+
+    def _raise(self, request: Any) -> Any:
+        raise self._exception()
+
+    def _exception(self) -> BaseException:
+        assert isinstance(self.error, BaseException)
+        return self.error
+
+    async def stream(self, request: Any) -> Any:
+        yield TextDelta(text="part")
+        if self.error == "inner-cancelled":  # an inner task something else cancelled
+            inner = asyncio.ensure_future(asyncio.sleep(WAIT))
+            await asyncio.sleep(0)
+            inner.cancel()
+            await inner
+        raise self._exception()
+
+
+_BASE_EXCEPTIONS: dict[str, BaseException] = {
+    "SystemExit": SystemExit(3),
+    "KeyboardInterrupt": KeyboardInterrupt(),
+    "GeneratorExit": GeneratorExit(),
+    "CancelledError": asyncio.CancelledError(),
+}
+
+
+@pytest.mark.parametrize(
+    ("error", "inline"),
+    [
+        *((error, inline) for error in _BASE_EXCEPTIONS.values() for inline in (False, True)),
+        ("inner-cancelled", False),  # an inner task only exists in a stream
+    ],
+    ids=[
+        *(f"{name}-{how}" for name in _BASE_EXCEPTIONS for how in ("streamed", "inline")),
+        "inner-cancelled-streamed",
+    ],
+)
+def test_a_model_raising_a_base_exception_fails_its_request_and_the_runtime_goes_on(
+    store_path: Path, error: BaseException | str, inline: bool
+) -> None:
+    # Before: inline, every actor of the process stopped (registry included); streamed,
+    # the turn waited forever (or, for KeyboardInterrupt, the I/O loop's thread ended).
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        timeline = Timeline(rt)
+        agent = rt.spawn(model=_RaisingModel(error, inline=inline))
+        agent.followup("hi")
+        assert timeline.wait_for("agent/settled")[0].reason.kind == "error"
+        assert agent.wait_idle(WAIT)
+        assert [e.turn for e in timeline.of("agent/error")] == [1]
+        bystander = rt.spawn(model=ScriptedModel.echo(latency=0.01))
+        bystander.followup("still here")
+        assert bystander.wait_idle(WAIT)
+        assert bystander.session.messages()[-1].content[0].text == "still here"
+    check_store(store_path)

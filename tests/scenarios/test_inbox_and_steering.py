@@ -17,8 +17,10 @@ from runtime import (
     Reject,
     Runtime,
     ScriptedModel,
+    ToolCall,
     UnknownMessageError,
     UserMessage,
+    tool,
 )
 from storage import StorageError, check_invariants
 from storage.events import TextBlock
@@ -358,3 +360,32 @@ def test_a_send_whose_insert_cannot_be_logged_fails_the_agent_instead_of_droppin
     assert any(sent in note for note in getattr(agent.crash, "__notes__", ()))
     with pytest.raises(AgentDisposedError):
         agent.followup("third")
+
+
+@pytest.mark.parametrize("on_fact", ["assistant/message", "tool/result"])
+def test_a_steer_from_the_agents_own_fact_observer_joins_the_next_step_of_the_same_turn(
+    rt: Runtime, on_fact: str
+) -> None:
+    # Before, it was still queued when the step ended: with a text reply the turn ended
+    # and the steer started the next one; after a tool step, step 2 went out without it.
+    @tool
+    def noop() -> str:
+        return "ok"
+
+    replies: list[Any] = ["reply", "after the steer"]
+    if on_fact == "tool/result":
+        replies.insert(0, [ToolCall(name="noop")])
+    agent = rt.spawn(model=ScriptedModel(replies), tools=[noop])
+    steered: list[str] = []
+
+    def on_event(event: Any) -> None:
+        if event.event.type == on_fact and not steered:
+            steered.append(agent.steer("from the observer"))
+
+    agent.on("session/event", on_event)
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    starts = [e.data for e in agent.session.events() if e.type == "turn/start"]
+    assert len(starts) == 1  # one turn
+    entered = [e.data for e in agent.session.events() if e.type == "user/message"]
+    assert [(m.message.id, m.step) for m in entered][-1] == (steered[0], 2)
