@@ -20,7 +20,8 @@ import asyncio
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from inspect import isawaitable
 from itertools import count
@@ -198,17 +199,26 @@ def _ours(err: BaseException) -> bool:
     return isinstance(err, asyncio.CancelledError) and task.cancelling() > 0
 
 
-async def _awaited(name: str, listener: Listener, awaitable: Awaitable[T]) -> T:
-    """The value of ``awaitable``, what a listener not known as async returned; its failure
-    raised as ``ListenerError`` (an inner listener's passes through as is)."""
+@contextmanager
+def _failing_as(name: str, listener: Listener) -> Iterator[None]:
+    """What the block raises, of whatever kind, raised as ``listener``'s
+    ``ListenerError`` (an inner listener's passes through as is, and so does our own
+    cancellation, see :func:`_ours`)."""
     try:
-        return await awaitable
+        yield
     except ListenerError:
         raise
     except BaseException as err:
         if _ours(err):
             raise
         raise ListenerError(name, listener, err) from err
+
+
+async def _awaited(name: str, listener: Listener, awaitable: Awaitable[T]) -> T:
+    """The value of ``awaitable``, what a listener not known as async returned; its failure
+    raised as ``ListenerError``."""
+    with _failing_as(name, listener):
+        return await awaitable
 
 
 async def _emitted(name: str, listener: Listener, start: Callable[[], object]) -> None:
@@ -366,7 +376,7 @@ class Bus:
             await pending()
         loop = asyncio.get_running_loop()
         for entry in entries:
-            try:
+            with _failing_as(name, entry.listener):
                 if entry.is_async:
                     await cast(Awaitable[object], entry.listener(event))
                     continue
@@ -374,12 +384,6 @@ class Bus:
                 result = await loop.run_in_executor(
                     self._io.blocking_pool, _call_serial_sync, name, entry.listener, event
                 )
-            except ListenerError:
-                raise
-            except BaseException as err:
-                if _ours(err):
-                    raise
-                raise ListenerError(name, entry.listener, err) from err
             if result is not None and isawaitable(result):  # async after all
                 await _awaited(name, entry.listener, result)
 
@@ -467,7 +471,7 @@ class Bus:
         entry = entries[index]
         listener = entry.listener
         loop = asyncio.get_running_loop()
-        try:
+        with _failing_as(name, listener):
             if entry.is_async:
 
                 def next_async() -> Awaitable[T]:
@@ -482,12 +486,6 @@ class Bus:
             else:
                 work = host.submit(_call_sync, name, listener, event, next_)
             value = await work
-        except ListenerError:
-            raise
-        except BaseException as err:
-            if _ours(err):
-                raise
-            raise ListenerError(name, listener, err) from err
         if value is not None and isawaitable(value):  # async after all: its value
             return await _awaited(name, listener, cast(Awaitable[T], value))
         return value
