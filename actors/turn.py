@@ -196,7 +196,6 @@ class TurnMachine:
         # the coroutine must log nothing more. A step/end would close a step whose tool
         # calls are unanswered; the turn stays open for the resume to repair (CONTRACT 7).
         self.stopping = False
-        self._failed_step: int | None = None  # the step whose failure a retry answers
         self.draining = False
         self.latched_wake = False
         # The session's last turn number and latest request/header, read from its state
@@ -331,7 +330,7 @@ class TurnMachine:
                 # What a sync agent/settled listener sent (a followup, a cancel) is
                 # queued to us: let it land before deciding whether the chain goes on,
                 # so that a followup keeps the agent running (no idle between turns) and
-                # a cancel parks the queued work instead of aborting the next turn.
+                # a cancel aborts the turn it opens (below), not one further on.
                 with contextlib.suppress(TurnAborted):
                     await Checkpoint()
             if isinstance(reason, _GO_ON):
@@ -532,7 +531,6 @@ class TurnMachine:
                 message = f"agent/request-error returned a Retry with a bad delay_s: {delay!r}"
                 log.error("%s; the turn ends as error", message)
                 return self._error(turn, step, failure), None
-            self._failed_step = step
             return Errored(error=failure), decision
         return self._error(turn, step, failure), None
 
