@@ -164,6 +164,8 @@ class CorralGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("corral: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
-        except Exception as err:  # noqa: BLE001 - the last line of defence is one clear line
+        except SystemExit:
+            raise
+        except BaseException as err:  # noqa: BLE001 - the last line of defence is one clear line
             report(err, ctx)
             ctx.exit(EXIT_ERROR)

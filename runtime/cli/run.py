@@ -2,13 +2,20 @@
 
 The script runs with ``__name__ == "__corral__"`` and the open runtime as the global
 ``rt``; ``sys.argv`` is ``[SCRIPT, *ARGS]``. If it defines ``main(rt, argv)``, that is
-called after the module body, and an ``int`` it returns is the exit code. The runtime
-is closed on every way out (running turns cancelled, inboxes kept, logs flushed).
+called after the module body (an ``async def main`` runs in its own event loop with
+``asyncio.run``), and an ``int`` it returns is the exit code. The runtime is closed on
+every way out (running turns cancelled, inboxes kept, logs flushed). A Ctrl-C while
+it closes does not stop the close; a second one quits at once, leaving what was still
+running for ``rt.resume`` to repair, as a crash would.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import os
 import runpy
+import signal
 import sys
 from pathlib import Path
 from typing import cast
@@ -45,11 +52,44 @@ def _execute(script: Path, args: tuple[str, ...], rt: Runtime) -> int:
         main = namespace.get("main")
         if callable(main):
             result = main(rt, list(args))
+            if inspect.iscoroutine(result):  # async def main(rt, argv)
+                result = asyncio.run(result)
             return result if isinstance(result, int) and not isinstance(result, bool) else 0
         return 0
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
+
+
+def _close(rt: Runtime) -> None:
+    """``rt.close()``, which Ctrl-C does not interrupt half-way: the first press during
+    it says what is going on, the next one quits the process at once (committed facts
+    are on disk; turns still running are left open, for ``rt.resume`` to repair)."""
+    presses = 0
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            click.echo(
+                "corral: still closing the runtime (logs are being flushed); Ctrl-C again "
+                "quits at once, leaving running turns for rt.resume to repair",
+                err=True,
+            )
+            return
+        click.echo("corral: quit without closing the runtime", err=True)
+        sys.stdout.flush()
+        os._exit(EXIT_INTERRUPTED)
+
+    try:
+        previous = signal.signal(signal.SIGINT, on_interrupt)
+    except ValueError:  # not the main thread: nothing to shield from
+        rt.close()
+        return
+    try:
+        rt.close()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -75,9 +115,9 @@ def run(
                 "corral: interrupted; closing the runtime (turns cancelled, logs flushed)", err=True
             )
             code = EXIT_INTERRUPTED
-        except Exception as err:
+        except BaseException as err:  # GeneratorExit or a script's own BaseException too
             raise ScriptError(script, err) from err
     finally:
-        rt.close()
+        _close(rt)
     if code:
         raise click.exceptions.Exit(code)

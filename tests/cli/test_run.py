@@ -3,6 +3,7 @@ the example supervisor scripts."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -125,3 +126,100 @@ def test_the_examples_run_as_they_are(
     out = run_ok(["run", "--store", store, EXAMPLES / example, *args])
     assert expect in out
     assert "sessions OK" in run_ok(["log", "check", "--store", store])
+
+
+TOOL_WAITS_ON_FIFO = """
+import sys
+from runtime import ScriptedModel, ToolCall, tool
+
+@tool
+def wait_for_release() -> str:
+    \"\"\"Block until the test writes to the FIFO.\"\"\"
+    print("tool running", flush=True)
+    with open(sys.argv[1]) as fifo:
+        return fifo.read() or "released"
+
+agent = rt.spawn(
+    model=ScriptedModel([[ToolCall("wait_for_release", {})], "done"]),
+    tools=[wait_for_release],
+    session_id="held",
+)
+agent.followup("go")
+agent.wait_idle()
+"""
+
+
+def _interrupt_while_a_tool_runs(tmp_path: Path, presses: int) -> tuple[int, str, Path]:
+    """``corral run`` a script whose tool blocks on a FIFO; Ctrl-C ``presses`` times
+    (each after the line the previous one printed), then release the tool.
+    Returns the exit code, stderr and the store."""
+    store, fifo = tmp_path / "store", tmp_path / "release"
+    os.mkfifo(fifo)
+    script = write_script(tmp_path, "held.py", TOOL_WAITS_ON_FIFO)
+    with spawn_corral("run", "--store", store, script, fifo) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().strip() == "tool running"
+        lines = []
+        for _ in range(presses):
+            proc.send_signal(signal.SIGINT)
+            lines.append(proc.stderr.readline().strip())
+        if proc.poll() is None and presses < 3:
+            with open(fifo, "w") as release:
+                release.write("released")
+        code = proc.wait(timeout=30)
+        rest = proc.stderr.read()
+    return code, "\n".join([*lines, rest.strip()]).strip(), store
+
+
+def test_a_second_ctrl_c_while_closing_does_not_stop_the_close(tmp_path: Path) -> None:
+    code, stderr, store = _interrupt_while_a_tool_runs(tmp_path, presses=2)
+    assert code == 130
+    assert stderr.splitlines() == [
+        "corral: interrupted; closing the runtime (turns cancelled, logs flushed)",
+        "corral: still closing the runtime (logs are being flushed); Ctrl-C again quits at "
+        "once, leaving running turns for rt.resume to repair",
+    ]
+    shown = run_ok(["log", "show", "held", "--store", store])
+    assert "released" in shown  # the tool finished during the close and its result is logged
+    assert "invariants: 1 sessions OK" in run_ok(["log", "check", "--store", store])
+
+
+def test_a_third_ctrl_c_quits_at_once_leaving_the_turn_for_resume(tmp_path: Path) -> None:
+    code, stderr, store = _interrupt_while_a_tool_runs(tmp_path, presses=3)
+    assert code == 130
+    assert stderr.splitlines()[-1] == "corral: quit without closing the runtime"
+    assert corral("log", "check", "--store", store).returncode == 3  # the turn is open
+    checked = run_ok(["log", "check", "--allow-open-tail", "--store", store])
+    assert "invariants: 1 sessions OK" in checked
+
+
+def test_an_async_main_is_run_and_its_int_is_the_exit_code(tmp_path: Path) -> None:
+    body = """
+import asyncio
+from runtime import ScriptedModel
+
+async def main(rt, argv):
+    agent = rt.spawn(model=ScriptedModel.echo(), session_id="async")
+    agent.followup("from async main")
+    await asyncio.get_running_loop().run_in_executor(None, agent.wait_idle, 10)
+    return int(argv[0])
+"""
+    store = tmp_path / "store"
+    result = corral("run", "--store", store, write_script(tmp_path, "a.py", body), "5")
+    assert result.returncode == 5, result.stderr
+    assert "RuntimeWarning" not in result.stderr
+    assert "user: from async main" in run_ok(["log", "show", "async", "--store", store])
+
+
+@pytest.mark.parametrize(
+    ("raised", "shown"),
+    [("GeneratorExit('g')", "GeneratorExit: g"), ("Custom('mine')", "Custom: mine")],
+)
+def test_a_script_raising_a_base_exception_exits_1_with_one_line(
+    tmp_path: Path, raised: str, shown: str
+) -> None:
+    body = f"class Custom(BaseException):\n    pass\n\nraise {raised}\n"
+    script = write_script(tmp_path, "b.py", body)
+    result = corral("run", "--store", tmp_path / "store", script)
+    assert result.returncode == 1
+    assert_one_error_line(result, f"{script}:4: {shown}")
