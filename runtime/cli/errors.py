@@ -164,8 +164,8 @@ class CorralGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("corral: interrupted", err=True)
             ctx.exit(EXIT_INTERRUPTED)
-        except SystemExit:
-            raise
+        except (SystemExit, BrokenPipeError):
+            raise  # click's main quietly exits 1 when the reader closed the pipe (`| head`)
         except BaseException as err:  # noqa: BLE001 - the last line of defence is one clear line
             report(err, ctx)
             ctx.exit(EXIT_ERROR)

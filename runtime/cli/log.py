@@ -142,6 +142,9 @@ def ls(store: Path) -> None:
             )
     out = _out()
     if headers:
+        # never cut an id short (a pipe is 80 columns to rich): widen to the table's need
+        width, out.width = out.width, 1 << 16
+        out.width = max(width, out.measure(table).maximum)
         out.print(table)
     out.print(Text(f"{len(headers):,} session(s) in {store}"))
 
@@ -223,20 +226,20 @@ def tail(
     with _reading(store) as st:
         total = _require(st, session)
         lower = max(0, total - count)
-        events = st.read(session, lower=lower, include_ignored=True) if count else []
-        _print_events(out, events, raw)
-        next_seq = events[-1].seq + 1 if events else total
         if not follow:
+            events = st.read(session, lower=lower, include_ignored=True) if count else []
+            _print_events(out, events, raw)
             return
         try:
+            next_seq = lower if count else total
             while True:
-                time.sleep(interval)
                 events = st.read(session, lower=next_seq, include_ignored=True)
                 if events:
                     _print_events(out, events, raw)
                     next_seq = events[-1].seq + 1
+                time.sleep(interval)
         except KeyboardInterrupt:
-            return  # Ctrl-C is how following ends: exit 0, no traceback
+            return  # Ctrl-C is how following ends, from its first line on: exit 0
 
 
 @log.command()
@@ -257,11 +260,22 @@ def export(session: str, store: Path, output: Path) -> None:
             written = st.export_jsonl(session, sys.stdout.buffer)
             sys.stdout.buffer.flush()
             return
+        _refuse_store_file(output, store)
         # owner-only, like the store it comes from (a log may hold private content)
         fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
             written = st.export_jsonl(session, fh)
     click.echo(f"exported {written:,} events of {session} to {output}", err=True)
+
+
+def _refuse_store_file(output: Path, store: Path) -> None:
+    """An export must not overwrite the store's own files: truncating ``data.mdb`` while
+    it is mapped destroys every session in it."""
+    for name in sorted(STORE_FILES):
+        own = store / name
+        same = own.exists() and output.exists() and os.path.samefile(output, own)
+        if same or output.resolve() == own.resolve():
+            raise CliError(f"{output} is the store's own {name}: export to another file")
 
 
 @log.command(name="import")

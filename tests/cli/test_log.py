@@ -318,3 +318,58 @@ def test_ids_paths_and_text_holding_rich_markup_are_printed_as_they_are(tmp_path
         assert f"user: say [bold]{sid}[/bold] :x:" in shown
         assert f"user: say [bold]{sid}[/bold] :x:" in ok("log", "tail", sid)
     assert "invariants: 3 sessions OK" in ok("log", "check")
+
+
+def _long_store(tmp_path: Path, session_id: str = "long", turns: int = 300) -> Path:
+    """A store whose one session's export is far larger than a pipe's buffer."""
+    from runtime import Runtime, ScriptedModel
+
+    store = tmp_path / "store"
+    with Runtime.open(store) as rt:
+        agent = rt.spawn(model=ScriptedModel.echo(chunks=4), session_id=session_id)
+        for turn in range(turns):
+            agent.followup(f"{turn} " + "x" * 200)
+            assert agent.wait_idle(10)
+    return store
+
+
+def test_exporting_into_the_stores_own_data_file_is_refused_and_the_store_survives(
+    tmp_path: Path,
+) -> None:
+    store = _long_store(tmp_path, turns=3)
+    for name in ("data.mdb", "lock.mdb"):
+        result = corral("log", "export", "long", "--store", store, "-o", store / name)
+        assert_one_error_line(result, f"is the store's own {name}")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(store / "data.mdb")
+    assert_one_error_line(corral("log", "export", "long", "--store", store, "-o", link))
+    assert "invariants: 1 sessions OK" in run_ok(["log", "check", "--store", store])
+
+
+def test_ls_into_a_pipe_prints_whole_session_ids(tmp_path: Path) -> None:
+    sid = "a-session-id-far-longer-than-an-eighty-column-table-leaves-for-it-" + "z" * 20
+    store = _long_store(tmp_path, session_id=sid, turns=1)
+    listed = run_ok(["log", "ls", "--store", store])  # stdout is a pipe here
+    assert listed.splitlines()[1].split()[0] == sid
+
+
+def test_a_reader_closing_the_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    store = _long_store(tmp_path)
+    for args in (["export", "long"], ["tail", "long", "-n", "5000", "--raw"], ["show", "long"]):
+        with spawn_corral("log", *args, "--store", store) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            assert proc.stdout.readline()  # like `| head -1`
+            proc.stdout.close()
+            assert proc.wait(timeout=30) == 1
+            assert proc.stderr.read() == "", args
+
+
+def test_ctrl_c_while_tail_follow_prints_its_first_lines_exits_0(tmp_path: Path) -> None:
+    store = _long_store(tmp_path)
+    with spawn_corral("log", "tail", "long", "-f", "-n", "5000", "--raw", "--store", store) as p:
+        assert p.stdout is not None and p.stderr is not None
+        assert p.stdout.readline()  # printing has begun; the rest fills the pipe and waits
+        p.send_signal(signal.SIGINT)
+        p.stdout.read()  # let the interrupted process flush what it buffered
+        assert p.wait(timeout=30) == 0
+        assert "Traceback" not in p.stderr.read()
