@@ -343,9 +343,12 @@ class LoadDriver:
         spec, rt = self.spec, self.rt
         self._sample_rss()
         t0 = time.perf_counter()
+        deadline = t0 + spec.timeout_s  # spawning counts: a huge --agents still ends
         tools = [lookup_tool()] if spec.tool_calls else []
-        agents = [rt.spawn(model=self.model, tools=tools) for _ in range(spec.agents)]
-        for agent in agents:
+        agents: list[Agent] = []
+        while len(agents) < spec.agents and time.perf_counter() < deadline:
+            agent = rt.spawn(model=self.model, tools=tools)
+            agents.append(agent)
             self._states[agent.id] = _AgentState(agent)
         spawn_s = time.perf_counter() - t0
         dispose = rt.on("agent/settled", self._on_settled)
@@ -354,7 +357,6 @@ class LoadDriver:
             for state in self._states.values():
                 self._send(state)
             last = (started, 0)
-            deadline = started + spec.timeout_s
             while not self._finished.wait(self._until(deadline)):
                 last = self._progress(started, last)
                 if time.perf_counter() >= deadline:

@@ -274,7 +274,7 @@ def _resolve(model: str) -> Model:
     type=FiniteFloatRange(min=0, min_open=True),
     default=600.0,
     show_default=True,
-    help="Give up after this many seconds.",
+    help="Give up after this many seconds (spawning included).",
 )
 @click.option(
     "--json",

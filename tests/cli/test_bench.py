@@ -140,6 +140,14 @@ def test_a_run_that_times_out_says_so_and_fails(tmp_path: Path) -> None:
     assert_one_error_line(result, "timed out", "0 of 2 turns")
 
 
+def test_the_timeout_covers_spawning_so_a_huge_agent_count_still_ends(tmp_path: Path) -> None:
+    agents = 10**9  # spawning them all would take hours and all memory
+    result = corral(
+        "bench", "--store", tmp_path / "store", "--agents", str(agents), "--timeout", "1", "-q"
+    )
+    assert_one_error_line(result, "timed out", f"of {agents * 10:,} turns")
+
+
 def test_plot_needs_matplotlib_or_writes_a_png(tmp_path: Path) -> None:
     plot = tmp_path / "bench.png"
     result = corral(
