@@ -5,7 +5,7 @@ The script runs with ``__name__ == "__corral__"`` and the open runtime as the gl
 called after the module body (an ``async def main`` runs in its own event loop with
 ``asyncio.run``), and an ``int`` it returns is the exit code. The runtime is closed on
 every way out (running turns cancelled, inboxes kept, logs flushed). A Ctrl-C while
-it closes does not stop the close; a second one quits at once, leaving what was still
+it closes does not stop the close; the one after quits at once, leaving what was still
 running for ``rt.resume`` to repair, as a crash would.
 """
 
@@ -61,16 +61,46 @@ def _execute(script: Path, args: tuple[str, ...], rt: Runtime) -> int:
         sys.path[:] = saved_path
 
 
-def _close(rt: Runtime) -> None:
-    """``rt.close()``, which Ctrl-C does not interrupt half-way: the first press during
-    it says what is going on, the next one quits the process at once (committed facts
-    are on disk; turns still running are left open, for ``rt.resume`` to repair)."""
-    presses = 0
+_INTERRUPTED = "corral: interrupted; closing the runtime (turns cancelled, logs flushed)"
 
-    def on_interrupt(signum: int, frame: object) -> None:
-        nonlocal presses
-        presses += 1
-        if presses == 1:
+
+class _Interrupts:
+    """Ctrl-C (SIGINT) during ``corral run``, from the script's start to the end of the
+    close. The first press interrupts the script (``KeyboardInterrupt``) and the close
+    begins; it is marked in the handler itself, so no later press can fall between the
+    two and break off the close. During the close the next press says what is going
+    on, the one after quits the process at once (committed facts are on disk; turns
+    still running are left open, for ``rt.resume`` to repair, as after a crash)."""
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.announced = False
+        self._presses = 0
+        self._previous: object = None
+
+    def __enter__(self) -> _Interrupts:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._on_interrupt)
+        except ValueError:  # not the main thread: Python's own handling stays
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+
+    def announce(self) -> None:
+        if not self.announced:
+            self.announced = True
+            click.echo(_INTERRUPTED, err=True)
+
+    def _on_interrupt(self, signum: int, frame: object) -> None:
+        if not self.closing:
+            self.closing = True
+            self.announce()
+            raise KeyboardInterrupt
+        self._presses += 1
+        if self._presses == 1:
             click.echo(
                 "corral: still closing the runtime (logs are being flushed); Ctrl-C again "
                 "quits at once, leaving running turns for rt.resume to repair",
@@ -80,16 +110,6 @@ def _close(rt: Runtime) -> None:
         click.echo("corral: quit without closing the runtime", err=True)
         sys.stdout.flush()
         os._exit(EXIT_INTERRUPTED)
-
-    try:
-        previous = signal.signal(signal.SIGINT, on_interrupt)
-    except ValueError:  # not the main thread: nothing to shield from
-        rt.close()
-        return
-    try:
-        rt.close()
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -105,19 +125,19 @@ def run(
     if not script.is_file():
         raise CliError(f"no script at {script}")
     rt = Runtime.open(store, durability=cast(Durability, durability), threads=threads)
-    try:
+    with _Interrupts() as interrupts:
         try:
-            code = _execute(script, args, rt)
-        except SystemExit as stop:
-            code = _exit_code(stop.code)
-        except KeyboardInterrupt:
-            click.echo(
-                "corral: interrupted; closing the runtime (turns cancelled, logs flushed)", err=True
-            )
-            code = EXIT_INTERRUPTED
-        except BaseException as err:  # GeneratorExit or a script's own BaseException too
-            raise ScriptError(script, err) from err
-    finally:
-        _close(rt)
+            try:
+                code = _execute(script, args, rt)
+            except SystemExit as stop:
+                code = _exit_code(stop.code)
+            except KeyboardInterrupt:
+                interrupts.announce()
+                code = EXIT_INTERRUPTED
+            except BaseException as err:  # GeneratorExit or a script's own BaseException too
+                raise ScriptError(script, err) from err
+        finally:
+            interrupts.closing = True
+            rt.close()
     if code:
         raise click.exceptions.Exit(code)

@@ -132,11 +132,13 @@ TOOL_WAITS_ON_FIFO = """
 import sys
 from runtime import ScriptedModel, ToolCall, tool
 
+RELEASE = sys.argv[1]  # read now: corral restores sys.argv when the script is left
+
 @tool
 def wait_for_release() -> str:
     \"\"\"Block until the test writes to the FIFO.\"\"\"
     print("tool running", flush=True)
-    with open(sys.argv[1]) as fifo:
+    with open(RELEASE) as fifo:
         return fifo.read() or "released"
 
 agent = rt.spawn(
@@ -186,7 +188,7 @@ def test_a_second_ctrl_c_while_closing_does_not_stop_the_close(tmp_path: Path) -
 
 def test_a_third_ctrl_c_quits_at_once_leaving_the_turn_for_resume(tmp_path: Path) -> None:
     code, stderr, store = _interrupt_while_a_tool_runs(tmp_path, presses=3)
-    assert code == 130
+    assert code == 130, stderr
     assert stderr.splitlines()[-1] == "corral: quit without closing the runtime"
     assert corral("log", "check", "--store", store).returncode == 3  # the turn is open
     checked = run_ok(["log", "check", "--allow-open-tail", "--store", store])
