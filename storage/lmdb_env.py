@@ -782,7 +782,10 @@ def _check_directory(path: Path, *, readonly: bool) -> bool:
             raise StorageError(f"{path} is not a directory: a corral store is a directory")
         existed = (path / "data.mdb").exists()
         if readonly and not existed:
-            raise StorageError(f"no corral store at {path} (no data.mdb); open it writable once")
+            raise StorageError(
+                f"no corral store at {path} (no data.mdb): a store is made by its first "
+                "writable open (Runtime.open, corral run, corral bench, corral log import)"
+            )
         if not existed and path.exists() and any(path.iterdir()):
             raise StorageError(
                 f"{path} is not a corral store: it holds other files and no data.mdb; "
@@ -804,9 +807,26 @@ def _lock_writer(path: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        holder = _lock_holder(fd)
         os.close(fd)
         raise StorageError(
-            f"the store at {path} is already open for writing (by this or another "
-            "process); close it first, or open it with readonly=True"
+            f"the store at {path} is already open for writing by {holder}, and a store "
+            "has one writer at a time: close that runtime or store first (readers, "
+            "Store.open(path, readonly=True) and the corral log commands, may open it "
+            "meanwhile)"
         ) from None
+    try:  # who holds it, for the message another writer gets
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # only a message is less precise
     return fd
+
+
+def _lock_holder(fd: int) -> str:
+    """``this process`` or ``process PID``, from what the holder wrote into the lock file."""
+    try:
+        pid = int(os.pread(fd, 32, 0).decode().strip())
+    except (OSError, ValueError):
+        return "another runtime or store (this or another process)"
+    return "this process" if pid == os.getpid() else f"process {pid}"

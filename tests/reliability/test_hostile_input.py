@@ -1038,7 +1038,8 @@ def test_a_store_locked_by_another_process_is_refused_for_writing_and_readable_m
         assert holder.stdout is not None and holder.stdin is not None
         assert holder.stdout.readline().strip() == "locked"
         for opener in (lambda: Store.open(path), lambda: Runtime.open(path)):
-            with pytest.raises(StorageError, match="already open for writing"):
+            match = f"already open for writing by process {holder.pid}"
+            with pytest.raises(StorageError, match=match):
                 opener()
         with Store.open(path, readonly=True) as store:
             assert {h.id: store.read(h.id) for h in store.sessions()} == before

@@ -599,8 +599,13 @@ def test_an_unreadable_directory_is_refused_with_a_clear_error(tmp_path: Path) -
 
 
 def test_a_second_writer_on_the_same_directory_is_refused(store: Store) -> None:
-    with pytest.raises(StorageError, match="already open for writing"):
+    with pytest.raises(StorageError, match="already open for writing by this process"):
         Store.open(store.path)
+
+
+def test_a_readonly_open_of_a_missing_store_says_how_a_store_is_made(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="a store is made by its first writable open"):
+        Store.open(tmp_path / "nothing", readonly=True)
 
 
 def test_a_closed_store_refuses_every_call_and_its_sessions_refuse_appends(
