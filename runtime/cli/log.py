@@ -28,7 +28,12 @@ from rich.table import Table
 from rich.text import Text
 
 from runtime.load import check_store, store_bytes
-from storage.errors import DuplicateSessionError, UnknownSessionError
+from storage.errors import (
+    DuplicateSessionError,
+    InvalidEventError,
+    LogCorruptError,
+    UnknownSessionError,
+)
 from storage.events import Event, IgnoredRecord
 from storage.lmdb_env import SCHEMA_VERSION
 from storage.lmdb_store import Store
@@ -128,14 +133,18 @@ def ls(store: Path) -> None:
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for header in headers:
             count = _require(st, header.id)
-            turns, state = _last_turn(st, header.id, count)
+            try:
+                turn, state = _last_turn(st, header.id, count)
+                turns = f"{turn:,}"
+            except (InvalidEventError, LogCorruptError):  # `log check` says why
+                turns, state = "?", "unreadable"
             counter = _Counter()
             st.export_jsonl(header.id, counter)  # type: ignore[arg-type]
             label = header.id if header.parent is None else f"{header.id} (fork of {header.parent})"
             table.add_row(
                 Text(label),
                 _created(header.created),
-                f"{turns:,}",
+                turns,
                 state,
                 f"{count:,}",
                 f"{counter.count:,}",

@@ -96,6 +96,30 @@ def test_a_corrupt_record(tmp_path: Path) -> None:
     checked = corral("log", "check", "--store", store)
     assert checked.returncode == 3
     assert "[unreadable]" in checked.stdout
+    listed = corral("log", "ls", "--store", store)  # the listing goes on around it
+    assert listed.returncode == 0, listed.stderr
+    row = listed.stdout.splitlines()[1].split()  # session, date, time, turns, state, ...
+    assert (row[0], row[3], row[4]) == ("s1", "?", "unreadable")
+
+
+def test_ls_lists_a_session_of_an_unknown_event_type_as_unreadable_next_to_good_ones(
+    tmp_path: Path,
+) -> None:
+    from runtime import Runtime, ScriptedModel
+
+    store = tmp_path / "store"
+    with Runtime.open(store) as rt:
+        agent = rt.spawn(model=ScriptedModel.echo(), session_id="good")
+        agent.followup("hello")
+        assert agent.wait_idle(10)
+    with Store.open(store) as st:
+        st.register_event_type("plugin/hard", None, ignorable=False)
+        st.create_session("hard").append("plugin/hard", {"x": 1})
+    listed = corral("log", "ls", "--store", store)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()[1:3]}
+    assert rows["good"][3:5] == ["1", "completed"]
+    assert rows["hard"][3:5] == ["?", "unreadable"]
 
 
 @pytest.mark.parametrize("command", [["show"], ["tail"], ["export"], ["tail", "--follow"]])
