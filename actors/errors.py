@@ -106,7 +106,11 @@ class AgentDisposedError(AgentStateError):
 
 
 class InvalidMessageError(AgentStateError, TypeError):
-    """A verb was given something that is not a message."""
+    """A verb was given an ill-formed argument: something that is not a message (or
+    an ill-typed one, an empty or non-``str`` id, a bad lane or splice range), or a
+    message that cannot be logged (it does not fit ``max_event_bytes`` with the records
+    that carry it), or a ``cancel`` cause that is not one of the ``CancelCause``
+    structs."""
 
 
 class EditTimeoutError(AgentStateError, TimeoutError):

@@ -226,10 +226,14 @@ class PreExecute(_Live, frozen=True):
 
 
 class Allow(msgspec.Struct, frozen=True, tag="allow", tag_field="kind"):
-    pass
+    """A ``tools/pre-execute`` decision: the call may run (what ``next()`` returns when
+    no later listener denies it)."""
 
 
 class Deny(msgspec.Struct, frozen=True, tag="deny", tag_field="kind"):
+    """A ``tools/pre-execute`` decision: the call does not run; its result is the error
+    ``TOOL_DENIED`` with ``reason`` as the message the model reads."""
+
     reason: str
 
 

@@ -25,7 +25,13 @@ DEFAULT_RETRYABLE: Final = frozenset(
 
 
 class RetryPolicy:
-    """Decides retries; register with ``rt.on("agent/request-error", policy)``."""
+    """Decides retries, as an ``agent/request-error`` waterfall listener.
+
+    Every runtime registers ``RetryPolicy()`` unless told otherwise: give another with
+    ``Runtime.open(retry_policy=RetryPolicy(max_retries=2))``, or none with
+    ``retry_policy=None``. A policy added with ``rt.on("agent/request-error", policy)``
+    runs *besides* the runtime's own; a failure it does not retry (it calls ``next``)
+    still reaches the default one, so a stricter policy must replace it, not join it."""
 
     def __init__(
         self,

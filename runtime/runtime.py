@@ -249,15 +249,56 @@ class Runtime:
         *,
         durability: Durability = "write-ahead",
         threads: int | None = None,
-        **options: Any,
+        retry_policy: RetryPolicy | None = _DEFAULT_POLICY,
+        max_steps: int | None = None,
+        inbox_limit: int | None = None,
+        limits: UsageLimits | None = None,
+        agent_limits: UsageLimits | None = None,
+        max_running_turns: int | None = None,
+        tune_gc: bool = True,
+        blocking_workers: int = 32,
+        max_event_bytes: int = 4 << 20,
+        map_size: int = 64 << 20,
     ) -> Runtime:
-        """Open a runtime over the embedded LMDB store at ``path`` (default ``./.corral/``)."""
+        """Open a runtime over the embedded LMDB store at ``path`` (default ``./.corral/``).
+
+        - ``durability``: ``"write-ahead"`` (the facts leading to a model request or a
+          tool run are durable before it is sent or run), ``"turn"`` (durable at each
+          settled turn) or ``"none"`` (durable at ``flush()``).
+        - ``threads``: dispatcher workers; ``None`` is one worker plus a standby that
+          steps in while the worker is stuck in a blocking handler.
+        - ``retry_policy``: the ``agent/request-error`` listener deciding retries
+          (default ``RetryPolicy()``; ``None`` for no retries).
+        - ``max_steps`` per turn, ``inbox_limit`` per agent (``InboxFullError`` past
+          it), ``limits`` (``UsageLimits`` of the whole runtime), ``agent_limits`` (of
+          each agent), ``max_running_turns`` (more wait in a FIFO queue): ``None`` is
+          no limit.
+        - ``tune_gc``: raise the garbage collector's thresholds while the runtime runs
+          (many small long-lived objects; see :mod:`runtime.gctune`).
+        - ``blocking_workers``: threads for sync tool bodies, listeners and blocking
+          effects.
+        - ``max_event_bytes`` (4 MiB) and ``map_size`` (64 MiB, grows by itself): the
+          store's record limit and initial map.
+        """
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
-        store_options = {k: options.pop(k) for k in ("max_event_bytes", "map_size") if k in options}
-        store = Store.open(path, durability=durability, **store_options)
+        store = Store.open(
+            path, durability=durability, max_event_bytes=max_event_bytes, map_size=map_size
+        )
         try:
-            return cls(store, durability=durability, threads=threads, **options)
+            return cls(
+                store,
+                durability=durability,
+                threads=threads,
+                blocking_workers=blocking_workers,
+                retry_policy=retry_policy,
+                max_steps=max_steps,
+                inbox_limit=inbox_limit,
+                limits=limits,
+                agent_limits=agent_limits,
+                max_running_turns=max_running_turns,
+                tune_gc=tune_gc,
+            )
         except BaseException:
             store.close()
             raise
