@@ -18,8 +18,15 @@ import msgspec
 from actors.model import ModelRequest
 from storage.events import StreamChunk
 
-from .anthropic_wire import EventMapper, ThinkingMode, decode_event, message_params
+from .anthropic_wire import (
+    EventMapper,
+    ThinkingMode,
+    decode_event,
+    message_params,
+    plain_message_events,
+)
 from .base import HttpProvider
+from .bodies import JsonBody, plain_reply
 from .failures import StreamReportedError
 from .limits import ProviderLimiter
 from .secrets import resolve_api_key
@@ -116,7 +123,9 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
         ``error`` event mid-stream (``overloaded_error`` → ``SERVER``) and a stream that
         ends before ``message_stop`` (``TRANSPORT``). Cancelling closes the response.
         The SDK sends the request and maps HTTP errors; the event stream is decoded by
-        :mod:`.sse` and ``msgspec``.
+        :mod:`.sse` and ``msgspec``. A 200 whose body is one JSON ``message`` (a server
+        ignoring ``stream: true``) is read as the stream of that message; one that is a
+        JSON error fails as that error (see :mod:`.bodies`).
         """
         params = message_params(
             request, default_max_tokens=self._max_tokens, thinking=self._thinking
@@ -125,6 +134,7 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
         frames = self._stream_response(
             lambda client: client.messages.with_streaming_response.create(**params),
             lambda body: self._chunks(body, mapper),
+            lambda body: _plain(body, mapper),
             mapper,
             lambda: None if mapper.stopped else "the stream ended before message_stop",
         )
@@ -150,6 +160,12 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
         for event in decoder.finish():
             for out in _map_event(event, mapper):
                 yield out
+
+
+def _plain(body: JsonBody, mapper: EventMapper) -> list[StreamChunk]:
+    """A non-streamed ``message``, mapped as the events that would have streamed it."""
+    reply = plain_reply(body, lambda value: value.get("type") == "message")
+    return [out for event in plain_message_events(reply) for out in mapper.feed(event)]
 
 
 def _map_event(event: SseEvent, mapper: EventMapper) -> list[StreamChunk]:

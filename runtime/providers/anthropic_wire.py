@@ -49,6 +49,7 @@ __all__ = [
     "anthropic_tools",
     "decode_event",
     "message_params",
+    "plain_message_events",
 ]
 
 ThinkingMode: TypeAlias = Literal["adaptive", "budget"]
@@ -78,6 +79,8 @@ _FINISH: Final[Mapping[str, FinishReason]] = {
     "max_tokens": "max-tokens",
     "model_context_window_exceeded": "max-tokens",
 }
+"""Anthropic stop reasons; any other is ``error`` (the provider fails the request rather
+than take a reply that may be cut short as complete); none at all is ``stop``."""
 
 
 # --------------------------------------------------------------------------- requests
@@ -280,6 +283,30 @@ def decode_event(data: bytes) -> WireEvent:
     return _decoder.decode(data)
 
 
+def plain_message_events(message: Mapping[str, Any]) -> list[WireEvent]:
+    """The stream events of a whole non-streamed ``message`` (a server that ignored
+    ``stream: true``); ``msgspec.ValidationError`` if a field has a wrong type."""
+    events: list[Wire] = [{"type": "message_start", "message": {"usage": message.get("usage")}}]
+    content = message.get("content")
+    for index, block in enumerate(content if isinstance(content, list) else ()):
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        start = {"type": kind, "text": block.get("text"), "thinking": block.get("thinking")}
+        deltas: list[Wire] = []
+        if kind == "tool_use":
+            start.update(id=block.get("id"), name=block.get("name"))
+            deltas.append(
+                {"type": "input_json_delta", "partial_json": json.dumps(block.get("input", {}))}
+            )
+        elif kind == "thinking" and block.get("signature"):
+            deltas.append({"type": "signature_delta", "signature": block["signature"]})
+        events.append({"type": "content_block_start", "index": index, "content_block": start})
+        events += [{"type": "content_block_delta", "index": index, "delta": d} for d in deltas]
+        events.append({"type": "content_block_stop", "index": index})
+    stop = {"stop_reason": message.get("stop_reason")}
+    events += [{"type": "message_delta", "delta": stop}, {"type": "message_stop"}]
+    return [msgspec.convert(event, WireEvent) for event in events]
+
+
 def _count(tokens: int | None, earlier: int) -> int:
     """``tokens`` if the event gave a count, else ``earlier`` (a negative is none)."""
     return tokens if tokens is not None and tokens >= 0 else earlier
@@ -376,11 +403,14 @@ class EventMapper:
             reasoning_tokens=self._thinking,
         )
 
+    @property
+    def vendor_finish(self) -> str | None:
+        return self.stop_reason
+
     def final_reason(self) -> FinishReason:
-        reason = _FINISH.get(self.stop_reason or "", "stop")
-        if reason == "stop" and self.saw_tool_calls and self.stop_reason is None:
-            return "tool-calls"
-        return reason
+        if not self.stop_reason:
+            return "tool-calls" if self.saw_tool_calls else "stop"
+        return _FINISH.get(self.stop_reason, "error")
 
     def finish(self) -> list[StreamChunk]:
         return [UsageChunk(usage=self.usage()), FinishChunk(reason=self.final_reason())]

@@ -21,7 +21,8 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 from actors.model import ModelError
 from storage.events import FinishReason, StreamChunk
 
-from .failures import cause_for, empty_response, request_id_from, to_model_error
+from .bodies import JsonBody, open_body
+from .failures import empty_response, finished_with_error, request_id_from, to_model_error
 from .limits import LimiterStatistics, ProviderLimiter
 from .secrets import Secret
 
@@ -38,6 +39,9 @@ class StreamMapper(Protocol):
 
     @property
     def saw_tool_calls(self) -> bool: ...
+
+    @property
+    def vendor_finish(self) -> str | None: ...
 
     def final_reason(self) -> FinishReason: ...
 
@@ -165,9 +169,16 @@ class HttpProvider(Generic[ClientT]):
     def _secrets(self) -> tuple[Secret, ...]:
         return (self._secret,) if self._secret is not None else ()
 
-    def _error(self, err: BaseException, request_id: str | None = None) -> ModelError:
+    def _error(
+        self, err: BaseException, request_id: str | None = None, *, responded: bool = False
+    ) -> ModelError:
         return to_model_error(
-            err, vendor=self._provider, secrets=self._secrets, request_id=request_id
+            err,
+            vendor=self._provider,
+            secrets=self._secrets,
+            request_id=request_id,
+            timeout=self._timeout,
+            responded=responded,
         )
 
     # ------------------------------------------------------------------ streaming
@@ -176,29 +187,50 @@ class HttpProvider(Generic[ClientT]):
         self,
         open_response: Callable[[ClientT], AbstractAsyncContextManager[Any]],
         decode: Callable[[AsyncIterator[bytes]], AsyncIterator[StreamChunk]],
+        plain: Callable[[JsonBody], list[StreamChunk]],
         mapper: StreamMapper,
         unfinished: Callable[[], str | None],
     ) -> AsyncGenerator[StreamChunk, None]:
         """The request/stream/finish frame both vendors share: take a limiter slot, open
-        the SDK's streaming response, yield what ``decode`` maps from its bytes, turn
-        every failure into a :class:`ModelError` (keeping the request id), refuse a
-        stream that ``unfinished`` says ended early or that produced nothing, then yield
-        the mapper's closing chunks (usage, finish)."""
+        the SDK's streaming response, yield what ``decode`` maps from its bytes (or what
+        ``plain`` maps from a 200 whose body is JSON, see :mod:`.bodies`), turn every
+        failure into a :class:`ModelError` (keeping the request id), refuse a stream that
+        ``unfinished`` says ended early, that ended with a failed or unknown finish
+        reason, or that produced nothing, then yield the mapper's closing chunks (usage,
+        finish)."""
         request_id: str | None = None
+        responded = False  # the response's headers came: a timeout now is a stalled stream
+        failure: ModelError | None = None
         async with self._limiter.slot():
             client = self._sdk_client()
             try:
                 async with open_response(client) as raw:
                     response = raw.http_response
                     request_id = request_id_from(response.headers)
-                    async for out in decode(response.aiter_bytes()):
-                        yield out
+                    responded = True
+                    body = await open_body(
+                        response.headers.get("content-type"), response.aiter_bytes()
+                    )
+                    if isinstance(body, JsonBody):
+                        for out in plain(body):
+                            yield out
+                    else:
+                        async for out in decode(body):
+                            yield out
             except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
-                raise self._error(err, request_id) from cause_for(err, self._secrets)
+                failure = self._error(err, request_id, responded=responded)
+        if failure is not None:
+            # Raised here, not in the ``except``: the SDK's exception (which holds the
+            # request, and so the key) must not ride along as its ``__context__``.
+            raise failure
         problem = unfinished()
         if problem is not None:
             raise self._error(ConnectionError(problem), request_id)
+        if mapper.final_reason() == "error":
+            raise finished_with_error(
+                self._provider, mapper.vendor_finish, request_id, self._secrets
+            )
         if mapper.final_reason() != "max-tokens" and not (mapper.saw_text or mapper.saw_tool_calls):
-            raise empty_response(self._provider, request_id)
+            raise empty_response(self._provider, request_id, self._secrets)
         for out in mapper.finish():
             yield out

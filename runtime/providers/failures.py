@@ -5,19 +5,29 @@ The codes are CONTRACT section 5's:
 ========================  ==========================================================
 ``RATE_LIMIT``            HTTP 429 (``retry_after_s`` from ``retry-after-ms`` /
                           ``retry-after``), or a rate-limit error event mid-stream
+                          (``rate_limit_error``, ``code: 429``)
 ``SERVER``                HTTP 5xx, Anthropic ``overloaded_error`` (529) (both with
                           ``retry_after_s`` as a 429), a server error event mid-stream
+                          (``server_error``, ``code: 502``, "model is overloaded"), a
+                          reply the server ended with ``finish_reason: "error"``
 ``TIMEOUT``               connect/read/pool timeout (a stalled stream), HTTP 408
 ``TRANSPORT``             connection refused, reset or dropped mid-stream
 ``CONTEXT_WINDOW_EXCEEDED``  a 4xx whose code or message says the prompt is too long
 ``AUTH``                  HTTP 401 / 403
 ``INVALID_REQUEST``       any other 4xx
 ``EMPTY_RESPONSE``        a completion with no text and no tool calls
-``UNKNOWN``               anything else (a bug, an unparseable reply)
+``UNKNOWN``               anything else (a bug, an unparseable reply, a finish reason
+                          corral does not know, a 200 that is not an event stream)
 ========================  ==========================================================
 
-Every message is scrubbed of the provider's key (:func:`~.secrets.scrub`); the vendor's
-request id (``x-request-id`` / ``request-id``) is kept in ``request_id``.
+An error body that comes with a 200 (an error event mid-stream, a gateway answering
+``{"error": …}`` as JSON) is classified by its ``type``/``code`` as the same error with
+that HTTP status would be, its ``status`` left empty.
+
+Every text that comes from the server (the message, the request id) is scrubbed of the
+provider's key (:func:`~.secrets.scrub`); the vendor's request id (``x-request-id`` /
+``request-id``) is kept in ``request_id``. A :class:`ModelError` carries no exception
+chain: the SDK's exception holds the request, and so the key.
 """
 
 from __future__ import annotations
@@ -37,10 +47,11 @@ from .secrets import Secret, scrub
 
 __all__ = [
     "REQUEST_ID_HEADERS",
+    "NotAStreamError",
     "StreamReportedError",
-    "cause_for",
     "classify",
     "empty_response",
+    "finished_with_error",
     "request_id_from",
     "retry_after_seconds",
     "to_model_error",
@@ -48,6 +59,8 @@ __all__ = [
 
 REQUEST_ID_HEADERS: Final = ("x-request-id", "request-id")
 _MAX_MESSAGE: Final = 600
+_MAX_REQUEST_ID: Final = 200
+_MAX_BODY_START: Final = 200  # of a 200 body that is not a stream, quoted in its failure
 
 _CONTEXT_CODES: Final = frozenset({"context_length_exceeded", "context_window_exceeded"})
 _CONTEXT_TEXT: Final = re.compile(
@@ -73,14 +86,36 @@ _TYPE_CODES: Final[Mapping[str, FailureCode]] = {
     "not_found_error": "INVALID_REQUEST",
     "request_too_large": "INVALID_REQUEST",
 }
+# A mid-stream error with neither a known type nor an HTTP-style code, only a text
+# (Ollama's ``{"error": "model is overloaded, please retry"}``): classified by its words.
+_RATE_LIMIT_TEXT: Final = re.compile(r"rate[ _-]?limit|too many requests", re.IGNORECASE)
+_SERVER_TEXT: Final = re.compile(
+    r"overloaded|server error|internal error|temporarily unavailable|service unavailable"
+    r"|please retry|try again later",
+    re.IGNORECASE,
+)
+# Finish reasons that say the server gave up mid-reply: OpenRouter/Mistral ``error``,
+# vLLM ``abort``, DeepSeek ``insufficient_system_resource``.
+FAILED_FINISHES: Final = frozenset({"error", "abort", "insufficient_system_resource"})
 
 
 class StreamReportedError(Exception):
-    """An error event inside a 200 stream; ``body`` is the event's JSON payload."""
+    """An error inside a 200 answer; ``body`` is its JSON payload: an error event
+    mid-stream, or (``what`` says so) a whole body that is an error."""
 
-    def __init__(self, body: object) -> None:
-        super().__init__("the stream reported an error")
+    def __init__(self, body: object, what: str = "stream reported an error") -> None:
+        super().__init__(what)
         self.body = body
+
+
+class NotAStreamError(Exception):
+    """A 200 answer to a streaming request whose body is not an event stream (an HTML
+    login page, a JSON body that is neither an error nor a reply)."""
+
+    def __init__(self, content_type: str, start: str) -> None:
+        super().__init__("the server answered 200 with a body that is not an event stream")
+        self.content_type = content_type
+        self.body = start  # the start of the body, for the failure's message
 
 
 class _Kinds:
@@ -154,6 +189,8 @@ def _finite(raw: str) -> float | None:
 
 
 def request_id_from(headers: Mapping[str, str] | None) -> str | None:
+    """The vendor's request id, as the server sent it: :func:`clean_request_id` it before
+    it goes into a failure."""
     if not headers:
         return None
     for name in REQUEST_ID_HEADERS:
@@ -161,6 +198,18 @@ def request_id_from(headers: Mapping[str, str] | None) -> str | None:
         if value:
             return value
     return None
+
+
+def clean_request_id(request_id: object, secrets: Iterable[Secret | str | None] = ()) -> str | None:
+    """A request id fit for the durable log: a string, scrubbed of the key (a server may
+    echo it), at most 200 characters."""
+    if not isinstance(request_id, str) or not request_id:
+        return None
+    return _bounded(scrub(request_id, secrets), _MAX_REQUEST_ID)
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _error_fields(body: object) -> tuple[str | None, str | None, str | None]:
@@ -208,11 +257,20 @@ def _code_for_status(status: int, type_: str | None, code: str | None, text: str
 
 
 def _code_for_type(type_: str | None, code: str | None, text: str) -> FailureCode:
+    """The code of an error body that came without an HTTP error status (mid-stream, or
+    with a 200): by its type or code name, an HTTP-style numeric code (OpenRouter's
+    ``{"code": 429}``), else by its words."""
     if _is_context_error(code, type_, text):
         return "CONTEXT_WINDOW_EXCEEDED"
     for key in (type_, code):
         if key is not None and key in _TYPE_CODES:
             return _TYPE_CODES[key]
+    if code is not None and code.isdecimal() and len(code) == 3 and code[0] in "45":
+        return _code_for_status(int(code), type_, None, text)
+    if _RATE_LIMIT_TEXT.search(text):
+        return "RATE_LIMIT"
+    if _SERVER_TEXT.search(text):
+        return "SERVER"
     return "UNKNOWN"
 
 
@@ -230,22 +288,51 @@ def _describe_cause(err: BaseException) -> str:
     return f"{err} ({type(cause).__name__}: {detail})"
 
 
+# What each timeout of ``httpx2`` (or the SDK's ``APITimeoutError`` around it) means.
+_TIMEOUT_KINDS: Final[Mapping[str, str]] = {
+    "ConnectTimeout": "could not connect to the server within {connect}",
+    "ReadTimeout": "no data from the server for {read}",
+    "WriteTimeout": "could not send the request within {read}",
+    "PoolTimeout": "no free connection within {read}",
+}
+
+
+def _describe_timeout(err: BaseException, timeout: float | None, streaming: bool) -> str:
+    """What timed out, and after how long (``timeout`` is the provider's; connecting is
+    bounded by at most 10 s of it, see :func:`.transport.http_client`)."""
+    chain: BaseException | None = err
+    kind: str | None = None
+    while chain is not None and kind is None:
+        kind = type(chain).__name__ if type(chain).__name__ in _TIMEOUT_KINDS else None
+        chain = chain.__cause__ or chain.__context__
+    read = f"{timeout:g} s" if timeout is not None else "the provider's timeout"
+    connect = f"{min(timeout, 10.0):g} s" if timeout is not None else "the connect timeout"
+    if kind is None:
+        return f"no reply within {read}"
+    text = _TIMEOUT_KINDS[kind].format(connect=connect, read=read)
+    if kind == "ReadTimeout":
+        text += " (the stream stalled)" if streaming else " (no response to the request)"
+    return text
+
+
 def classify(
     err: BaseException,
     *,
     vendor: str,
     secrets: Iterable[Secret | str | None] = (),
     request_id: str | None = None,
+    timeout: float | None = None,
+    responded: bool = False,
 ) -> LlmFailure:
     """The :class:`LlmFailure` for ``err``, raised by an SDK call or its stream.
 
     ``request_id`` is the id of the response already streaming, used when ``err`` has
-    none of its own (a failure mid-stream).
+    none of its own (a failure mid-stream); ``timeout`` the provider's and ``responded``
+    (the response had begun), for the message of a timeout.
     """
     kinds = _kinds()
     headers = _headers_of(err)
     rid = request_id_from(headers) or getattr(err, "request_id", None) or request_id
-    rid = rid if isinstance(rid, str) else None
     body = getattr(err, "body", None)
     type_, code, api_message = _error_fields(body)
     status = getattr(err, "status_code", None)
@@ -258,10 +345,24 @@ def classify(
         text = f"{vendor} sent a reply that does not parse: {err}"
     elif isinstance(err, kinds.timeouts):
         failure_code, status = "TIMEOUT", None
-        text = f"{vendor} request timed out: {_describe_cause(err)}"
+        detail = _describe_timeout(err, timeout, streaming=responded)
+        text = f"{vendor} request timed out: {detail}"
     elif isinstance(err, kinds.transports):
         failure_code, status = "TRANSPORT", None
         text = f"{vendor} connection failed: {_describe_cause(err)}"
+    elif isinstance(err, NotAStreamError):
+        failure_code, status = "UNKNOWN", None
+        kind = err.content_type
+        hint = (
+            "a JSON body that is neither an error nor a reply of this API"
+            if kind == "application/json" or kind.endswith("+json")
+            else "not an event stream (a proxy or a login page?)"
+        )
+        start = _bounded(scrub(err.body, secrets), _MAX_BODY_START)
+        text = (
+            f"{vendor} answered 200 with content-type {kind or '(none)'!r}, {hint}; "
+            f"check base_url. The body starts: {start!r}"
+        )
     elif status is not None and status >= 300:
         detail = api_message or str(err)
         failure_code = _code_for_status(status, type_, code, detail)
@@ -270,23 +371,21 @@ def classify(
             retry_after = retry_after_seconds(headers)
     elif body is not None or status is not None:
         # An error event inside a 200 stream (OpenAI ``{"error": …}`` chunk, Anthropic
-        # ``event: error``): no HTTP status of its own.
+        # ``event: error``), or a 200 whose whole body is an error: no HTTP status.
         detail = api_message or str(err)
         failure_code, status = _code_for_type(type_, code, detail), None
-        text = f"{vendor} stream reported an error ({type_ or code or 'unknown'}): {detail}"
+        what = err if isinstance(err, StreamReportedError) else "stream reported an error"
+        text = f"{vendor} {what} ({type_ or code or 'unknown'}): {detail}"
     else:
         failure_code, status = "UNKNOWN", None
         text = f"{vendor} request failed: {type(err).__name__}: {err}"
 
-    message = scrub(text, secrets)
-    if len(message) > _MAX_MESSAGE:
-        message = message[: _MAX_MESSAGE - 3] + "..."
     return LlmFailure(
-        message=message,
+        message=_bounded(scrub(text, secrets), _MAX_MESSAGE),
         code=failure_code,
         status=status,
         retry_after_s=retry_after,
-        request_id=rid,
+        request_id=clean_request_id(rid, secrets),
     )
 
 
@@ -296,32 +395,54 @@ def to_model_error(
     vendor: str,
     secrets: Iterable[Secret | str | None] = (),
     request_id: str | None = None,
+    timeout: float | None = None,
+    responded: bool = False,
 ) -> ModelError:
-    """A :class:`ModelError` for ``err``; raise it ``from cause_for(err, secrets)``."""
-    return ModelError(classify(err, vendor=vendor, secrets=secrets, request_id=request_id))
+    """A :class:`ModelError` for ``err``, to raise outside the ``except`` that caught
+    ``err`` (so the SDK's exception, which holds the request and its key, is not kept as
+    its ``__context__``)."""
+    failure = classify(
+        err,
+        vendor=vendor,
+        secrets=secrets,
+        request_id=request_id,
+        timeout=timeout,
+        responded=responded,
+    )
+    return ModelError(failure)
 
 
-def empty_response(vendor: str, request_id: str | None) -> ModelError:
+def empty_response(
+    vendor: str, request_id: str | None, secrets: Iterable[Secret | str | None] = ()
+) -> ModelError:
     return ModelError(
         LlmFailure(
             message=f"{vendor} finished without text or tool calls",
             code="EMPTY_RESPONSE",
-            request_id=request_id,
+            request_id=clean_request_id(request_id, secrets),
         )
     )
 
 
-def cause_for(err: BaseException, secrets: Iterable[Secret | str | None]) -> BaseException | None:
-    """``err`` itself, unless its text (or its cause's) holds a secret: then ``None``.
-
-    Used as ``raise to_model_error(err, …) from cause_for(err, …)`` so a traceback never
-    prints a key that a server echoed back.
-    """
-    secrets = tuple(secrets)
-    chain: BaseException | None = err
-    while chain is not None:
-        text = f"{chain!s} {getattr(chain, 'body', '')!s}"
-        if scrub(text, secrets) != text:
-            return None
-        chain = chain.__cause__ or chain.__context__
-    return err
+def finished_with_error(
+    vendor: str,
+    reason: str | None,
+    request_id: str | None,
+    secrets: Iterable[Secret | str | None] = (),
+) -> ModelError:
+    """The failure of a stream that ended with a finish reason saying the server failed
+    (``error``, ``abort``, ...: ``SERVER``) or with one corral does not know (``UNKNOWN``:
+    the reply may be cut short, so it is not taken as complete)."""
+    shown = _bounded(scrub(repr(reason), secrets), 100)
+    if reason in FAILED_FINISHES:
+        code: FailureCode = "SERVER"
+        text = f"{vendor} ended the reply with finish reason {shown}: the server failed mid-reply"
+    else:
+        code = "UNKNOWN"
+        text = (
+            f"{vendor} ended the reply with finish reason {shown}, which corral does not "
+            f"know: the reply is not taken as complete"
+        )
+    return ModelError(
+        LlmFailure(message=text, code=code, request_id=clean_request_id(request_id, secrets))
+    )

@@ -18,13 +18,16 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
+import msgspec
+
 from actors.model import ModelRequest
 from storage.events import StreamChunk
 
 from .base import HttpProvider
+from .bodies import JsonBody, plain_reply
 from .failures import StreamReportedError
 from .limits import ProviderLimiter
-from .openai_wire import ChunkMapper, MaxTokensField, chat_params, decode_chunk
+from .openai_wire import ChunkMapper, MaxTokensField, WireChunk, chat_params, decode_chunk
 from .secrets import resolve_api_key
 from .sse import SseDecoder, SseEvent, drain
 
@@ -140,6 +143,9 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
         iterating this closes the HTTP response (and so its connection) before the
         ``CancelledError`` leaves. The SDK sends the request and maps HTTP errors; the
         event stream itself is decoded by :mod:`.sse` and ``msgspec`` (see there why).
+        A server that ignores ``stream: true`` and answers one JSON ``chat.completion``
+        is read as a stream of that one reply; a 200 whose body is a JSON error fails as
+        that error (see :mod:`.bodies`).
         """
         params = chat_params(
             request,
@@ -151,6 +157,7 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
         frames = self._stream_response(
             lambda client: client.chat.completions.with_streaming_response.create(**params),
             lambda body: self._chunks(body, mapper),
+            lambda body: _plain(body, mapper),
             mapper,
             lambda: (
                 None
@@ -181,6 +188,12 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
             if event.data != b"[DONE]":
                 for out in _map_event(event, mapper):
                     yield out
+
+
+def _plain(body: JsonBody, mapper: ChunkMapper) -> list[StreamChunk]:
+    """A non-streamed ``chat.completion``, mapped as one chunk of a stream."""
+    reply = plain_reply(body, lambda value: isinstance(value.get("choices"), list))
+    return mapper.feed(msgspec.convert(reply, WireChunk))
 
 
 def _map_event(event: SseEvent, mapper: ChunkMapper) -> list[StreamChunk]:

@@ -9,7 +9,10 @@ fields ignored) and :class:`ChunkMapper` maps those to corral's
 Compatible servers differ in small ways, handled here: DeepSeek/vLLM stream reasoning as
 ``delta.reasoning_content`` and OpenRouter/Ollama as ``delta.reasoning``; some servers
 report ``finish_reason: "stop"`` after tool calls; DeepSeek reports cache hits as
-``usage.prompt_cache_hit_tokens``.
+``usage.prompt_cache_hit_tokens``. A finish reason saying the server failed mid-reply
+(OpenRouter's ``error``, vLLM's ``abort``, ...) or one not known here maps to ``error``:
+the provider fails the request instead of taking a reply that may be cut short as
+complete (:func:`~.failures.finished_with_error`).
 """
 
 from __future__ import annotations
@@ -57,11 +60,16 @@ _FINISH: Final[Mapping[str, FinishReason]] = {
     "stop": "stop",
     "end_turn": "stop",
     "content_filter": "stop",
+    "eos": "stop",  # text-generation-inference, older vLLM
+    "eos_token": "stop",
+    "stop_sequence": "stop",
     "tool_calls": "tool-calls",
     "function_call": "tool-calls",
     "length": "max-tokens",
     "max_tokens": "max-tokens",
+    "model_length": "max-tokens",  # Mistral: the model's context is full
 }
+"""Vendor finish reasons; any other (``error``, ``abort``, an unknown one) is ``error``."""
 ERROR_PREFIX: Final = "Error: "
 
 
@@ -281,6 +289,7 @@ class _Delta(msgspec.Struct):
 class _Choice(msgspec.Struct):
     index: int | None = 0
     delta: _Delta | None = None
+    message: _Delta | None = None  # a non-streamed ``chat.completion``'s whole reply
     finish_reason: str | None = None
 
 
@@ -302,7 +311,8 @@ class _Usage(msgspec.Struct):
 
 
 class WireChunk(msgspec.Struct):
-    """One ``chat.completion.chunk`` (or an ``{"error": …}`` event)."""
+    """One ``chat.completion.chunk`` (or an ``{"error": …}`` event), or a whole
+    non-streamed ``chat.completion`` (its choices carry ``message`` for ``delta``)."""
 
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
@@ -359,7 +369,7 @@ class ChunkMapper:
         for choice in chunk.choices or ():
             if choice.index:  # n > 1: only the first choice is the reply
                 continue
-            delta = choice.delta
+            delta = choice.delta if choice.delta is not None else choice.message
             if delta is not None:
                 reasoning = delta.reasoning_content or delta.reasoning
                 if reasoning:
@@ -380,7 +390,7 @@ class ChunkMapper:
                     )
             if choice.finish_reason:
                 self.vendor_finish = choice.finish_reason
-                self.finish_reason = _FINISH.get(choice.finish_reason, "stop")
+                self.finish_reason = _FINISH.get(choice.finish_reason, "error")
         return out
 
     @property

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime import RetryPolicy, Runtime, UsageLimits
+from runtime import Retry, RetryPolicy, Runtime, UsageLimits
 from runtime.providers import HttpProvider, OpenAICompatModel
 from storage import check_invariants
 from storage.events import (
@@ -23,7 +23,7 @@ from storage.events import (
 )
 
 from .support import KEY
-from .test_failures import VENDORS, Vendor
+from .test_failures import OPENAI, VENDORS, Vendor
 from .wire_formats import (
     anthropic_frames,
     anthropic_reply,
@@ -292,3 +292,30 @@ def test_negative_token_counts_do_not_lower_the_usage_meter_under_a_token_limit(
         usages = [m.usage for m in facts(agent, "assistant/message")]
     assert [e.reason.kind for e in ends] == ["completed"] * 3 + ["limit"]  # 60 + ~0 + 60
     assert all(min(u.input_tokens, u.output_tokens) >= 0 for u in usages)
+
+
+def test_a_reply_the_server_ended_with_finish_reason_error_is_retried_not_taken_as_complete(
+    tmp_path: Path, wire: WireServer
+) -> None:
+    # OpenRouter ends a reply its upstream failed with ``finish_reason: "error"``.
+    truncated = Sse(openai_frames(openai_text_reply("partial ", finish="error")))
+    wire.script(truncated, Sse(openai_frames(openai_text_reply("whole reply"))))
+    model = OPENAI.model(wire.url)
+    offered: list[BaseException] = []
+
+    def retry(event: Any, next_: Any) -> Any:
+        offered.append(event.error)
+        return Retry()
+
+    with runtime_with(tmp_path, model, retry_policy=None) as rt:
+        rt.on("agent/request-error", retry)
+        agent = rt.spawn(model=model)
+        agent.followup("hi")
+        assert agent.wait_idle(timeout=20)
+        ends = facts(agent, "turn/end")
+        replies = [m.message for m in facts(agent, "assistant/message") if not m.interrupted]
+    assert [e.reason.kind for e in ends] == ["error", "completed"]
+    assert ends[0].reason.error.code == "SERVER"
+    assert replies == [AssistantMessage(content=[TextBlock(text="whole reply")])]
+    # The error offered to listeners carries no SDK exception (it holds the key).
+    assert [(e.__cause__, e.__context__) for e in offered] == [(None, None)]

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.providers import AnthropicModel, OpenAICompatModel, classify, retry_after_seconds
 from runtime.providers.base import HttpProvider
-from storage.events import LlmFailure
+from storage.events import FinishChunk, LlmFailure
 
 from .support import ANTHROPIC_KEY, KEY, collect, failure_of, request, run
 from .wire_formats import (
@@ -272,3 +272,79 @@ def test_retry_after_ignores_garbage_and_never_goes_negative() -> None:
 )
 def test_plain_exceptions_are_classified_too(error: BaseException, code: str) -> None:
     assert classify(error, vendor="x").code == code
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        ({"message": "Rate limit exceeded", "code": 429}, "RATE_LIMIT"),
+        ({"message": "Provider returned error", "code": 502}, "SERVER"),
+        ({"message": "Gateway timeout", "code": "504"}, "SERVER"),
+        ({"message": "Invalid model", "code": 400}, "INVALID_REQUEST"),
+        ("model is overloaded, please retry", "SERVER"),
+        ("rate limit reached for this model", "RATE_LIMIT"),
+        ("something odd happened", "UNKNOWN"),
+    ],
+    ids=["code 429", "code 502", "code '504'", "code 400", "overloaded text", "rate text", "odd"],
+)
+def test_an_openai_error_event_mid_stream_with_an_http_style_code_or_only_a_text_is_classified(
+    wire: WireServer, error: object, code: str
+) -> None:
+    chunks = [openai_chunk({"content": "partial "}), {"error": error}]
+    failure = fail(wire, OPENAI, Sse(openai_frames(chunks, done=False)))
+    assert (failure.code, failure.status) == (code, None)
+
+
+@pytest.mark.parametrize("reason", ["error", "abort", "insufficient_system_resource"])
+def test_an_openai_finish_reason_saying_the_server_failed_is_a_server_failure_not_a_reply(
+    wire: WireServer, reason: str
+) -> None:
+    frames = openai_frames(openai_text_reply("truncated", finish=reason))
+    failure = fail(wire, OPENAI, Sse(frames, headers={"x-request-id": "req_fin"}))
+    assert (failure.code, failure.request_id) == ("SERVER", "req_fin")
+    assert repr(reason) in failure.message
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_finish_reason_corral_does_not_know_fails_the_request_instead_of_reading_as_stop(
+    wire: WireServer, vendor: Vendor
+) -> None:
+    if vendor is OPENAI:
+        frames = openai_frames(openai_text_reply("maybe cut", finish="brand_new_reason"))
+    else:
+        events = anthropic_reply([{"text": ["maybe cut"]}], stop_reason="brand_new_reason")
+        frames = anthropic_frames(events)
+    failure = fail(wire, vendor, Sse(frames))
+    assert failure.code == "UNKNOWN"
+    assert "'brand_new_reason'" in failure.message
+
+
+@pytest.mark.parametrize(("reason", "finish"), [("eos", "stop"), ("model_length", "max-tokens")])
+def test_finish_reasons_of_other_compatible_servers_are_known(
+    wire: WireServer, reason: str, finish: str
+) -> None:
+    wire.script(Sse(openai_frames(openai_text_reply("done", finish=reason))))
+
+    async def body() -> list[Any]:
+        async with OPENAI.model(wire.url) as model:
+            return await collect(model, request())
+
+    assert run(body)[-1] == FinishChunk(reason=finish)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_stalled_stream_says_it_stalled_and_after_how_long(
+    wire: WireServer, vendor: Vendor
+) -> None:
+    failure = fail(wire, vendor, Sse(vendor.frames()[:2], then="stall"), timeout=0.3)
+    assert failure.code == "TIMEOUT"
+    assert "no data from the server for 0.3 s (the stream stalled)" in failure.message
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_server_that_never_answers_is_a_timeout_that_says_so(
+    wire: WireServer, vendor: Vendor
+) -> None:
+    failure = fail(wire, vendor, Stall(), timeout=0.3)
+    assert failure.code == "TIMEOUT"
+    assert "no data from the server for 0.3 s (no response to the request)" in failure.message

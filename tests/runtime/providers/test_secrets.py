@@ -20,7 +20,7 @@ from runtime.providers.secrets import resolve_api_key
 from .support import ANTHROPIC_KEY, KEY, collect, request, run
 from .test_failures import VENDORS, Vendor
 from .wire_formats import anthropic_frames, anthropic_reply, openai_frames, openai_text_reply
-from .wire_server import JsonReply, Sse, WireServer
+from .wire_server import JsonReply, Reply, Sse, WireServer
 
 
 def test_a_secret_never_shows_its_value() -> None:
@@ -152,3 +152,56 @@ def test_an_explicit_key_wins_over_the_environment() -> None:
         environ=env,
     )
     assert secret == Secret("explicit")
+
+
+def _echoing_reply(kind: str, key: str, id_header: str, vendor: Vendor) -> Reply:
+    headers = {id_header: f"req_{key}"}
+    if kind == "http error":
+        body = {"type": "error", "error": {"type": "authentication_error", "message": "no"}}
+        return JsonReply(401, body, headers)
+    if kind == "dropped stream":
+        return Sse(vendor.frames()[:3], then="drop", headers=headers)
+    if vendor.name == "openai":  # an empty reply
+        return Sse(openai_frames(openai_text_reply()), headers=headers)
+    return Sse(anthropic_frames(anthropic_reply([])), headers=headers)
+
+
+@pytest.mark.parametrize("kind", ["http error", "dropped stream", "empty reply"])
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_key_echoed_in_the_request_id_is_scrubbed_from_the_failure(
+    wire: WireServer, vendor: Vendor, kind: str
+) -> None:
+    key = (KEY if vendor.name == "openai" else ANTHROPIC_KEY).replace("sk-", "")
+    wire.script(_echoing_reply(kind, key, vendor.id_header, vendor))
+
+    async def body() -> ModelError:
+        async with vendor.model(wire.url, api_key=key) as model:
+            try:
+                await collect(model, request())
+            except ModelError as err:
+                return err
+        raise AssertionError("no error")
+
+    err = run(body)
+    assert err.failure.request_id == "req_***"
+    assert key not in repr(err.failure)
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_model_error_keeps_no_sdk_exception_that_holds_the_request_and_its_key(
+    wire: WireServer, vendor: Vendor
+) -> None:
+    body = {"type": "error", "error": {"type": "api_error", "message": "try later"}}
+    wire.script(JsonReply(500, body))
+
+    async def body_() -> ModelError:
+        async with vendor.model(wire.url) as model:
+            try:
+                await collect(model, request())
+            except ModelError as err:
+                return err
+        raise AssertionError("no error")
+
+    err = run(body_)
+    assert err.failure.code == "SERVER"
+    assert (err.__cause__, err.__context__) == (None, None)

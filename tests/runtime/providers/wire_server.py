@@ -9,7 +9,8 @@ and with two events: ``finished`` (the reply was written completely) and ``disco
 timeouts; nothing here sleeps.
 
 Replies: :class:`Sse` (a 200 stream that ends, drops, or stalls until the client leaves),
-:class:`JsonReply` (a status with a JSON body), :class:`Stall` (never answers) and
+:class:`JsonReply` (a status with a JSON body), :class:`RawReply` (a status with any
+body and content type), :class:`Stall` (never answers) and
 :class:`Hangup` (closes the connection without answering). Frame builders for each
 vendor's format live in :mod:`tests.runtime.providers.wire_formats`.
 """
@@ -24,7 +25,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Hangup", "JsonReply", "Recorded", "Reply", "Sse", "Stall", "WireServer"]
+__all__ = [
+    "Hangup",
+    "JsonReply",
+    "RawReply",
+    "Recorded",
+    "Reply",
+    "Sse",
+    "Stall",
+    "WireServer",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,16 @@ class JsonReply:
 
 
 @dataclass(frozen=True)
+class RawReply:
+    """``body`` as it is, with ``content_type`` (none when empty) and a content length."""
+
+    body: bytes
+    content_type: str = ""
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Stall:
     """Read the request, answer nothing, wait for the client to give up."""
 
@@ -62,7 +82,7 @@ class Hangup:
     """Read the request and close the connection without a response."""
 
 
-Reply = Sse | JsonReply | Stall | Hangup
+Reply = Sse | JsonReply | RawReply | Stall | Hangup
 ReplySource = Reply | Callable[["Recorded"], Reply]
 
 _REASONS = {
@@ -274,9 +294,13 @@ class WireServer:
             return False
         if isinstance(reply, Stall):
             return await self._wait_for_client_close(reader, rec)
-        if isinstance(reply, JsonReply):
-            data = json.dumps(reply.body).encode()
-            extra = [("content-type", "application/json"), ("content-length", str(len(data)))]
+        if isinstance(reply, JsonReply | RawReply):
+            if isinstance(reply, JsonReply):
+                data, kind = json.dumps(reply.body).encode(), "application/json"
+            else:
+                data, kind = reply.body, reply.content_type
+            extra = [("content-type", kind)] if kind else []
+            extra.append(("content-length", str(len(data))))
             writer.write(self._head(reply.status, reply.headers, extra) + data)
             await writer.drain()
             rec.finished.set()
