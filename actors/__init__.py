@@ -5,7 +5,10 @@ from actors._dispatcher import (
     DeadLetters,
     Dispatcher,
     DispatcherStatistics,
+    in_io_loop_thread,
     in_nonblocking_thread,
+    in_runtime_thread,
+    working_for,
 )
 from actors._ioside import (
     BlockingWork,
@@ -93,6 +96,9 @@ __all__: list[str] = [
     "TimerHandle",
     "Work",
     "blocking",
+    "in_io_loop_thread",
     "in_nonblocking_thread",
+    "in_runtime_thread",
     "watch",
+    "working_for",
 ]

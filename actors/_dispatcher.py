@@ -15,9 +15,11 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from itertools import count
-from typing import ClassVar, Protocol
+from typing import ClassVar, ParamSpec, Protocol, TypeVar
 
 from actors.errors import DispatcherShutdownError
 
@@ -29,8 +31,14 @@ __all__ = [
     "Dispatcher",
     "DispatcherStatistics",
     "Schedulable",
+    "in_io_loop_thread",
     "in_nonblocking_thread",
+    "in_runtime_thread",
+    "mark_thread_blocking_pool",
+    "mark_thread_io_loop",
     "mark_thread_nonblocking",
+    "work_for",
+    "working_for",
 ]
 
 logger = logging.getLogger("corral.actors")
@@ -49,6 +57,60 @@ def mark_thread_nonblocking() -> None:
 def in_nonblocking_thread() -> bool:
     """True on a dispatcher worker, the I/O loop thread or the scheduler thread."""
     return getattr(_thread_role, "nonblocking", False)
+
+
+def mark_thread_io_loop() -> None:
+    """Mark the calling thread as an I/O side's event loop thread (nonblocking too)."""
+    _thread_role.nonblocking = True
+    _thread_role.io_loop = True
+
+
+def in_io_loop_thread() -> bool:
+    """True on an I/O side's event loop thread: async listeners, async tool bodies and
+    model streams run there, so a blocking wait there stalls every agent of its runtime."""
+    return getattr(_thread_role, "io_loop", False)
+
+
+def mark_thread_blocking_pool() -> None:
+    """Mark the calling thread as a thread of an I/O side's blocking pool (sync tool
+    bodies, sync listeners run off the dispatcher). It may block, but the runtime waits
+    for it when it closes."""
+    _thread_role.pool = True
+
+
+def in_runtime_thread() -> bool:
+    """True on any thread a runtime owns: a dispatcher worker, the scheduler, the I/O
+    loop or a thread of its blocking pool."""
+    role = _thread_role
+    return getattr(role, "nonblocking", False) or getattr(role, "pool", False)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# The agent (its inbox, as a token) an effect runs for. The agent actor starts its tool
+# executions and deferred listener chains inside ``work_for``; the I/O loop's tasks
+# copy the context they were started in, and the blocking pool runs each callable in a
+# copy of its submitter's context (as ``asyncio.to_thread`` does), so the token follows
+# the work wherever it runs: a sync tool body, a tools/execute listener, a sync listener
+# of a deferred chain, a thread an async body started with ``asyncio.to_thread``.
+_working_for: ContextVar[object | None] = ContextVar("corral_working_for", default=None)
+
+
+def work_for(owner: object, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)`` with :func:`working_for` answering ``owner`` in what it
+    starts (tasks, pool work)."""
+    token = _working_for.set(owner)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _working_for.reset(token)
+
+
+def working_for() -> object | None:
+    """The owner token of the agent whose effect the caller runs (see :func:`work_for`),
+    or None."""
+    return _working_for.get()
 
 
 class Schedulable(Protocol):

@@ -8,17 +8,19 @@ result back as a message (:meth:`IoSide.start_for`) or through a callback
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from itertools import count
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from pykka import ActorDeadError, ActorRef
 
-from actors._dispatcher import DeadLetters, mark_thread_nonblocking
+from actors._dispatcher import DeadLetters, mark_thread_blocking_pool, mark_thread_io_loop
 from actors.errors import IoSideClosedError, MailboxFullError
 
 from ._deadline import deadline, extended, remaining
@@ -173,10 +175,13 @@ class EffectHandle(Generic[T]):
 
 class _BlockingPool(ThreadPoolExecutor):
     """A thread pool that knows how many callables it holds (queued or running), so
-    that closing can wait for them with a timeout (``shutdown`` has none)."""
+    that closing can wait for them with a timeout (``shutdown`` has none). Each callable
+    runs in a copy of its submitter's context (as ``asyncio.to_thread`` does), so that
+    ``actors._dispatcher.working_for`` follows an agent's work into the pool; its threads
+    are marked as the runtime's (``in_runtime_thread``)."""
 
     def __init__(self, workers: int, prefix: str) -> None:
-        super().__init__(workers, thread_name_prefix=prefix)
+        super().__init__(workers, thread_name_prefix=prefix, initializer=mark_thread_blocking_pool)
         self._idle = threading.Condition()
         self._held = 0  # Invariant: submitted callables whose future is not done yet
         # Invariant: leases abandoned and not ended; _max_workers is raised by as many.
@@ -186,7 +191,8 @@ class _BlockingPool(ThreadPoolExecutor):
         with self._idle:
             self._held += 1
         try:
-            future = super().submit(fn, *args, **kwargs)
+            run_in = contextvars.copy_context().run
+            future = super().submit(partial(run_in, fn, *args, **kwargs))
         except BaseException:
             self._release(None)
             raise
@@ -468,7 +474,7 @@ class IoSide:
     # -- internals -------------------------------------------------------------------
 
     def _run_loop(self, ready: threading.Event) -> None:
-        mark_thread_nonblocking()
+        mark_thread_io_loop()
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(ready.set)
         try:

@@ -21,6 +21,7 @@ from pykka._envelope import Envelope
 
 from storage.events import CancelCause, DisposedCause, InboxLane, MessageId, UserMessage
 
+from ._dispatcher import work_for
 from ._ioside import IoSide, Outcome
 from ._mailbox import Mailbox, MailboxOwner
 from ._pooled import PooledActor
@@ -532,8 +533,14 @@ class AgentActor(PooledActor):
 
     def _start_tool(self, effect: StartTool) -> Any:
         post = self._post
-        handle = start_tool(
-            effect.plan, self.io, self.bus, self.session.id, lambda h: post(_ToolDone(h))
+        handle = work_for(  # the body and its tools/execute listeners run for this agent
+            self.inbox,
+            start_tool,
+            effect.plan,
+            self.io,
+            self.bus,
+            self.session.id,
+            lambda h: post(_ToolDone(h)),
         )
         return handle, None
 
@@ -550,7 +557,7 @@ class AgentActor(PooledActor):
         def on_done(outcome: Outcome[Any]) -> None:
             post(_Resume(token=token, value=outcome.value, error=outcome.error))
 
-        work = self.io.start(effect.work, on_done=on_done)
+        work = work_for(self.inbox, self.io.start, effect.work, on_done=on_done)
         self._cancel_waiting = work.cancel
         return pending
 

@@ -17,7 +17,7 @@ import msgspec
 from pykka import ActorDeadError, ActorRef, Future, Timeout
 from pykka._envelope import Envelope
 
-from actors import Mailbox
+from actors import Mailbox, in_io_loop_thread, working_for
 from actors.agent import AwaitIdle, Barrier, Cancel, Edit, Insert, Kill, apply_edit
 from actors.errors import (
     AgentDisposedError,
@@ -535,17 +535,27 @@ class Agent:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every send before this call was handled and the agent is idle.
 
-        Returns False on timeout. From one of this agent's own listeners (which run on
-        the agent's actor) it would wait for itself: that raises ``AgentStateError``.
-        On the main thread a Ctrl-C ends the wait at once (see :mod:`runtime.waiting`)."""
+        Returns False on timeout. From code this agent runs (one of its own listeners,
+        on its actor; its tool bodies and ``tools/execute`` listeners) it would wait for
+        itself, and on the runtime's I/O loop (any async listener or tool body) it would
+        block every agent: both raise ``AgentStateError``. On the main thread a Ctrl-C
+        ends the wait at once (see :mod:`runtime.waiting`)."""
         if timeout is not None and (type(timeout) not in (int, float) or math.isnan(timeout)):
             raise TypeError(f"timeout is a number of seconds or None, got {timeout!r}")
         if self._passive:
             return True
-        if self._on_own_thread():
+        if self._on_own_thread() or self._runs_own_effect():
             raise AgentStateError(
-                f"wait_idle() was called from a listener of agent {self.id}, on its own "
-                "actor: it would wait for itself; react to agent/settled or agent/status"
+                f"wait_idle() of agent {self.id} was called from code the agent runs (one "
+                "of its listeners or tool bodies): it would wait for itself; react to "
+                "agent/settled or agent/status"
+            )
+        if in_io_loop_thread():
+            raise AgentStateError(
+                f"wait_idle() of agent {self.id} was called on the runtime's I/O loop (from "
+                "an async listener or tool body): it would block every model stream and "
+                "async listener of the runtime; react to agent/settled, or wait in a thread "
+                "(await asyncio.to_thread(agent.wait_idle, timeout))"
             )
         done = threading.Event()
         try:
@@ -558,10 +568,13 @@ class Agent:
         """Cancel (``disposed``), wait for idle, stop, emit ``agent/disposed``. Idempotent:
         every call shares one disposal; returns whether it finished within ``timeout``.
 
-        From one of this agent's own listeners it starts the disposal and returns False
-        at once: the disposal needs the actor that is running the listener."""
+        From code this agent runs (one of its own listeners, one of its tool bodies or
+        ``tools/execute`` listeners) it starts the disposal and returns False at once:
+        the disposal waits for that code to end. So it does on the runtime's I/O loop (an
+        async listener or tool body of any agent): the disposal may need the loop.
+        Listen to ``agent/disposed`` to learn when it is done."""
         self._begin_disposal(keep_inbox=False)
-        if self._on_own_thread():
+        if self._on_own_thread() or self._runs_own_effect() or in_io_loop_thread():
             return self._disposed.is_set()
         return waiting.wait(self._disposed, timeout)
 
@@ -584,6 +597,13 @@ class Agent:
         """Whether the caller runs on this agent's actor (one of its own listeners)."""
         inbox = self._inbox
         return inbox is not None and inbox.owner == threading.get_ident()
+
+    def _runs_own_effect(self) -> bool:
+        """Whether the caller runs in one of this agent's effects (a tool body, a
+        ``tools/execute`` listener, a listener of a deferred chain), whose end the turn
+        waits for; see ``actors._dispatcher.work_for``."""
+        owner = working_for()
+        return owner is not None and owner is self._inbox
 
     def passivate(self, timeout: float | None = 10.0) -> bool:
         """Evict an idle agent from memory: its actor stops and its in-memory session is

@@ -31,6 +31,7 @@ from actors import (
     RegistryActor,
     Scheduler,
     in_nonblocking_thread,
+    in_runtime_thread,
     watch,
 )
 from actors._deadline import deadline, extended, remaining
@@ -845,14 +846,15 @@ class Runtime:
         runtime's own machinery (an actor's stop, cancelled tasks, a thread's exit) still
         gets a moment (``GRACE_S``, 0.1 s) to end.
 
-        Not from the runtime's own threads (a sync listener or hook, an async one, the
-        scheduler): it would wait for the agents that thread runs. That raises
+        Not from the runtime's own threads (a sync listener or hook, an async one, a tool
+        body, the scheduler): it would wait for the agents that thread runs. That raises
         ``RuntimeError``, and the runtime stays open."""
-        if in_nonblocking_thread():
+        if in_runtime_thread():
             raise RuntimeError(
-                "rt.close() was called on a dispatcher or I/O thread (from a listener or "
-                "a hook): it would wait for the agents that thread runs; close the "
-                "runtime from another thread, e.g. tell the main thread to"
+                "rt.close() was called on a dispatcher or I/O thread (from a listener, a "
+                "hook or a tool body): it would wait for the agents and tool calls that "
+                "thread runs; close the runtime from another thread, e.g. tell the main "
+                "thread to"
             )
         until = deadline(timeout)
         with self._lock:
