@@ -5,26 +5,53 @@
 awaits and chooses what comes back, and when — including cancels between any two
 effects. A test can therefore force any interleaving of completions and control
 messages, and two runs with the same choices give the same log.
+
+Nothing runs behind the test's back. Sync listeners on ``h.bus`` run inline, as on the
+agent's actor. Async ones run only when the test runs them: a chain of serial or
+waterfall listeners with an async one is the pending :class:`~actors.effects.RunAsync`
+effect, whose ``work()`` the test runs itself (e.g. ``asyncio.run(effect.work())``) and
+whose value it sends back; an async listener of an emitted event (``agent/settled``,
+``agent/status``...) is queued in ``h.listener_work`` until the test calls
+:meth:`TurnHarness.run_listeners`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Mapping
+import asyncio
+import typing
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from typing import Any, cast
 
 from storage.codec import Codec, EventTypes
-from storage.events import CancelCause, InboxLane, RequestConfig, TextBlock, UserMessage
+from storage.events import (
+    CancelCause,
+    InboxLane,
+    RequestConfig,
+    StreamChunk,
+    TextBlock,
+    UserMessage,
+)
 from storage.memory import MemorySink
 from storage.session import Session, SessionHeader
 
-from ._ioside import IoSide
+from ._ioside import IoSide, Outcome
 from .bus import Bus
-from .effects import Effect, TurnAborted
+from .effects import (
+    Admit,
+    Checkpoint,
+    Effect,
+    Flush,
+    JoinTool,
+    NextBatch,
+    Sleep,
+    StreamEnd,
+    TurnAborted,
+)
 from .inbox import Inbox
 from .live import AGENT_EVENTS
-from .toolphase import ToolPhase
-from .tools import Tool
+from .toolphase import ToolPhase, ToolRun
+from .tools import Tool, shown
 from .turn import Durability, TurnMachine
 
 __all__ = ["HarnessAgent", "TurnHarness"]
@@ -40,6 +67,45 @@ _INTERCEPTIONS = frozenset(
         "tools/post-execute",
     }
 )
+
+
+_BATCH_ITEMS = (*typing.get_args(StreamChunk), StreamEnd)
+
+
+def _is_batch(value: object) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(i, _BATCH_ITEMS) for i in value)
+
+
+# What the pending effect is completed with (see ``actors.agent``, the production
+# stepper); effects not listed take any value (an opaque handle, a listener's result).
+_EXPECTED: dict[type, tuple[str, Callable[[object], bool]]] = {
+    Admit: ("None", lambda v: v is None),
+    Checkpoint: ("None", lambda v: v is None),
+    Flush: ("None", lambda v: v is None),
+    Sleep: ("None", lambda v: v is None),
+    NextBatch: (
+        "a list of stream chunks (TextDelta, ReasoningDelta, ToolCallDelta, UsageChunk, "
+        "FinishChunk; StreamEnd() last to end the stream)",
+        _is_batch,
+    ),
+    JoinTool: ("a ToolRun", lambda v: isinstance(v, ToolRun)),
+}
+
+
+class _ListenerWork:
+    """The harness's stand-in for the I/O side, which the bus asks to run the async
+    listeners of emitted events: it queues each call for the test to run."""
+
+    blocking_pool = None  # a deferred chain's sync listeners: the test loop's executor
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[Callable[[], Awaitable[object]], Any]] = []
+
+    def start(self, work: Any, *, on_done: Any, listener: bool = False) -> None:
+        self.queued.append((work, on_done))
+
+    def in_loop_thread(self) -> bool:
+        return False
 
 
 class HarnessAgent:
@@ -70,8 +136,9 @@ class TurnHarness:
             header, sink=self.sink, codec=Codec(EventTypes.default()), clock=lambda: next(clock)
         )
         self.agent = HarnessAgent(agent_id)
-        # Only sync listeners run in this mode, so the bus never needs an I/O side.
-        self.bus = Bus(cast(IoSide, None))
+        # Async listeners of emitted events are queued for the test (run_listeners).
+        self._listener_work = _ListenerWork()
+        self.bus = Bus(cast(IoSide, self._listener_work))
         self.emitted: list[tuple[str, Any]] = []
         for name in AGENT_EVENTS - _INTERCEPTIONS:
             self.bus.on(name, partial(self._record, name))
@@ -117,17 +184,61 @@ class TurnHarness:
         return message
 
     def start(self) -> Effect[Any] | None:
-        """Start draining the inbox; returns the first effect awaited (None: finished)."""
+        """Start draining the inbox; returns the first effect awaited (None: finished).
+        Raises ``RuntimeError`` while a turn runs (step it until :attr:`done` first)."""
+        if self._coro is not None:
+            raise RuntimeError(
+                f"a turn is running (pending: {type(self.pending).__name__}); step it until "
+                "done before start()"
+            )
         self._coro = self.machine.drain()
         return self._step(lambda c: c.send(None))
 
     def send(self, value: Any = None) -> Effect[Any] | None:
-        """Complete the pending effect with ``value``; returns the next effect."""
+        """Complete the pending effect with ``value``; returns the next effect.
+
+        ``value`` is what the effect resumes with: None for ``Checkpoint``, ``Flush``,
+        ``Sleep`` and ``Admit``, a list of chunks for ``NextBatch``, a ``ToolRun`` for
+        ``JoinTool``, any handle for ``OpenStream`` and ``StartTool``, the value of its
+        ``work()`` for ``RunAsync``. Anything else raises ``TypeError`` before the turn
+        is resumed: the turn is unchanged."""
+        pending = self._running()
+        expected = _EXPECTED.get(type(pending))
+        if expected is not None and not expected[1](value):
+            raise TypeError(
+                f"the pending {type(pending).__name__} takes {expected[0]}, got "
+                f"{shown(value)}; the turn was not resumed"
+            )
         return self._step(lambda c: c.send(value))
 
     def throw(self, error: BaseException) -> Effect[Any] | None:
         """Complete the pending effect with ``error``; returns the next effect."""
+        self._running()
+        if not isinstance(error, BaseException):
+            raise TypeError(f"throw() takes an exception, got {shown(error)}")
         return self._step(lambda c: c.throw(error))
+
+    @property
+    def listener_work(self) -> list[Callable[[], Awaitable[object]]]:
+        """The async listener calls of emitted events not run yet, in emit order."""
+        return [work for work, _ in self._listener_work.queued]
+
+    def run_listeners(self) -> int:
+        """Run the queued async listener calls of emitted events (:attr:`listener_work`),
+        in order, each to its end on an event loop of its own; a failure is logged and
+        contained, as in production. Returns how many ran."""
+        queued = self._listener_work.queued
+        ran = 0
+        while queued:
+            work, on_done = queued.pop(0)
+            try:
+                asyncio.run(cast(Coroutine[Any, Any, object], work()))
+            except Exception as err:  # noqa: BLE001 - the listener's failure, contained
+                on_done(Outcome(0, error=err))
+            else:
+                on_done(Outcome(0))
+            ran += 1
+        return ran
 
     def cancel(self, cause: CancelCause) -> Effect[Any] | None:
         """Abort the running turn; an abortable pending effect is interrupted at once."""
@@ -142,6 +253,11 @@ class TurnHarness:
     def done(self) -> bool:
         return self._coro is None
 
+    def _running(self) -> Effect[Any] | None:
+        if self._coro is None:
+            raise RuntimeError("no turn is running; insert a message and call start()")
+        return self.pending
+
     def _step(self, step: Any) -> Effect[Any] | None:
         assert self._coro is not None, "the turn is not running; call start()"
         try:
@@ -149,6 +265,10 @@ class TurnHarness:
         except StopIteration:
             self._coro = None
             self.pending = None
+        except BaseException:  # the coroutine raised: it is over (the actor would crash)
+            self._coro = None
+            self.pending = None
+            raise
         return self.pending
 
     # ------------------------------------------------------------------ reading
