@@ -55,6 +55,7 @@ from .turn import TurnMachine
 __all__ = [
     "AgentActor",
     "AgentMailbox",
+    "Announce",
     "AwaitIdle",
     "Barrier",
     "Cancel",
@@ -105,6 +106,15 @@ class Cancel(msgspec.Struct, frozen=True):
     cause: CancelCause
     keep_inbox: bool = False
     target: TurnSignal | None = None
+
+
+class Announce(msgspec.Struct, frozen=True):
+    """Ask: call ``callback`` on the actor. The runtime sends it as a new agent's first
+    message, to announce it there (``agent/created``, then ``agent/session-start``):
+    whatever the listeners of those send waits in the mailbox behind it, so no work
+    starts before both are announced (CONTRACT 2)."""
+
+    callback: Callable[[], None]
 
 
 class Quiescent(msgspec.Struct, frozen=True):
@@ -374,6 +384,8 @@ class AgentActor(PooledActor):
             return self._coro is None and self.actor_mailbox.empty()
         elif isinstance(message, Barrier):
             return None
+        elif isinstance(message, Announce):
+            message.callback()
         elif isinstance(message, Kill):
             raise AgentKilledError(f"agent {self.session.id} killed: {message.reason}")
         else:

@@ -24,6 +24,7 @@ from storage.events import (
 )
 
 from .agent import Agent
+from .errors import RuntimeClosedError
 from .policy import RetryPolicy
 from .runtime import Runtime
 from .scripted import ScriptedModel, ToolCall
@@ -52,6 +53,7 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "Runtime",
+    "RuntimeClosedError",
     "ScriptedModel",
     "TextBlock",
     "Tool",

@@ -185,7 +185,9 @@ class Agent:
 
     @property
     def session(self) -> Session:
-        """The agent's session (rehydrates a passivated agent)."""
+        """The agent's session (rehydrates a passivated agent). Readable until the
+        runtime's ``close()`` has returned (its listeners may read it meanwhile)."""
+        self._check_released()
         self._live()
         assert self._session is not None
         return self._session
@@ -201,6 +203,7 @@ class Agent:
 
     @property
     def inbox(self) -> InboxView:
+        self._check_released()
         self._live()
         assert self._inbox is not None
         return self._inbox.view()
@@ -302,7 +305,21 @@ class Agent:
         in a disposed agent's log. Called again under the live lock, under which a
         disposal tells its messages: what passes it there is queued before them."""
         if self._disposing:
+            self._check_runtime()
             raise AgentDisposedError(f"agent {self.id} is disposed; {what} sent to it is refused")
+
+    def _check_runtime(self) -> None:
+        """Raise ``RuntimeClosedError`` if the runtime is closed. Called once a disposal
+        began (``close()`` disposes every agent first), so that the calls of a live agent
+        pay nothing for it."""
+        if self._disposing:
+            self._runtime._check_open()
+
+    def _check_released(self) -> None:
+        """Raise ``RuntimeClosedError`` once the runtime's ``close()`` has released the
+        store (the session could no longer read or flush its log)."""
+        if self._disposing:
+            self._runtime._check_released()
 
     def _tell_live(self, message: object) -> None:
         """``_tell`` for a caller that made the agent live (``ActorRef.tell``, inline)."""
@@ -313,6 +330,7 @@ class Agent:
         ref.actor_inbox.put(Envelope(message))
 
     def _tell(self, message: object) -> None:
+        self._check_runtime()
         with self._exclusive():
             self._live()
             assert self._ref is not None
@@ -377,6 +395,7 @@ class Agent:
         ``timeout`` (the actor applies it later, in order: the ids stay taken), and the
         edit's own error when the actor refused it (having freed the ids: see
         :func:`actors.agent.apply_edit`)."""
+        self._check_runtime()
         inserted = [m.id for m in _inserted_by(edit)]
         if self._on_own_thread():
             # called by one of this agent's own listeners, on the actor's thread: asking
@@ -523,6 +542,7 @@ class Agent:
             raise InvalidMessageError(
                 f"cause must be one of the CancelCause structs, got {cause!r}"
             )
+        self._check_runtime()
         with self._exclusive():
             self._live()  # a passivated agent's pending inbox is cleared durably too
             if self._ref is None or not self._ref.is_alive():
@@ -609,6 +629,7 @@ class Agent:
         """Evict an idle agent from memory: its actor stops and its in-memory session is
         dropped; the log keeps everything. Its next use (a send, ``session``, ``inbox``)
         rebuilds it from the log. Returns False (and does nothing) if it is busy."""
+        self._check_runtime()
         return self._runtime._passivate(self, timeout)
 
     def kill(self, reason: str = "killed") -> None:
@@ -619,7 +640,7 @@ class Agent:
 
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
         """Listen to ``name`` for this agent only; returns a disposer."""
-        return self._runtime._listen(name, listener, self.id)
+        return self._runtime._listen(name, listener, self)
 
 
 def _inserted_by(edit: Edit) -> Sequence[UserMessage]:

@@ -17,6 +17,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from itertools import count
 from typing import Any, Literal, NamedTuple, cast
 
@@ -35,7 +36,7 @@ from actors import (
     watch,
 )
 from actors._deadline import deadline, extended, remaining
-from actors.agent import AgentActor, AgentMailbox, AwaitIdle, Cancel, Quiescent
+from actors.agent import AgentActor, AgentMailbox, Announce, AwaitIdle, Cancel, Quiescent
 from actors.errors import AgentDisposedError
 from actors.flushes import FlushGroup
 from actors.inbox import Inbox
@@ -52,12 +53,14 @@ from actors.protocols import implements
 from actors.toolphase import ToolPhase
 from actors.tools import Tool
 from actors.turn import Durability, TurnMachine
+from storage.errors import UnknownSessionError
 from storage.events import DisposedCause, RequestConfig
 from storage.lmdb_store import Store, check_session_id
 from storage.session import Session
 
 from . import gctune
 from .agent import Agent
+from .errors import RuntimeClosedError
 from .policy import RetryPolicy
 from .tool import FunctionTool, check_tool_name
 
@@ -83,6 +86,13 @@ def _resolve_model(model: Model | str) -> Model:
 def _check_system(system: object) -> None:
     if system is not None and not isinstance(system, str):
         raise TypeError(f"system must be a str or None, got {type(system).__name__}")
+
+
+def _logged_system(session: Session) -> str | None:
+    """The system prompt ``session``'s log last recorded: the one of its latest
+    ``request/header`` (None if it never sent a request)."""
+    header = session.state.last_header
+    return None if header is None else header.system
 
 
 def _check_agent_options(system: object, limits: object) -> None:
@@ -224,13 +234,13 @@ class Runtime:
         # lock, then a session's lock (a session observer must not bridge: see _bridge).
         self._bridge_lock = threading.Lock()
         self._bridged: dict[str, Session] = {}  # agent id -> the session it bridges
-        self._going_live: dict[str, tuple[Session, _Parts]] = {}  # agents being created
         self._scoped: dict[str, set[Callable[[], None]]] = {}  # agent id -> its disposers
-        self._closed = False
+        self._closed = False  # close() began: nothing new starts
+        self._released = False  # close() let go of the store: nothing can be read
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
+        # A new agent is announced by its own actor (see _announce), not the registry.
         self._registry: ActorRef[RegistryActor] = RegistryActor.start(
-            on_created=self._announce_created,
             on_disposed=self._announce_disposed,
             dispatcher=self.dispatcher,
         )
@@ -317,8 +327,11 @@ class Runtime:
         return self._listen(name, listener, None)
 
     def _listen(
-        self, name: str, listener: Callable[..., Any], scope: str | None
+        self, name: str, listener: Callable[..., Any], owner: Agent | None
     ) -> Callable[[], None]:
+        """Register ``listener``; with ``owner``, for that agent's events only, and only
+        while that handle is the live one of its id: a disposed agent's handle is
+        refused even after its session was resumed under the same id (a new handle)."""
         if not callable(listener):
             raise TypeError(f"a listener must be callable, got {listener!r}")
         if type(name) is not str:
@@ -327,11 +340,14 @@ class Runtime:
             known = ", ".join(sorted(AGENT_EVENTS))
             raise ValueError(f"unknown live event {name!r}; known: {known}")
         session_event = name == "session/event"
+        scope = None if owner is None else owner.id
         with self._lock:  # atomic with the disposal's sweep of the agent's listeners
             self._check_open()
-            if scope is not None and scope not in self._agents:
+            if scope is not None and self._agents.get(scope) is not owner:
+                resumed = scope in self._agents  # the id lives on in a new handle
+                since = f"; rt.get({scope!r}) returns its resumed agent" if resumed else ""
                 raise AgentDisposedError(
-                    f"agent {scope} is disposed; a listener of it would never be called"
+                    f"agent {scope} is disposed; a listener of it would never be called{since}"
                 )
             dispose = self.bus.on(name, listener, scope=scope)
             if session_event:
@@ -400,8 +416,7 @@ class Runtime:
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         with self._starting_agent():
             session = self.store.create_session(session_id)
-            handle = self._start(session, resolved, tool_map, system, limits)
-        return self._announce_start(handle, "startup")
+            return self._start(session, resolved, tool_map, system, limits, "startup")
 
     def resume(
         self,
@@ -413,15 +428,21 @@ class Runtime:
         limits: UsageLimits | None = None,
     ) -> Agent:
         """Rebuild an agent from its durable log: repair an open tail turn, restore the
-        inbox from its splices, continue turn numbers. It stays idle until a waking send."""
+        inbox from its splices, continue turn numbers. It stays idle until a waking send.
+
+        ``system`` defaults to the system prompt the log last recorded (its latest
+        ``request/header``; none if the session never sent a request); one given here
+        replaces it, and the next ``request/header`` records the change (``""`` sends no
+        system prompt). ``tools`` and ``limits`` are not in the log: give them again."""
         self._check_open()
         check_session_id(session_id)
         _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         with self._starting_agent(resuming=session_id):
-            session = self.store.open_session(session_id)
-            handle = self._start(session, resolved, tool_map, system, limits, repair=True)
-        return self._announce_start(handle, "resume")
+            session = self._open_logged(session_id, self.store.open_session, session_id)
+            if system is None:
+                system = _logged_system(session)
+            return self._start(session, resolved, tool_map, system, limits, "resume")
 
     def fork(
         self,
@@ -436,7 +457,8 @@ class Runtime:
     ) -> Agent:
         """A new agent whose session is seeded with ``source_id``'s log up to ``boundary``
         (an inclusive seq that must not end inside an open turn). Turn numbers continue;
-        the parent's pending inbox is not inherited."""
+        the parent's pending inbox is not inherited. ``system`` defaults to the system
+        prompt the seeded prefix last recorded, as for :meth:`resume`."""
         self._check_open()
         check_session_id(source_id)
         if type(boundary) is not int:
@@ -446,9 +468,27 @@ class Runtime:
         _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         with self._starting_agent():
-            session = self.store.fork(source_id, boundary, session_id)
-            handle = self._start(session, resolved, tool_map, system, limits)
-        return self._announce_start(handle, "startup")
+            session = self._open_logged(
+                source_id, self.store.fork, source_id, boundary, session_id
+            )
+            if system is None:
+                system = _logged_system(session)
+            return self._start(session, resolved, tool_map, system, limits, "startup")
+
+    def _open_logged(
+        self, session_id: str, open_: Callable[..., Session], *args: object
+    ) -> Session:
+        """``open_(*args)`` (the store's ``open_session`` or ``fork``), its "no such
+        session" error told in the runtime's terms: the store's own message points at
+        ``Store.create_session``, which a runtime user does not call."""
+        try:
+            return open_(*args)
+        except UnknownSessionError as err:
+            raise UnknownSessionError(
+                f"no session {session_id!r} in {self.store.path}; start an agent with "
+                f"that id with rt.spawn(session_id={session_id!r}, model=...), "
+                "or pick one that exists (rt.store.sessions() lists them)"
+            ) from err
 
     @contextmanager
     def _starting_agent(self, *, resuming: str | None = None) -> Iterator[None]:
@@ -487,12 +527,12 @@ class Runtime:
         model: Model,
         tools: dict[str, Tool],
         system: str | None,
-        limits: UsageLimits | None = None,
-        *,
-        repair: bool = False,
+        limits: UsageLimits | None,
+        source: Literal["startup", "resume"],
     ) -> Agent:
-        """Start an agent over ``session``; with ``repair``, first close its open tail
-        turn durably (CONTRACT 7), seen by ``session/event`` listeners like any append."""
+        """Start an agent over ``session`` and announce it; a resume first closes its
+        open tail turn durably (CONTRACT 7), seen by ``session/event`` listeners like
+        any append."""
         meters = self._meters_for(session.id, limits)
         spec = _Spec(model=model, tools=tools, system=system, meters=meters)
         handle = Agent(
@@ -503,7 +543,7 @@ class Runtime:
             spec=spec,
         )
         agent_id = session.id
-        if repair:
+        if source == "resume":
             with self._lock:
                 bridging = self._bridging
             if bridging:
@@ -513,27 +553,38 @@ class Runtime:
         parts = self._assemble(handle, session, spec)
         with self._lock:
             self._agents[agent_id] = handle
-            # Made live by _announce_created, before agent/created is emitted: its
-            # listeners get a handle they can send to.
-            self._going_live[agent_id] = (session, parts)
         try:
             create = ProxyCall(attr_path=("create",), args=(agent_id, parts.start), kwargs={})
-            self._registry.ask(create, block=True)
+            ref: ActorRef[Any] = self._registry.ask(create, block=True)
         except BaseException:
             with self._lock:
                 self._agents.pop(agent_id, None)
-                self._going_live.pop(agent_id, None)
                 if self._bridged.get(agent_id) is session:
                     del self._bridged[agent_id]
             raise
+        # The actor's first message: nothing can be sent to it before (the handle is
+        # bound by it), so whatever the listeners send waits behind the announcement.
+        announce = partial(self._announce, handle, session, ref, parts, source)
+        ref.ask(Announce(callback=announce), block=True)
         return handle
 
-    def _announce_start(self, handle: Agent, source: Literal["startup", "resume"]) -> Agent:
-        """Emit ``agent/session-start`` (after :meth:`_starting_agent`: its listeners
-        may close the runtime)."""
-        event = AgentSessionStart(agent=handle, source=source)
-        self.bus.emit("agent/session-start", event, scope=handle.id)
-        return handle
+    def _announce(
+        self,
+        handle: Agent,
+        session: Session,
+        ref: ActorRef[Any],
+        parts: _Parts,
+        source: Literal["startup", "resume"],
+    ) -> None:
+        """On the new agent's actor, before anything else: make the handle live, then
+        ``agent/created`` and ``agent/session-start`` (CONTRACT 2). A send from their
+        listeners (allowed: the handle is live) is handled after both, so the agent's
+        first turn never starts between them."""
+        self._go_live(handle, session, ref, parts)
+        agent_id = handle.id
+        self.bus.emit("agent/created", AgentCreated(agent=handle), scope=agent_id)
+        start = AgentSessionStart(agent=handle, source=source)
+        self.bus.emit("agent/session-start", start, scope=agent_id)
 
     def _assemble(self, handle: Agent, session: Session, spec: _Spec) -> _Parts:
         """Build an agent's inbox, tool phase and turn machine over ``session``."""
@@ -641,6 +692,7 @@ class Runtime:
     def passivate_idle(self, timeout: float | None = 10.0) -> int:
         """Passivate every idle agent (evict it from memory until its next send);
         returns how many were passivated now (not those that were passive already)."""
+        self._check_open()
         return sum(
             1
             for a in self.agents()
@@ -703,14 +755,6 @@ class Runtime:
 
         return observe
 
-    def _announce_created(self, agent_id: str, ref: ActorRef[Any]) -> None:
-        """On the registry's thread, once the agent's actor runs under its id."""
-        with self._lock:
-            handle = self._agents[agent_id]
-            session, parts = self._going_live.pop(agent_id)
-        self._go_live(handle, session, ref, parts)
-        self.bus.emit("agent/created", AgentCreated(agent=handle), scope=agent_id)
-
     def _announce_disposed(self, agent_id: str) -> None:
         with self._lock:
             handle = self._agents.pop(agent_id, None)
@@ -757,13 +801,16 @@ class Runtime:
     def get(self, agent_id: str) -> Agent:
         """The live agent with this id; ``KeyError`` if none."""
         with self._lock:
+            self._check_open()
             try:
                 return self._agents[agent_id]
             except KeyError:
                 raise KeyError(f"no live agent {agent_id!r} in this runtime") from None
 
     def agents(self) -> list[Agent]:
+        """Every agent of this runtime, live or passivated."""
         with self._lock:
+            self._check_open()
             return list(self._agents.values())
 
     # ------------------------------------------------------------------ durability
@@ -776,12 +823,14 @@ class Runtime:
         waits for that first. Called on a dispatcher or I/O thread (from a listener or a
         tool) it covers only what was appended: the agents it would wait for may need
         that thread. Raises ``TimeoutError`` after ``timeout`` seconds."""
+        self._check_open()
         until = deadline(timeout)
         self._await_told(timeout)
         self.store.flush(remaining(until))
 
     async def aflush(self) -> None:
         """:meth:`flush` for asyncio code: ``await rt.aflush()`` (see ``Store.aflush``)."""
+        self._check_open()
         busy = self._busy_agents()
         if busy:
             await asyncio.get_running_loop().run_in_executor(None, self._await_told, None, busy)
@@ -790,7 +839,9 @@ class Runtime:
     def _busy_agents(self) -> list[Agent]:
         """The agents whose actors have messages queued or are handling some: one pass
         over every agent, ~1 µs each (11 ms with 10,000 idle agents)."""
-        return [handle for handle in self.agents() if handle._busy()]
+        with self._lock:
+            agents = list(self._agents.values())
+        return [handle for handle in agents if handle._busy()]
 
     def _await_told(self, timeout: float | None, busy: list[Agent] | None = None) -> None:
         """Wait until every agent handled the messages told to it before the call
@@ -828,8 +879,15 @@ class Runtime:
                 log.exception("closing model %r failed", model)
 
     def _check_open(self) -> None:
+        """Raise :class:`RuntimeClosedError` once :meth:`close` began."""
         if self._closed:
-            raise RuntimeError("this runtime is closed; open a new one with Runtime.open()")
+            raise RuntimeClosedError
+
+    def _check_released(self) -> None:
+        """Raise :class:`RuntimeClosedError` once :meth:`close` let go of the store (its
+        listeners may still read sessions while it runs)."""
+        if self._released:
+            raise RuntimeClosedError
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Cancel running turns (inboxes kept), stop agents, flush, release everything.
@@ -879,6 +937,7 @@ class Runtime:
                 "say) after %s s; it ends when that returns",
                 timeout,
             )
+        self._released = True
         if self._owns_store:
             self.store.close()
         if self._tuned_gc:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from runtime import Reject, Runtime, ScriptedModel, ToolCall, tool
 from storage.events import AssistantMessage, TextBlock, ToolMessage, UserMessage
 
-from .conftest import WAIT, Timeline
+from .conftest import WAIT, Timeline, check_store
 
 
 def test_a_followup_runs_one_turn_in_the_contract_order(rt: Runtime, timeline: Timeline) -> None:
@@ -140,3 +142,37 @@ def test_a_resumed_agent_continues_turn_numbers(store_path: Path) -> None:
         assert agent.wait_idle(WAIT)
         starts = [e.data.turn for e in agent.session.events() if e.type == "turn/start"]
         assert starts == [1, 2]
+
+
+@pytest.mark.parametrize("source", ["startup", "resume"])
+def test_session_start_is_announced_before_the_work_an_agent_created_listener_sends(
+    store_path: Path, source: str
+) -> None:
+    # Before, agent/created ran on the registry's thread and session-start in the
+    # spawning one after it returned: a followup sent by a created listener had its turn
+    # claimed (or settled) before session-start (CONTRACT 2: created -> session-start,
+    # and the agent does not start working at creation).
+    if source == "resume":
+        with Runtime.open(store_path) as rt:
+            rt.spawn(model=ScriptedModel.echo(), session_id="a")
+    with Runtime.open(store_path) as rt:
+        timeline = Timeline(rt)
+        rt.on("agent/created", lambda event: event.agent.followup("from created"))
+        if source == "resume":
+            agent = rt.resume("a", model=ScriptedModel.echo())
+        else:
+            agent = rt.spawn(model=ScriptedModel.echo())
+        assert agent.wait_idle(WAIT)
+        timeline.wait_for("agent/status", 2)
+        live = [name for name in timeline.labels(agent=agent.id) if name in Timeline.NAMES]
+        assert live == [
+            "agent/created",
+            "agent/session-start",
+            "agent/inbox/inserted",
+            "agent/status",
+            "agent/inbox/claimed",
+            "agent/settled",
+            "agent/status",
+        ]
+        assert timeline.of("agent/session-start")[0].source == source
+    check_store(store_path)

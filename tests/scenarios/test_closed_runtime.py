@@ -1,0 +1,101 @@
+"""Scenario tests of a closed runtime: every public method of it and of its agents'
+handles refuses with one error, ``RuntimeClosedError``, that says so."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import Agent, AgentDisposedError, Runtime, RuntimeClosedError, ScriptedModel
+from storage.errors import StoreClosedError
+
+from .conftest import WAIT, check_store
+
+
+def _runtime_calls(rt: Runtime) -> dict[str, Callable[[], Any]]:
+    model = ScriptedModel.echo()
+    return {
+        "spawn": lambda: rt.spawn(model=model),
+        "resume": lambda: rt.resume("a", model=model),
+        "fork": lambda: rt.fork("a", 0, model=model),
+        "get": lambda: rt.get("a"),
+        "agents": rt.agents,
+        "on": lambda: rt.on("agent/settled", print),
+        "passivate_idle": rt.passivate_idle,
+        "flush": rt.flush,
+        "aflush": lambda: asyncio.run(rt.aflush()),
+    }
+
+
+def _handle_calls(agent: Agent) -> dict[str, Callable[[], Any]]:
+    return {
+        "followup": lambda: agent.followup("x"),
+        "steer": lambda: agent.steer("x"),
+        "inject": lambda: agent.inject("x"),
+        "remove": lambda: agent.remove("nope"),
+        "replace": lambda: agent.replace("nope", "y"),
+        "splice": lambda: agent.splice("next-turn", 0, 0, ["z"]),
+        "clear": agent.clear,
+        "cancel": agent.cancel,
+        "passivate": agent.passivate,
+        "kill": agent.kill,
+        "on": lambda: agent.on("agent/settled", print),
+        "inbox": lambda: agent.inbox,
+        "session": lambda: agent.session,
+    }
+
+
+@pytest.mark.parametrize("passivated", [False, True], ids=["live", "passivated"])
+def test_every_method_of_a_closed_runtime_and_of_its_agents_handles_says_it_is_closed(
+    store_path: Path, passivated: bool
+) -> None:
+    # Before: spawn/resume/fork/on raised RuntimeError, flush StoreClosedError, get a
+    # KeyError that did not mention the close, agents() and passivate_idle() answered
+    # [] and 0; a handle's sends said "disposed", its cancel returned quietly, its
+    # session could be read until its events() failed on the closed store, and a
+    # passivated agent's cancel/clear/inbox/session said "closed" while its followup
+    # said "disposed".
+    rt = Runtime.open(store_path)
+    agent = rt.spawn(model=ScriptedModel.echo(), session_id="a")
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    if passivated:
+        assert agent.passivate()
+    rt.close()
+    refused = {}
+    for name, call in {**_runtime_calls(rt), **_handle_calls(agent)}.items():
+        with pytest.raises(RuntimeClosedError, match="runtime is closed") as raised:
+            call()
+        refused[name] = raised.value
+    # the errors these calls raised before: code that catches them goes on working
+    error = refused["flush"]
+    assert isinstance(error, RuntimeError)
+    assert isinstance(error, StoreClosedError)
+    assert isinstance(error, AgentDisposedError)
+    # close and dispose are idempotent; a closed runtime's agents are idle for good
+    rt.close()
+    assert agent.dispose(WAIT)
+    assert agent.wait_idle(WAIT)
+    assert agent.status == "idle"
+    assert agent.disposed
+    check_store(store_path)
+
+
+def test_an_agent_disposed_listener_that_close_triggers_may_still_read_the_session(
+    store_path: Path,
+) -> None:
+    rt = Runtime.open(store_path)
+    read: list[int] = []
+    rt.on("agent/disposed", lambda event: read.append(len(event.agent.session.messages())))
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    rt.close()
+    assert read == [2]
+    with pytest.raises(RuntimeClosedError):
+        _ = agent.session  # once close returned, it is refused
+    check_store(store_path)
