@@ -145,6 +145,8 @@ class Assembler:
             return LlmFailure(message="the model stream ended without a finish", code="TRANSPORT")
         if self.finish == "error":
             return LlmFailure(message="the model finished with an error", code="UNKNOWN")
+        if self.finish == "max-tokens":
+            return None  # ends the turn ``max-tokens``, even with nothing visible (CONTRACT 4)
         if not self._text and not self._reasoning and not self._calls:
             return LlmFailure(message="the model returned an empty response", code="EMPTY_RESPONSE")
         return None

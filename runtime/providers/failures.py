@@ -15,7 +15,8 @@ The codes are CONTRACT section 5's:
 ``CONTEXT_WINDOW_EXCEEDED``  a 4xx whose code or message says the prompt is too long
 ``AUTH``                  HTTP 401 / 403
 ``INVALID_REQUEST``       any other 4xx
-``EMPTY_RESPONSE``        a completion with no text and no tool calls
+``EMPTY_RESPONSE``        a completion with no text and no tool calls (a max-tokens finish
+                          with nothing visible is no failure: the turn ends ``max-tokens``)
 ``UNKNOWN``               anything else (a bug, an unparseable reply, a finish reason
                           corral does not know, a 200 that is not an event stream)
 ========================  ==========================================================

@@ -76,3 +76,12 @@ def test_a_repeated_or_missing_call_id_becomes_unique_in_the_step_and_stays_so()
     ids = [c.call_id for c in assembler.calls()]
     assert ids == ["dup", "dup_1_2", "dup_1", "call_1_1_3", "call_1_1_5", "call_1_1_5_2", "dup_6"]
     assert [c.call_id for c in assembler.calls()] == ids  # the same chunks, the same ids
+
+
+def test_a_max_tokens_finish_with_nothing_visible_is_no_failure_but_a_stop_is_empty() -> None:
+    # CONTRACT 4: a max-tokens finish ends the turn max-tokens (e.g. a reasoning model
+    # that spent its whole budget on hidden reasoning); it was taken for EMPTY_RESPONSE.
+    usage = UsageChunk(usage=Usage(input_tokens=5, output_tokens=256))
+    assert _assembled([usage, FinishChunk(reason="max-tokens")]).failure() is None
+    empty = _assembled([usage, FinishChunk(reason="stop")]).failure()
+    assert empty is not None and empty.code == "EMPTY_RESPONSE"

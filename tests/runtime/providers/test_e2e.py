@@ -27,6 +27,7 @@ from .test_failures import OPENAI, VENDORS, Vendor
 from .wire_formats import (
     anthropic_frames,
     anthropic_reply,
+    openai_chunk,
     openai_frames,
     openai_text_reply,
     openai_tool_reply,
@@ -319,3 +320,42 @@ def test_a_reply_the_server_ended_with_finish_reason_error_is_retried_not_taken_
     assert replies == [AssistantMessage(content=[TextBlock(text="whole reply")])]
     # The error offered to listeners carries no SDK exception (it holds the key).
     assert [(e.__cause__, e.__context__) for e in offered] == [(None, None)]
+
+
+def _max_tokens_with_nothing_visible(vendor: Vendor) -> list[bytes]:
+    """A reply whose whole budget went on hidden reasoning: no text, no call, cut off."""
+    if vendor.name == "openai":
+        chunks = [openai_chunk({"role": "assistant", "content": ""})]
+        chunks.append(openai_chunk({}, finish="length"))
+        chunks.append(openai_chunk(usage=openai_usage(5, 256, reasoning=256)))
+        return openai_frames(chunks)
+    return anthropic_frames(anthropic_reply([], stop_reason="max_tokens", output_tokens=256))
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_max_tokens_finish_with_nothing_visible_ends_the_turn_max_tokens_without_a_retry(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    # It was an EMPTY_RESPONSE, retried five times by the default policy.
+    wire.script(Sse(_max_tokens_with_nothing_visible(vendor)))
+    wire.default = Sse(vendor.frames())  # what a retry, or the next turn, gets
+    model = vendor.model(wire.url)
+    with runtime_with(tmp_path, model, retry_policy=FAST_RETRY) as rt:
+        settled = settled_turns(rt)
+        agent = rt.spawn(model=model)
+        agent.followup("hi")
+        assert agent.wait_idle(timeout=20)
+        assert len(wire.requests) == 1
+        agent.followup("go on")  # the empty, cut-off reply is sent back as it was logged
+        assert agent.wait_idle(timeout=20)
+        events = list(agent.session.events())
+        ends = facts(agent, "turn/end")
+        messages = facts(agent, "assistant/message")
+        retries = facts(agent, "llm/retry")
+    assert [e.reason.kind for e in ends] == ["max-tokens", "completed"]
+    assert [s.reason.kind for s in settled] == ["max-tokens", "completed"]
+    assert retries == []
+    assert [m.finish_reason for m in messages] == ["max-tokens", "stop"]
+    assert messages[0].message == AssistantMessage(content=[])
+    assert len(wire.requests) == 2
+    assert check_invariants(events) == []
