@@ -137,6 +137,11 @@ def _announced(stream: Any) -> Sequence[Any] | None:
     return items or None
 
 
+def _unloggable(err: InvalidEventError) -> _StepResult:
+    failure = LlmFailure(message=f"the model's reply cannot be logged: {err}")
+    return _StepResult(failure=failure, error=err)
+
+
 def _bounded(failure: LlmFailure) -> LlmFailure:
     """A failure that fits in a log record: well formed (a model may build a malformed
     one by hand: see ``checked_failure``); a server may send megabytes of error text, or
@@ -628,9 +633,10 @@ class TurnMachine:
     ) -> _StepResult:
         append = self.session.append_fact
         assembler = Assembler(turn, step)
+        stream: Any = None
+        done = False
         try:
             stream = await OpenStream(request)
-            done = False
             while not done:
                 batch = _announced(stream)
                 if batch is None:
@@ -660,8 +666,15 @@ class TurnMachine:
             return _StepResult()
         except ModelError as err:
             return _StepResult(failure=err.failure, error=err)
+        except InvalidEventError as err:  # a chunk the log refuses, e.g. over the size limit
+            return _unloggable(err)
         except Exception as err:  # noqa: BLE001 - any adapter fault is a request failure
             return _StepResult(failure=LlmFailure(message=repr(err), code="UNKNOWN"), error=err)
+        finally:
+            if not done and stream.__class__ is StreamHandle:
+                # Abandoned (a failure, an abort, the actor stopping): the model call must
+                # not stream on with no reader, holding its connection and limiter slot.
+                stream.cancel()
         if assembler.usage is not None:
             for meter in self.meters:
                 meter.count_usage(assembler.usage)
@@ -690,8 +703,7 @@ class TurnMachine:
                 for c in calls
             ]
         except InvalidEventError as err:  # e.g. a reply over the event size limit
-            failure = LlmFailure(message=f"the model's reply cannot be logged: {err}")
-            return _StepResult(failure=failure, error=err)
+            return _unloggable(err)
         if truncated:
             return _StepResult(end=MaxTokens())
         if not calls:
