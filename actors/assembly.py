@@ -47,6 +47,9 @@ class Assembler:
         self.usage: Usage | None = None
         self.finish: FinishReason | None = None
         self.chunk_seqs: list[int] = []
+        # Invariant: the characters of text, reasoning and call arguments taken so far; a
+        # lower bound of the encoded size of the message they will make (see the turn).
+        self.streamed = 0
 
     def add(self, chunk: StreamChunk, seq: int) -> None:
         self.chunk_seqs.append(seq)
@@ -58,9 +61,11 @@ class Assembler:
 
     def _text_delta(self, chunk: TextDelta) -> None:
         self._text.append(chunk.text)
+        self.streamed += len(chunk.text)
 
     def _reasoning_delta(self, chunk: ReasoningDelta) -> None:
         self._reasoning.append(chunk.text)
+        self.streamed += len(chunk.text)
         if chunk.signature is not None:
             self._signature = chunk.signature
 
@@ -71,6 +76,7 @@ class Assembler:
         if chunk.name and call.name is None:
             call.name = chunk.name
         call.arguments.append(chunk.arguments_delta)
+        self.streamed += len(chunk.arguments_delta)
 
     def _usage(self, chunk: UsageChunk) -> None:
         self.usage = chunk.usage

@@ -74,6 +74,10 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     messages: Sequence[Message]
     system: str | None = None
     tools: Sequence[ToolSpec] = ()
+    # The log's event limit (None: the default): a reply whose assistant message would
+    # be larger cannot be logged, so a model may stop reading one (the providers refuse
+    # a server-sent event of over four times this; the turn counts the reply itself).
+    max_reply_bytes: int | None = None
 
 
 class ModelError(Exception):

@@ -18,7 +18,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from storage.errors import InvalidEventError
+from storage.codec import DEFAULT_MAX_EVENT_BYTES
+from storage.errors import EventTooLargeError, InvalidEventError
 from storage.events import (
     Aborted,
     AssistantChunk,
@@ -140,6 +141,18 @@ def _announced(stream: Any) -> Sequence[Any] | None:
 def _unloggable(err: InvalidEventError) -> _StepResult:
     failure = LlmFailure(message=f"the model's reply cannot be logged: {err}")
     return _StepResult(failure=failure, error=err)
+
+
+def _too_large(streamed: int, limit: int) -> _StepResult:
+    """A reply that outgrew the event limit while it streamed: its ``assistant/message``
+    would hold more characters than the limit has bytes (each takes at least one)."""
+    return _unloggable(
+        EventTooLargeError(
+            f"it streamed {streamed} characters of text, reasoning and tool-call arguments, "
+            f"more than its 'assistant/message' may hold (the limit is {limit} bytes); the "
+            "model call was stopped; ask for a shorter reply, or raise max_event_bytes"
+        )
+    )
 
 
 def _bounded(failure: LlmFailure) -> LlmFailure:
@@ -586,6 +599,7 @@ class TurnMachine:
                 messages=self.session.derive_messages(),
                 system=self.system,
                 tools=specs,
+                max_reply_bytes=self.session.codec.max_event_bytes,
             )
             if self.meters:  # the request counts now, or the turn ends at its limit
                 limited = self._take_request()
@@ -633,6 +647,7 @@ class TurnMachine:
     ) -> _StepResult:
         append = self.session.append_fact
         assembler = Assembler(turn, step)
+        limit = request.max_reply_bytes or DEFAULT_MAX_EVENT_BYTES
         stream: Any = None
         done = False
         try:
@@ -647,6 +662,8 @@ class TurnMachine:
                         break
                     event = append(AssistantChunk(turn=turn, step=step, chunk=item))
                     assembler.add(item, event.seq)
+                    if assembler.streamed > limit:  # the message could never be logged
+                        return _too_large(assembler.streamed, limit)  # and the call stops
         except TurnAborted:
             visible = assembler.visible()
             if visible:

@@ -30,7 +30,7 @@ from .bodies import JsonBody, plain_reply
 from .failures import StreamReportedError
 from .limits import ProviderLimiter
 from .secrets import resolve_api_key
-from .sse import SseDecoder, SseEvent, drain
+from .sse import SseDecoder, SseEvent, drain, event_bound
 
 if TYPE_CHECKING:
     import anthropic
@@ -133,7 +133,7 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
         mapper = EventMapper()
         frames = self._stream_response(
             lambda client: client.messages.with_streaming_response.create(**params),
-            lambda body: self._chunks(body, mapper),
+            lambda body: self._chunks(body, mapper, event_bound(request.max_reply_bytes)),
             lambda body: _plain(body, mapper),
             mapper,
             lambda: None if mapper.stopped else "the stream ended before message_stop",
@@ -146,10 +146,10 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
 
     @staticmethod
     async def _chunks(
-        body: AsyncIterator[bytes], mapper: EventMapper
+        body: AsyncIterator[bytes], mapper: EventMapper, bound: int
     ) -> AsyncIterator[StreamChunk]:
         """Decode events until ``message_stop`` (then drain the body for reuse)."""
-        decoder = SseDecoder()
+        decoder = SseDecoder(bound)
         async for data in body:
             for event in decoder.feed(data):
                 for out in _map_event(event, mapper):

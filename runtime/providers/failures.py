@@ -45,6 +45,7 @@ from actors.model import ModelError
 from storage.events import FailureCode, LlmFailure
 
 from .secrets import Secret, scrub
+from .sse import SseEventTooLargeError
 
 __all__ = [
     "REQUEST_ID_HEADERS",
@@ -341,7 +342,10 @@ def classify(
     failure_code: FailureCode
     retry_after: float | None = None
 
-    if isinstance(err, kinds.validation):
+    if isinstance(err, SseEventTooLargeError):
+        failure_code, status = "UNKNOWN", None
+        text = f"the model's reply cannot be logged: {vendor} sent {err}; stopped reading"
+    elif isinstance(err, kinds.validation):
         failure_code, status = "UNKNOWN", None
         text = f"{vendor} sent a reply that does not parse: {err}"
     elif isinstance(err, kinds.timeouts):

@@ -29,7 +29,7 @@ from .failures import StreamReportedError
 from .limits import ProviderLimiter
 from .openai_wire import ChunkMapper, MaxTokensField, WireChunk, chat_params, decode_chunk
 from .secrets import resolve_api_key
-from .sse import SseDecoder, SseEvent, drain
+from .sse import SseDecoder, SseEvent, drain, event_bound
 
 if TYPE_CHECKING:
     import openai
@@ -156,7 +156,7 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
         mapper = ChunkMapper()
         frames = self._stream_response(
             lambda client: client.chat.completions.with_streaming_response.create(**params),
-            lambda body: self._chunks(body, mapper),
+            lambda body: self._chunks(body, mapper, event_bound(request.max_reply_bytes)),
             lambda body: _plain(body, mapper),
             mapper,
             lambda: (
@@ -173,10 +173,10 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
 
     @staticmethod
     async def _chunks(
-        body: AsyncIterator[bytes], mapper: ChunkMapper
+        body: AsyncIterator[bytes], mapper: ChunkMapper, bound: int
     ) -> AsyncIterator[StreamChunk]:
         """Decode events until ``[DONE]`` (then drain the body for connection reuse)."""
-        decoder = SseDecoder()
+        decoder = SseDecoder(bound)
         async for data in body:
             for event in decoder.feed(data):
                 if event.data == b"[DONE]":

@@ -8,6 +8,10 @@ Follows the WHATWG event-stream rules that vendors use: ``\\n`` or ``\\r\\n`` li
 ``data:`` lines joined with ``\\n``, ``event:`` names, ``:`` comments (keep-alives)
 ignored, a blank line dispatches. An event still open at the end of the stream is
 dispatched too (some servers omit the final blank line).
+
+An event (or a line still waiting for its end) larger than the decoder's bound raises
+:class:`SseEventTooLargeError`: a server that never ends a line must not fill memory.
+:func:`event_bound` relates the bound to the log's event limit.
 """
 
 from __future__ import annotations
@@ -17,9 +21,42 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Final, NamedTuple
 
-__all__ = ["DRAIN_TIMEOUT_S", "SseDecoder", "SseEvent", "drain"]
+from storage import DEFAULT_MAX_EVENT_BYTES
+
+__all__ = [
+    "DRAIN_TIMEOUT_S",
+    "SseDecoder",
+    "SseEvent",
+    "SseEventTooLargeError",
+    "drain",
+    "event_bound",
+]
 
 DRAIN_TIMEOUT_S: Final = 0.1
+_SLACK: Final = 64 * 1024  # an event's fields around the delta (ids, names, usage)
+
+
+def event_bound(max_reply_bytes: int | None) -> int:
+    """The largest server-sent event worth reading for a reply the log takes up to
+    ``max_reply_bytes`` (None: the default event limit).
+
+    One event carries one delta. A vendor may escape every character of it (``\\uXXXX``,
+    twelve bytes for a four-byte UTF-8 character, which the log writes as is), so an
+    event of more than three times the limit cannot carry a delta the log could take;
+    four times leaves room for the fields around it."""
+    return 4 * (max_reply_bytes or DEFAULT_MAX_EVENT_BYTES) + _SLACK
+
+
+class SseEventTooLargeError(ValueError):
+    """A server-sent event (or one line of it) outgrew the decoder's bound."""
+
+    def __init__(self, size: int, bound: int) -> None:
+        super().__init__(
+            f"a server-sent event of more than {bound} bytes (four times the log's event "
+            f"limit; {size} bytes read)"
+        )
+        self.size = size
+        self.bound = bound
 
 
 class SseEvent(NamedTuple):
@@ -30,16 +67,22 @@ class SseEvent(NamedTuple):
 class SseDecoder:
     """Feed it byte chunks as they arrive; it returns the events they complete."""
 
-    __slots__ = ("_buffer", "_data", "_event")
+    __slots__ = ("_bound", "_buffer", "_data", "_event", "_size")
 
-    def __init__(self) -> None:
+    def __init__(self, bound: int | None = None) -> None:
+        """``bound``: the most bytes one event (or one unended line) may hold;
+        ``event_bound(None)`` if not given."""
         self._buffer = bytearray()
         self._data: list[bytes] = []
         self._event: str | None = None
+        self._size = 0  # Invariant: the bytes of ``_data``
+        self._bound = event_bound(None) if bound is None else bound
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         if b"\n" not in chunk:
             self._buffer += chunk
+            if len(self._buffer) > self._bound:
+                self._too_large(len(self._buffer))
             return []
         if self._buffer:
             self._buffer += chunk
@@ -47,10 +90,17 @@ class SseDecoder:
             self._buffer.clear()
         lines = chunk.split(b"\n")
         self._buffer += lines.pop()
+        if len(self._buffer) > self._bound:
+            self._too_large(len(self._buffer))
         out: list[SseEvent] = []
         for line in lines:
             self._line(line[:-1] if line.endswith(b"\r") else line, out)
         return out
+
+    def _too_large(self, size: int) -> None:
+        self._buffer.clear()
+        self._data = []
+        raise SseEventTooLargeError(size, self._bound)
 
     def finish(self) -> list[SseEvent]:
         """The events left when the stream ended."""
@@ -67,6 +117,7 @@ class SseDecoder:
             if self._data or self._event is not None:
                 out.append(SseEvent(self._event, b"\n".join(self._data)))
                 self._data = []
+                self._size = 0
                 self._event = None
             return
         if line[:1] == b":":
@@ -76,6 +127,9 @@ class SseDecoder:
             value = value[1:]
         if name == b"data":
             self._data.append(value)
+            self._size += len(value)
+            if self._size > self._bound:
+                self._too_large(self._size)
         elif name == b"event":
             self._event = value.decode("utf-8", "replace")
 

@@ -15,11 +15,14 @@ from typing import Any
 import pytest
 
 from runtime import Runtime
+from runtime.providers.sse import event_bound
 from storage import check_invariants
 
 from .test_failures import VENDORS, Vendor
 from .wire_formats import anthropic_frames, anthropic_reply, openai_chunk, openai_frames
 from .wire_server import Sse, WireServer
+
+LIMIT = 64 * 1024  # the runtime's max_event_bytes here: small, so the tests stay fast
 
 
 def _opening(vendor: Vendor, *deltas: str) -> list[bytes]:
@@ -73,3 +76,37 @@ def test_one_delta_over_the_event_limit_ends_the_turn_and_stops_the_call(
     assert error.message.startswith("the model's reply cannot be logged")
     assert "over the limit of 4194304 bytes" in error.message
 
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_reply_that_streams_past_the_event_limit_fails_there_and_stops_the_call(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    # Only the assembled message was measured: every chunk was logged (a 100 MB reply:
+    # 88,706 chunk events), and an endless one was read until the read timeout.
+    delta = "y" * 1024
+    frames = _opening(vendor, *[delta] * (4 * LIMIT // len(delta)))
+    error, _, logged = _abandoned_then_next(tmp_path, wire, vendor, frames, max_event_bytes=LIMIT)
+    assert error.message.startswith("the model's reply cannot be logged")
+    assert f"(the limit is {LIMIT} bytes)" in error.message
+    assert LIMIT < logged <= LIMIT + len(delta)  # it stopped at the first delta past it
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize(
+    "shape", ["one unended line", "one event of many data lines"], ids=["line", "event"]
+)
+def test_a_server_sent_event_past_four_times_the_event_limit_fails_the_call(
+    tmp_path: Path, wire: WireServer, vendor: Vendor, shape: str
+) -> None:
+    # An endless line with no newline was buffered without a bound (200 MB in a probe).
+    piece = b"z" * (64 * 1024)
+    count = event_bound(LIMIT) // len(piece) + 2
+    if shape == "one unended line":
+        endless = [b"data: "] + [piece] * count
+    else:
+        endless = [b"data: " + piece + b"\n"] * count
+    frames = _opening(vendor, "x") + endless
+    error, _, _ = _abandoned_then_next(tmp_path, wire, vendor, frames, max_event_bytes=LIMIT)
+    assert error.message.startswith(f"the model's reply cannot be logged: {vendor.name} sent")
+    assert f"more than {event_bound(LIMIT)} bytes" in error.message
+    assert error.code == "UNKNOWN"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from runtime.providers.openai_wire import decode_chunk
-from runtime.providers.sse import SseDecoder, SseEvent
+from runtime.providers.sse import SseDecoder, SseEvent, SseEventTooLargeError, event_bound
 
 STREAM = (
     b": keep-alive\r\n\r\n"
@@ -56,3 +57,15 @@ def test_chunk_decoding_ignores_unknown_fields_and_tolerates_nulls() -> None:
     assert chunk.choices is not None
     assert chunk.choices[0].delta is not None
     assert chunk.choices[0].delta.content == "hi"
+
+
+def test_an_event_or_an_unended_line_past_the_bound_is_refused_and_one_at_it_is_not() -> None:
+    assert SseDecoder(8).feed(b"data: 12345678\n\n") == [SseEvent(None, b"12345678")]
+    with pytest.raises(SseEventTooLargeError, match="more than 8 bytes"):
+        SseDecoder(8).feed(b"data: 123")  # a line with no end yet
+    decoder = SseDecoder(8)
+    assert decoder.feed(b"data: 12\n" * 4) == []  # 8 bytes of data: at the bound
+    with pytest.raises(SseEventTooLargeError):  # no line is too long, the event is
+        decoder.feed(b"data: 12\n")
+    assert SseDecoder().feed(b"data: x\n\n") == [SseEvent(None, b"x")]
+    assert event_bound(None) == event_bound(4 << 20) > 4 * (4 << 20)
