@@ -58,7 +58,7 @@ from storage.events import DisposedCause, RequestConfig
 from storage.lmdb_store import Store, check_session_id
 from storage.session import Session
 
-from . import gctune
+from . import gctune, waiting
 from .agent import Agent
 from .errors import RuntimeClosedError
 from .policy import RetryPolicy
@@ -925,7 +925,10 @@ class Runtime:
             agents = list(self._agents.values())
         for handle in agents:
             handle._begin_disposal(keep_inbox=True)
-        stuck = [h for h in agents if not h._disposed.wait(remaining(until))]
+        # In slices on the main thread (runtime.waiting): a Ctrl-C that lands just before
+        # the wait's system call is handled within one, not once every turn has ended
+        # (corral run's handler says the close goes on, or quits at the next press).
+        stuck = [h for h in agents if not waiting.wait(h._disposed, remaining(until))]
         self._stop_now(stuck, until, timeout)
         self._stop_registry(until, timeout)
         self.scheduler.close(remaining(extended(until)))

@@ -8,6 +8,7 @@ the interpreter lock and before its wait began (see ``runtime.waiting``).
 from __future__ import annotations
 
 import _thread
+import signal
 import sys
 import threading
 import time
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime import Runtime, ScriptedModel, waiting
+from runtime import Runtime, ScriptedModel, ToolCall, tool, waiting
+from storage import assert_invariants
+from storage.lmdb_store import Store
 
 WAIT = 10.0
 
@@ -30,6 +33,18 @@ def main_thread_waits() -> bool:
         frame = frame.f_back
     inner = bool(names) and names[0][0].endswith("threading.py") and names[0][1] == "wait"
     return inner and (waiting.__file__, "wait") in names
+
+
+def main_thread_waits_in(function: str) -> bool:
+    """Whether the main thread is blocked in an event's (or a condition's) wait somewhere
+    inside ``function``."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    names: list[tuple[str, str]] = []
+    while frame is not None:
+        names.append((frame.f_code.co_filename, frame.f_code.co_name))
+        frame = frame.f_back
+    inner = bool(names) and names[0][0].endswith("threading.py") and names[0][1] == "wait"
+    return inner and function in [name for _, name in names]
 
 
 def interrupt_main_once_it_waits(release: Callable[[], None]) -> Callable[[], bool]:
@@ -103,3 +118,51 @@ def test_off_the_main_thread_a_wait_is_the_events_own() -> None:
     event.set()
     worker.join(WAIT)
     assert results == [True] and calls == [30.0]  # one wait, not slices
+
+
+def test_a_ctrl_c_during_close_is_handled_while_a_tool_call_holds_the_turn(
+    tmp_path: Path,
+) -> None:
+    # corral run's handler once the close began: a press only says what goes on (the
+    # one after quits). One that missed the wait's system call was handled only when
+    # close's wait for the agent's disposal ended (the tool returned, or 30 s later):
+    # tests/cli/test_run.py waited on the message it prints, so the close timed out.
+    running, release, handled = threading.Event(), threading.Event(), threading.Event()
+
+    @tool
+    def hold() -> str:
+        """Hold the turn until released."""
+        running.set()
+        release.wait(2 * WAIT)
+        return "released"
+
+    previous = signal.signal(signal.SIGINT, lambda *_: handled.set())
+    try:
+        rt = Runtime.open(tmp_path / "store")
+        agent = rt.spawn(model=ScriptedModel([[ToolCall("hold", {})], "done"]), tools=[hold])
+        agent.followup("go")
+        assert running.wait(WAIT)
+        in_time: list[bool] = []
+
+        def interrupt() -> None:
+            deadline = time.monotonic() + WAIT
+            pause = threading.Event()
+            while not main_thread_waits_in("close") and time.monotonic() < deadline:
+                pause.wait(0.002)
+            _thread.interrupt_main()
+            in_time.append(handled.wait(WAIT))
+            release.set()
+
+        helper = threading.Thread(target=interrupt)
+        helper.start()
+        rt.close(timeout=3 * WAIT)
+        helper.join(WAIT)
+    finally:
+        release.set()
+        signal.signal(signal.SIGINT, previous)
+    assert in_time == [True], "the Ctrl-C was handled only once the tool call returned"
+    assert agent.disposed  # the close went on: the tool's result is logged, the turn ended
+    with Store.open(tmp_path / "store", readonly=True) as store:
+        events = store.open_session(agent.id).events()
+    assert "tool/result" in [event.type for event in events]
+    assert_invariants(events)
