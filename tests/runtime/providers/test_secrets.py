@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,20 @@ def test_scrub_masks_given_secrets_and_anything_shaped_like_a_vendor_key() -> No
     assert scrub(text, [Secret("hunter22")]) == "bad key ***; also *** and mine=***"
 
 
+def _failure_of(vendor: Vendor, wire: WireServer, **options: Any) -> ModelError:
+    """The ModelError one request to the scripted ``wire`` fails with."""
+
+    async def body() -> ModelError:
+        async with vendor.model(wire.url, **options) as model:
+            try:
+                await collect(model, request())
+            except ModelError as err:
+                return err
+        raise AssertionError("the request did not fail")
+
+    return run(body)
+
+
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_a_key_echoed_by_the_server_is_scrubbed_from_every_error_text(
     wire: WireServer, vendor: Vendor
@@ -55,15 +70,7 @@ def test_a_key_echoed_by_the_server_is_scrubbed_from_every_error_text(
     body["error"]["message"] = f"Incorrect API key provided: {echoed}"
     wire.script(JsonReply(401, body))
 
-    async def body_() -> ModelError:
-        async with vendor.model(wire.url, api_key=echoed) as model:
-            try:
-                await collect(model, request())
-            except ModelError as err:
-                return err
-        raise AssertionError("no error")
-
-    err = run(body_)
+    err = _failure_of(vendor, wire, api_key=echoed)
     assert err.failure.code == "AUTH"
     texts = [
         str(err),
@@ -174,15 +181,7 @@ def test_a_key_echoed_in_the_request_id_is_scrubbed_from_the_failure(
     key = (KEY if vendor.name == "openai" else ANTHROPIC_KEY).replace("sk-", "")
     wire.script(_echoing_reply(kind, key, vendor.id_header, vendor))
 
-    async def body() -> ModelError:
-        async with vendor.model(wire.url, api_key=key) as model:
-            try:
-                await collect(model, request())
-            except ModelError as err:
-                return err
-        raise AssertionError("no error")
-
-    err = run(body)
+    err = _failure_of(vendor, wire, api_key=key)
     assert err.failure.request_id == "req_***"
     assert key not in repr(err.failure)
 
@@ -194,14 +193,6 @@ def test_a_model_error_keeps_no_sdk_exception_that_holds_the_request_and_its_key
     body = {"type": "error", "error": {"type": "api_error", "message": "try later"}}
     wire.script(JsonReply(500, body))
 
-    async def body_() -> ModelError:
-        async with vendor.model(wire.url) as model:
-            try:
-                await collect(model, request())
-            except ModelError as err:
-                return err
-        raise AssertionError("no error")
-
-    err = run(body_)
+    err = _failure_of(vendor, wire)
     assert err.failure.code == "SERVER"
     assert (err.__cause__, err.__context__) == (None, None)
