@@ -17,9 +17,23 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
 
-__all__ = ["Host"]
+__all__ = ["Host", "unstopped"]
 
 _Work = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
+
+
+def _refused(error: StopIteration) -> RuntimeError:
+    return RuntimeError(f"raised {error!r}")
+
+
+def unstopped(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a ``StopIteration`` it raises turned into a ``RuntimeError`` naming
+    it: for work whose outcome goes into an asyncio future (``run_in_executor``,
+    ``wrap_future``), which refuses ``StopIteration`` and is then never settled."""
+    try:
+        return fn(*args)
+    except StopIteration as err:
+        raise _refused(err) from err
 
 
 class Host:
@@ -41,7 +55,7 @@ class Host:
     def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` on the host thread (on the loop: returns its future)."""
         if self._closed:  # e.g. a task an async listener left behind calls next() late
-            return self._loop.run_in_executor(self._pool, fn, *args)
+            return self._loop.run_in_executor(self._pool, unstopped, fn, *args)
         future: asyncio.Future[Any] = self._loop.create_future()
         self._queue.put((fn, args, future))
         return future
@@ -78,7 +92,7 @@ class Host:
             if error is None:
                 future.set_result(value)
             elif isinstance(error, StopIteration):  # asyncio futures refuse StopIteration
-                future.set_exception(RuntimeError(f"raised {error!r}"))
+                future.set_exception(_refused(error))
             else:
                 future.set_exception(error)
 

@@ -18,7 +18,7 @@ import msgspec
 
 from storage.events import TextBlock, ToolError, ToolSpec
 
-from ._host import Host
+from ._host import Host, unstopped
 from ._ioside import Lease, _BlockingPool
 from .bus import _is_async
 
@@ -194,7 +194,7 @@ async def run_execute_chain(
             else:
                 work = host.submit(leased)
         elif host is None:
-            work = loop.run_in_executor(pool, run)
+            work = loop.run_in_executor(pool, unstopped, run)
         else:
             work = host.submit(run)
         if timeout is None:
@@ -215,7 +215,9 @@ async def run_execute_chain(
         if is_async_listener[index]:
             return await listener(event, lambda: call(index + 1, host))
         if host is None:
-            return await loop.run_in_executor(pool, listener, event, sync_next(index + 1))
+            return await loop.run_in_executor(
+                pool, unstopped, listener, event, sync_next(index + 1)
+            )
         return await host.submit(listener, event, sync_next(index + 1))
 
     def sync_next(index: int) -> Callable[[], Any]:
@@ -257,7 +259,7 @@ async def _guarded(work: Awaitable[Any]) -> Any:
 
 def _run_leased(run: Callable[[], Any], lease: Lease) -> Any:
     try:
-        return run()
+        return unstopped(run)  # its outcome goes into an asyncio future
     finally:
         lease.end()
 
