@@ -545,15 +545,18 @@ class AgentActor(PooledActor):
 
     def _start_tool(self, effect: StartTool) -> Any:
         post = self._post
-        handle = work_for(  # the body and its tools/execute listeners run for this agent
-            self.inbox,
-            start_tool,
-            effect.plan,
-            self.io,
-            self.bus,
-            self.session.id,
-            lambda h: post(_ToolDone(h)),
-        )
+        try:
+            handle = work_for(  # the body and its tools/execute listeners run for this agent
+                self.inbox,
+                start_tool,
+                effect.plan,
+                self.io,
+                self.bus,
+                self.session.id,
+                lambda h: post(_ToolDone(h)),
+            )
+        except Exception as err:  # noqa: BLE001 - e.g. a hand-written Tool whose timeout_s raises
+            return None, err  # the tool phase's failure: it answers its calls
         return handle, None
 
     def _start_join_tool(self, effect: JoinTool) -> Any:

@@ -44,6 +44,7 @@ from .tools import (
     Tool,
     ToolArgumentError,
     ToolOutcome,
+    described,
     outcome_from_output,
     shown,
 )
@@ -75,6 +76,11 @@ def _error(code: str, message: str) -> ToolOutcome:
 
 def _not_started() -> ToolOutcome:
     return _error("ABORTED_BEFORE_DISPATCH", "the turn was aborted before this call started")
+
+
+def _abandoned(err: Exception, *, ran: bool) -> ToolOutcome:
+    state = "its body may have run" if ran else "it did not run"
+    return _error("TOOL_FAILED", f"the tool phase failed ({described(err)}); {state}")
 
 
 class ToolPhase:
@@ -122,6 +128,13 @@ class ToolPhase:
             prepared = tool.prepare(arguments)
         except ToolArgumentError as err:
             return _error("INVALID_ARGUMENTS", str(err))
+        except Exception as err:  # noqa: BLE001 - a converter refusing the value, or its bug
+            # e.g. a dataclass argument whose __post_init__ asserts, a hand-written
+            # prepare raising KeyError: the arguments did not convert
+            return _error(
+                "INVALID_ARGUMENTS",
+                f"tool {call.name!r} could not convert its arguments: {described(err)}",
+            )
         event = PreExecute(
             agent=self._agent,
             turn=turn,
@@ -194,7 +207,13 @@ class ToolPhase:
         call_seqs: Sequence[int],
         signal: TurnSignal,
     ) -> bool:
-        """Run every call; returns True when a result concludes the turn."""
+        """Run every call; returns True when a result concludes the turn.
+
+        Whatever escapes (a bug here, a stepper's failure thrown in), every call still
+        unanswered gets a synthetic ``TOOL_FAILED`` result before the error is raised on,
+        so that the step can close (its ``step/end`` never follows an unanswered call);
+        should even that fail, the calls stay unanswered and the turn must leave the step
+        open for the resume's repair (see ``TurnMachine._step``)."""
         outcomes: list[ToolOutcome | None] = [None] * len(calls)
         plans: dict[int, ToolPlan] = {}
         inflight: deque[tuple[int, Any]] = deque()
@@ -213,30 +232,39 @@ class ToolPhase:
             outcomes[index] = await self._finish(plans[index], await JoinTool(handle))
             commit_ready()
 
-        for index, call in enumerate(calls):
-            if signal.aborted:
-                outcomes[index] = _not_started()
-                commit_ready()
-                continue
-            admitted = await self._admit(turn, step, call, signal)
-            if isinstance(admitted, ToolOutcome):
-                outcomes[index] = admitted
-                commit_ready()
-                continue
-            safe = bool(admitted.tool.concurrency_safe)
-            while inflight and (not safe or len(inflight) >= self._max_parallel):
+        try:
+            for index, call in enumerate(calls):
+                if signal.aborted:
+                    outcomes[index] = _not_started()
+                    commit_ready()
+                    continue
+                admitted = await self._admit(turn, step, call, signal)
+                if isinstance(admitted, ToolOutcome):
+                    outcomes[index] = admitted
+                    commit_ready()
+                    continue
+                safe = bool(admitted.tool.concurrency_safe)
+                while inflight and (not safe or len(inflight) >= self._max_parallel):
+                    await join_oldest()
+                if signal.aborted:
+                    outcomes[index] = _not_started()
+                    commit_ready()
+                    continue
+                plans[index] = admitted
+                inflight.append((index, await StartTool(admitted)))
+                if not safe:
+                    await join_oldest()
+            while inflight:
                 await join_oldest()
-            if signal.aborted:
-                outcomes[index] = _not_started()
-                commit_ready()
-                continue
-            plans[index] = admitted
-            inflight.append((index, await StartTool(admitted)))
-            if not safe:
-                await join_oldest()
-        while inflight:
-            await join_oldest()
-        commit_ready()
+            commit_ready()
+        except Exception as err:
+            # Every outcome is committed as soon as it can be: the first uncommitted one
+            # set means its commit failed, so it is replaced too.
+            for index in range(committed, len(calls)):
+                if index == committed or outcomes[index] is None:
+                    outcomes[index] = _abandoned(err, ran=index in plans)
+            commit_ready()
+            raise
         return any(o is not None and o.concludes_turn for o in outcomes)
 
     def _commit(

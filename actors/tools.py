@@ -28,6 +28,7 @@ __all__ = [
     "ToolOutcome",
     "ToolReturn",
     "ToolTimeout",
+    "described",
     "outcome_from_output",
     "run_execute_chain",
     "shown",
@@ -112,6 +113,21 @@ def shown(value: object) -> str:
 
 
 _SHOWN_CHARS: Final = 200
+
+
+def described(err: BaseException) -> str:
+    """``"TypeName: message"`` of an exception, its message cut short, for an error
+    result; never raises."""
+    try:
+        text = str(err)
+    except Exception:  # noqa: BLE001 - a hostile __str__ still gets named
+        text = "(its str() failed)"
+    if len(text) > _DESCRIBED_CHARS:
+        text = f"{text[:_DESCRIBED_CHARS]}... ({len(text) - _DESCRIBED_CHARS} more characters)"
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+_DESCRIBED_CHARS: Final = 2000
 
 
 def _failed(message: str, concludes: bool = False) -> ToolOutcome:

@@ -80,6 +80,7 @@ from .live import (
 from .model import ModelError, ModelRequest, checked_failure
 from .streams import StreamHandle
 from .toolphase import ToolPhase
+from .tools import described
 
 __all__ = ["Durability", "TurnMachine"]
 
@@ -559,6 +560,7 @@ class TurnMachine:
     ) -> _StepResult:
         append = self.session.append_fact
         append(StepStart(turn=turn, step=step))
+        closable = True
         try:
             try:
                 for message in messages:
@@ -608,8 +610,13 @@ class TurnMachine:
             if self.on_request is not None:
                 self.on_request(request)
             return await self._exchange(turn, step, request, signal)
+        except BaseException:
+            # A step/end must never follow an unanswered tool/call (no tool/result can
+            # come after it): such a step stays open, for the resume's crash repair.
+            closable = not self.session.state.open_calls
+            raise
         finally:
-            if not self.stopping:  # else the resume's crash repair closes the step
+            if closable and not self.stopping:  # else the resume's crash repair closes it
                 append(StepEnd(turn=turn, step=step))
 
     def _write_header(
@@ -727,5 +734,12 @@ class TurnMachine:
             return _DONE
         if self.durability == "write-ahead":
             await _FLUSH
-        concluded = await self.tools.run(turn, step, calls, call_seqs, signal)
+        try:
+            concluded = await self.tools.run(turn, step, calls, call_seqs, signal)
+        except Exception as err:
+            if self.session.state.open_calls:  # not every call could be answered
+                raise
+            # Every call got a result (ToolPhase.run): the step closes, the turn ends error.
+            failure = LlmFailure(message=f"the tool phase failed: {described(err)}")
+            return _StepResult(failure=failure, offer=False)
         return _StepResult(more=not concluded)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from actors.effects import Checkpoint, Flush, JoinTool, NextBatch, OpenStream, StartTool, StreamEnd
 from actors.live import TurnSignal
 from actors.testing import TurnHarness
 from actors.toolphase import ToolRun
 from runtime import ScriptedModel, tool
 from storage import assert_invariants
-from storage.events import FinishChunk, TextDelta, ToolCallDelta, UserCause
+from storage.errors import InvalidEventError
+from storage.events import FinishChunk, TextDelta, ToolCallDelta, ToolResultData, UserCause
+from storage.projections import repair_plan
+from storage.session import Session
 
 
 def answer(harness: TurnHarness, effect: Any, chunks: list[Any]) -> Any:
@@ -122,3 +127,68 @@ def test_a_retry_turns_signal_is_aborted_with_the_failed_turns_and_shares_its_ch
     assert not other.aborted
     late = TurnSignal(first)  # opened after the failed turn's signal was aborted
     assert late.aborted
+
+
+def _two_safe_calls(harness: TurnHarness) -> None:
+    """Run the turn up to the first join of two started concurrency-safe calls."""
+    harness.insert("go")
+    harness.start()
+    harness.send()
+    calls = [
+        ToolCallDelta(index=0, call_id="a", name="work", arguments_delta='{"n": 1}'),
+        ToolCallDelta(index=1, call_id="b", name="work", arguments_delta='{"n": 2}'),
+        FinishChunk(reason="tool-calls"),
+    ]
+    assert isinstance(answer(harness, harness.send(), calls), Flush)
+    assert isinstance(harness.send(), StartTool)
+    assert isinstance(harness.send("handle-a"), StartTool)
+    assert isinstance(harness.send("handle-b"), JoinTool)
+
+
+@tool(concurrency_safe=True)
+def work(n: int) -> int:
+    return n
+
+
+def test_a_failure_escaping_the_tool_phase_answers_every_call_before_the_step_closes() -> None:
+    # Before, the step/end of the coroutine's finally followed the unanswered calls: a
+    # log the invariant checker refused for good, which no resume could repair.
+    harness = TurnHarness(tools={"work": work})
+    _two_safe_calls(harness)
+    effect = harness.throw(RuntimeError("the stepper failed"))
+    while effect is not None:  # the turn ends: settle
+        effect = harness.send()
+    events = harness.session.events()
+    results = [e.data for e in events if e.type == "tool/result"]
+    assert [r.message.call_id for r in results] == ["a", "b"]
+    assert all(r.error is not None and r.error.code == "TOOL_FAILED" for r in results)
+    assert "the stepper failed" in results[0].error.message
+    assert [e.type for e in events][-2:] == ["step/end", "turn/end"]
+    assert events[-1].data.reason.kind == "error"
+    assert_invariants(events)
+
+
+def test_a_tool_phase_that_cannot_log_any_result_leaves_the_step_open_for_the_repair(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    refuse = False
+    append_fact = Session.append_fact
+
+    def failing(self: Session, data: Any) -> Any:
+        if refuse and isinstance(data, ToolResultData):
+            raise InvalidEventError("the log refuses every tool/result")
+        return append_fact(self, data)
+
+    monkeypatch.setattr(Session, "append_fact", failing)
+    harness = TurnHarness(tools={"work": work})
+    _two_safe_calls(harness)
+    refuse = True
+    with pytest.raises(InvalidEventError):
+        harness.send(ToolRun(output=1))
+    events = harness.session.events()
+    assert events[-1].type == "tool/call"  # no step/end over the unanswered calls
+    assert_invariants(events, allow_open_tail=True)
+    refuse = False
+    for kind, data in repair_plan(events):  # what a resume appends
+        harness.session.append(kind, data)
+    assert_invariants(harness.session.events())

@@ -4,11 +4,14 @@ the log stays valid."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import msgspec
 import pytest
 
 from runtime import Runtime, ScriptedModel, ToolCall, tool
+from storage.events import ToolSpec
 
 from .conftest import WAIT
 
@@ -74,3 +77,129 @@ def test_a_stop_iteration_from_a_tool_body_or_execute_listener_is_that_calls_fai
     (result,) = results(agent)
     assert result.error is not None and result.error.code == "TOOL_FAILED"
     assert "StopIteration" in result.error.message
+
+
+@dataclasses.dataclass
+class Span:
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        assert self.lo <= self.hi, "lo must be <= hi"
+
+
+class Positive(msgspec.Struct):
+    n: int
+
+    def __post_init__(self) -> None:
+        if self.n < 0:
+            raise KeyError("negative")
+
+
+@tool
+def span(r: Span) -> int:
+    return r.hi - r.lo
+
+
+@tool
+def positive(p: Positive) -> int:
+    return p.n
+
+
+class HandTool:
+    """A hand-written tool whose argument conversion raises what it happens to raise."""
+
+    spec = ToolSpec(name="hand", description="hand-written", parameters={"type": "object"})
+    concurrency_safe = False
+    timeout_s = None
+    is_async = False
+
+    def prepare(self, arguments: Any) -> int:
+        return int(arguments["n"])  # KeyError, ValueError
+
+    def run(self, prepared: int) -> int:
+        return prepared * 2
+
+
+CONVERSIONS = {
+    "a dataclass argument asserting": (
+        ToolCall(name="span", arguments={"r": {"lo": 5, "hi": 1}}),
+        "AssertionError: lo must be <= hi",
+    ),
+    "a Struct argument raising KeyError": (
+        ToolCall(name="positive", arguments={"p": {"n": -1}}),
+        "KeyError: 'negative'",
+    ),
+    "a hand-written prepare raising ValueError": (
+        ToolCall(name="hand", arguments={"n": "abc"}),
+        "ValueError: invalid literal",
+    ),
+    "a hand-written prepare raising KeyError": (
+        ToolCall(name="hand", arguments={}),
+        "KeyError: 'n'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CONVERSIONS))
+def test_an_argument_conversion_raising_anything_is_an_invalid_arguments_result_and_the_turn_goes_on(
+    rt: Runtime, case: str
+) -> None:
+    # Before, it crashed the agent, whose turn wrote step/end over the unanswered call:
+    # a log the invariant checker refused for good, which no resume could repair.
+    call, named = CONVERSIONS[case]
+    seen: list[list[Any]] = []
+
+    def reply(request: Any) -> Any:
+        seen.append(request.messages)
+        return [call] if len(seen) == 1 else "ok"
+
+    agent = rt.spawn(model=ScriptedModel(reply), tools=[span, positive, HandTool()])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    (result,) = results(agent)
+    assert result.error is not None and result.error.code == "INVALID_ARGUMENTS"
+    assert named in result.error.message
+    assert agent.session.events()[-1].data.reason.kind == "completed"
+    kinds = ["UserMessage", "AssistantMessage", "ToolMessage"]
+    assert [type(m).__name__ for m in seen[1]] == kinds
+
+
+class BrokenTool(HandTool):
+    """A hand-written tool one of whose properties raises once the call was admitted."""
+
+    def __init__(self, broken: str) -> None:
+        self.broken = broken
+        self.admitted = False
+
+    def prepare(self, arguments: Any) -> int:
+        self.admitted = True
+        return super().prepare(arguments)
+
+    def __getattribute__(self, name: str) -> Any:
+        get = object.__getattribute__
+        if name == get(self, "broken") and get(self, "admitted"):
+            raise RuntimeError(f"{name} is broken")
+        return get(self, name)
+
+
+@pytest.mark.parametrize("broken", ["concurrency_safe", "timeout_s"])
+def test_a_tool_that_fails_between_its_call_and_its_result_gets_a_result_and_the_turn_ends_error(
+    rt: Runtime, broken: str
+) -> None:
+    # Past its arguments nothing is expected to raise; when something does, the call is
+    # answered before its step closes and the turn ends error (before: a crashed agent
+    # and a step/end over the unanswered call).
+    agent = rt.spawn(
+        model=ScriptedModel([[ToolCall(name="hand", arguments={"n": 1})], "ok"]),
+        tools=[BrokenTool(broken)],
+    )
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    (result,) = results(agent)
+    assert result.error is not None and result.error.code == "TOOL_FAILED"
+    assert f"{broken} is broken" in result.error.message
+    end = agent.session.events()[-1].data
+    assert end.reason.kind == "error" and "the tool phase failed" in end.reason.error.message
+    agent.followup("again")  # the agent lives on
+    assert agent.wait_idle(WAIT)
