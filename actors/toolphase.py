@@ -49,7 +49,35 @@ from .tools import (
     shown,
 )
 
-__all__ = ["ToolPhase", "ToolPlan", "ToolRun"]
+__all__ = ["RESULT_ROOM", "ToolPhase", "ToolPlan", "ToolRun", "unanswerable"]
+
+RESULT_ROOM: Final = 1024
+"""Bytes of an event that a call's id and name must leave free, so that its last-resort
+``tool/result`` (``_LAST_RESORT``: some 420 bytes besides them) can always be logged."""
+
+_LAST_RESORT: Final = "the tool result could not be logged"
+_JSON: Final = msgspec.json.Encoder()
+
+
+def unanswerable(calls: Sequence[ToolCallBlock], max_event_bytes: int) -> str | None:
+    """Why no ``tool/result`` could ever be logged for one of ``calls`` (its id and name,
+    which every result repeats, leave less than :data:`RESULT_ROOM` bytes of an event),
+    or None. Such a call is a malformed model reply: it must not be logged, since a
+    ``tool/call`` nothing can answer leaves a step no one can close."""
+    room = max_event_bytes - RESULT_ROOM
+    for call in calls:
+        # A JSON string takes at most 6 bytes a character (\u escapes): measured only
+        # when that bound does not fit.
+        if 6 * (len(call.call_id) + len(call.name)) + 4 <= room:
+            continue
+        size = len(_JSON.encode(call.call_id)) + len(_JSON.encode(call.name))
+        if size > room:
+            return (
+                f"the model's reply has a tool call whose id and name take {size} bytes: "
+                f"no result for it could be logged under the event limit of "
+                f"{max_event_bytes} bytes (at most {room} bytes for them)"
+            )
+    return None
 
 
 class ToolPlan(msgspec.Struct, frozen=True):
@@ -71,6 +99,13 @@ class ToolRun(msgspec.Struct, frozen=True):
 def _error(code: str, message: str) -> ToolOutcome:
     return ToolOutcome(
         content=[TextBlock(text=message)], error=ToolError(code=code, message=message)
+    )
+
+
+def _refused(message: str, outcome: ToolOutcome) -> ToolOutcome:
+    refused = _error("TOOL_FAILED", message)
+    return ToolOutcome(
+        content=refused.content, error=refused.error, concludes_turn=outcome.concludes_turn
     )
 
 
@@ -117,7 +152,9 @@ class ToolPhase:
         tool = self._tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self._tools)) or "none"
-            return _error("UNKNOWN_TOOL", f"there is no tool named {call.name!r} (tools: {known})")
+            return _error(
+                "UNKNOWN_TOOL", f"there is no tool named {shown(call.name)} (tools: {known})"
+            )
         try:
             arguments = _ARGUMENTS.decode(call.arguments or "{}")
         except ValueError as err:
@@ -274,11 +311,14 @@ class ToolPhase:
         try:
             event = self._append(self._result(turn, step, call, call_seq, outcome))
         except InvalidEventError as err:  # e.g. an output over the event size limit
-            refused = _error("TOOL_FAILED", f"the tool result could not be logged: {err}")
-            outcome = ToolOutcome(
-                content=refused.content, error=refused.error, concludes_turn=outcome.concludes_turn
-            )
-            event = self._append(self._result(turn, step, call, call_seq, outcome))
+            outcome = _refused(f"{_LAST_RESORT}: {err}", outcome)
+            try:
+                event = self._append(self._result(turn, step, call, call_seq, outcome))
+            except InvalidEventError:  # the error's text did not fit either
+                # Always fits: the turn refused calls whose id and name leave too little
+                # room (``unanswerable``).
+                outcome = _refused(_LAST_RESORT, outcome)
+                event = self._append(self._result(turn, step, call, call_seq, outcome))
         self._emit(
             "tools/result",
             ToolResultEvent(

@@ -79,7 +79,7 @@ from .live import (
 )
 from .model import ModelError, ModelRequest, checked_failure
 from .streams import StreamHandle
-from .toolphase import ToolPhase
+from .toolphase import ToolPhase, unanswerable
 from .tools import described
 
 __all__ = ["Durability", "TurnMachine"]
@@ -198,6 +198,7 @@ class TurnMachine:
         self.agent = agent
         self._scope = agent.id  # the bus scope of every event of this agent
         self.session = session
+        self._max_event_bytes: int = session.codec.max_event_bytes
         self.inbox = inbox
         self.bus = bus
         self.tools = tools
@@ -707,6 +708,11 @@ class TurnMachine:
             return _StepResult(failure=failure, error=ModelError(failure))
         truncated = assembler.finish == "max-tokens"
         calls = [] if truncated else assembler.calls()
+        if calls:
+            refused = unanswerable(calls, self._max_event_bytes)
+            if refused is not None:  # a call nothing could answer: the reply is malformed
+                failure = LlmFailure(message=refused)
+                return _StepResult(failure=failure, error=ModelError(failure))
         try:
             append(
                 AssistantMessageData(

@@ -192,3 +192,35 @@ def test_a_tool_phase_that_cannot_log_any_result_leaves_the_step_open_for_the_re
     for kind, data in repair_plan(events):  # what a resume appends
         harness.session.append(kind, data)
     assert_invariants(harness.session.events())
+
+
+def test_a_result_whose_refusal_cannot_be_logged_either_is_logged_as_the_last_resort(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    append_fact = Session.append_fact
+
+    def picky(self: Session, data: Any) -> Any:
+        # refuses every tool/result but the shortest: as the log would one whose id and
+        # name take nearly all of the event limit
+        if isinstance(data, ToolResultData) and len(data.message.content[0].text) > 40:
+            raise InvalidEventError("'tool/result' event is over the limit " + "." * 500)
+        return append_fact(self, data)
+
+    @tool
+    def talk() -> str:
+        return "a result longer than forty characters, refused by the log"
+
+    monkeypatch.setattr(Session, "append_fact", picky)
+    harness = TurnHarness(tools={"talk": talk})
+    harness.insert("go")
+    harness.start()
+    harness.send()
+    call = [ToolCallDelta(index=0, call_id="a", name="talk"), FinishChunk(reason="tool-calls")]
+    effect = answer(harness, harness.send(), call)
+    assert isinstance(harness.send(), StartTool)  # past the write-ahead flush
+    assert isinstance(harness.send("handle"), JoinTool)
+    harness.send(ToolRun(output=talk.fn()))
+    (result,) = [e.data for e in harness.session.events() if e.type == "tool/result"]
+    assert result.error is not None and result.error.code == "TOOL_FAILED"
+    assert result.message.content[0].text == "the tool result could not be logged"
+    assert effect is not None

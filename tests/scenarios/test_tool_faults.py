@@ -5,15 +5,24 @@ the log stays valid."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
+from actors.toolphase import RESULT_ROOM
 from runtime import Runtime, ScriptedModel, ToolCall, tool
-from storage.events import ToolSpec
+from storage.events import (
+    FinishChunk,
+    StreamChunk,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+)
 
-from .conftest import WAIT
+from .conftest import WAIT, check_store
 
 
 def results(agent: Any) -> list[Any]:
@@ -203,3 +212,81 @@ def test_a_tool_that_fails_between_its_call_and_its_result_gets_a_result_and_the
     assert end.reason.kind == "error" and "the tool phase failed" in end.reason.error.message
     agent.followup("again")  # the agent lives on
     assert agent.wait_idle(WAIT)
+
+
+class CallIdModel:
+    """Calls ``echo`` once with the call id it is given, then answers "done"."""
+
+    provider = "test"
+    name = "call-id"
+
+    def __init__(self, call_id: str) -> None:
+        self.call_id = call_id
+        self.requests = 0
+
+    async def stream(self, request: Any) -> AsyncIterator[StreamChunk]:
+        self.requests += 1
+        if self.requests == 1:
+            yield ToolCallDelta(index=0, call_id=self.call_id, name="echo", arguments_delta="{}")
+            yield FinishChunk(reason="tool-calls")
+        else:
+            yield TextDelta(text="done")
+            yield FinishChunk(reason="stop")
+
+
+LIMIT = 20_000
+
+
+@pytest.mark.parametrize("spare", [400, 350, 300], ids=lambda n: f"{n} bytes spare")
+@pytest.mark.parametrize("long", ["name", "call id"])
+def test_a_tool_call_whose_id_or_name_leaves_no_room_for_its_result_fails_the_request(
+    store_path: Path, long: str, spare: int
+) -> None:
+    # Before, its tool/call fitted the event limit but no tool/result could (not even
+    # the short "could not be logged" one): the agent crashed after the body ran, and
+    # the resume's repair could not log one either.
+    ran: list[int] = []
+
+    @tool
+    def echo() -> str:
+        ran.append(1)
+        return "echo"
+
+    model: Any
+    if long == "name":  # an unknown tool, whose result names it
+        model = ScriptedModel([[ToolCall(name="n" * (LIMIT - spare), raw_arguments="")], "x"])
+    else:
+        model = CallIdModel("i" * (LIMIT - spare))
+    rt = Runtime.open(store_path, max_event_bytes=LIMIT)
+    try:
+        agent = rt.spawn(model=model, tools=[echo])
+        agent.followup("go")
+        assert agent.wait_idle(WAIT)
+        types = [e.type for e in agent.session.events()]
+        assert "tool/call" not in types and not ran
+        end = agent.session.events()[-1].data
+        assert end.reason.kind == "error"
+        assert "no result for it could be logged" in end.reason.error.message
+        agent.followup("again")  # the agent lives on
+        assert agent.wait_idle(WAIT)
+    finally:
+        rt.close()
+    check_store(store_path)
+
+
+def test_a_tool_call_that_leaves_just_enough_room_for_its_result_is_answered(
+    store_path: Path,
+) -> None:
+    # The guard of the test above: the refusal takes only calls nothing could answer.
+    name = "n" * (LIMIT - RESULT_ROOM - len('""') * 2 - len('"call-0-1"'))
+    rt = Runtime.open(store_path, max_event_bytes=LIMIT)
+    try:
+        agent = rt.spawn(model=ScriptedModel([[ToolCall(name=name, raw_arguments="")], "ok"]))
+        agent.followup("go")
+        assert agent.wait_idle(WAIT)
+        (result,) = results(agent)
+        assert result.error is not None and result.error.code == "UNKNOWN_TOOL"
+        assert agent.session.events()[-1].data.reason.kind == "completed"
+    finally:
+        rt.close()
+    check_store(store_path)
