@@ -405,8 +405,8 @@ class AgentActor(PooledActor):
     def _on_tool_done(self, message: _ToolDone) -> None:
         message.handle.delivered = True  # visible to the turn only now, in mailbox order
         waiting = self._waiting
-        if isinstance(waiting, JoinTool) and waiting.handle is message.handle:
-            self._advance(message.handle.run)
+        if isinstance(waiting, JoinTool) and message.handle in waiting.handles:
+            self._advance((message.handle, message.handle.run))
 
     def _insert(self, message: Insert) -> None:
         lane, wake = message.lane, message.wake
@@ -560,9 +560,10 @@ class AgentActor(PooledActor):
         return handle, None
 
     def _start_join_tool(self, effect: JoinTool) -> Any:
-        tool: ToolHandle = effect.handle
-        if tool.delivered:
-            return tool.run, None
+        tool: ToolHandle
+        for tool in effect.handles:
+            if tool.delivered:  # its completion was handled while the turn did other work
+                return (tool, tool.run), None
         return self._wait(effect)[1]
 
     def _start_run_async(self, effect: RunAsync) -> Any:

@@ -142,10 +142,13 @@ class StartTool(Effect[Any]):
         self.plan = plan
 
 
-class JoinTool(Effect[Any]):
-    """Wait for a started tool execution; resumes with its ``ToolOutcome``."""
+class JoinTool(Effect[tuple[Any, Any]]):
+    """Wait until one of the started tool executions ``handles`` (in model order) has
+    ended, whichever ends first; resumes with ``(handle, run)``, its handle and its
+    ``ToolRun``. The tool phase commits results in model order whatever the order of
+    completions, and starts a queued call as soon as any in-flight call ended."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("handles",)
 
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
+    def __init__(self, handles: Sequence[Any]) -> None:
+        self.handles = handles

@@ -4,7 +4,9 @@
 (no threads, no I/O) and lets a test play the stepper: it sees each effect the turn
 awaits and chooses what comes back, and when — including cancels between any two
 effects. A test can therefore force any interleaving of completions and control
-messages, and two runs with the same choices give the same log.
+messages, and two runs with the same choices give the same log: a ``JoinTool`` lists the
+calls in flight, and the test answers ``(handle, ToolRun(...))`` for whichever of them it
+lets end first.
 
 Nothing runs behind the test's back. Sync listeners on ``h.bus`` run inline, as on the
 agent's actor. Async ones run only when the test runs them: a chain of serial or
@@ -88,7 +90,10 @@ _EXPECTED: dict[type, tuple[str, Callable[[object], bool]]] = {
         "FinishChunk; StreamEnd() last to end the stream)",
         _is_batch,
     ),
-    JoinTool: ("a ToolRun", lambda v: isinstance(v, ToolRun)),
+    JoinTool: (
+        "a (handle, ToolRun) pair",
+        lambda v: isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], ToolRun),
+    ),
 }
 
 

@@ -4,15 +4,15 @@
 ``tools/pre-execute`` (allow / deny), then its body runs on the I/O side wrapped by
 ``tools/execute``, then ``tools/post-execute`` may replace the output; ``tool/result``
 facts are appended in model order as soon as every earlier call has one. Calls whose
-tool is concurrency-safe run in parallel (at most ``max_parallel`` in flight); others run
-alone. After an abort no new call starts: in-flight calls finish and commit, every
-unstarted call gets a synthetic ``ABORTED_BEFORE_DISPATCH`` result.
+tool is concurrency-safe run in parallel (at most ``max_parallel`` in flight: a queued
+call starts as soon as any in-flight call ended, whatever its place); others run alone.
+After an abort no new call starts: in-flight calls finish and commit, every unstarted
+call gets a synthetic ``ABORTED_BEFORE_DISPATCH`` result.
 """
 
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -253,7 +253,7 @@ class ToolPhase:
         open for the resume's repair (see ``TurnMachine._step``)."""
         outcomes: list[ToolOutcome | None] = [None] * len(calls)
         plans: dict[int, ToolPlan] = {}
-        inflight: deque[tuple[int, Any]] = deque()
+        inflight: dict[Any, int] = {}  # handle -> index of each started, unjoined call
         committed = 0
 
         def commit_ready() -> None:
@@ -264,9 +264,10 @@ class ToolPhase:
                 )
                 committed += 1
 
-        async def join_oldest() -> None:
-            index, handle = inflight.popleft()
-            outcomes[index] = await self._finish(plans[index], await JoinTool(handle))
+        async def join_any() -> None:  # whichever in-flight call ends first
+            handle, ran = await JoinTool(tuple(inflight))
+            index = inflight.pop(handle)
+            outcomes[index] = await self._finish(plans[index], ran)
             commit_ready()
 
         try:
@@ -282,17 +283,17 @@ class ToolPhase:
                     continue
                 safe = bool(admitted.tool.concurrency_safe)
                 while inflight and (not safe or len(inflight) >= self._max_parallel):
-                    await join_oldest()
+                    await join_any()
                 if signal.aborted:
                     outcomes[index] = _not_started()
                     commit_ready()
                     continue
                 plans[index] = admitted
-                inflight.append((index, await StartTool(admitted)))
+                inflight[await StartTool(admitted)] = index
                 if not safe:
-                    await join_oldest()
+                    await join_any()
             while inflight:
-                await join_oldest()
+                await join_any()
             commit_ready()
         except Exception as err:
             # Every outcome is committed as soon as it can be: the first uncommitted one

@@ -82,14 +82,56 @@ def test_tool_completions_may_arrive_in_any_order_and_results_stay_in_model_orde
     second = harness.send("handle-a")
     assert isinstance(second, StartTool)
     join = harness.send("handle-b")
-    assert isinstance(join, JoinTool) and join.handle == "handle-a"
-    # the second call finished first; the harness answers the joins in model order anyway
-    effect = harness.send(ToolRun(output=1))
-    assert isinstance(effect, JoinTool) and effect.handle == "handle-b"
-    effect = harness.send(ToolRun(output=2))
+    assert isinstance(join, JoinTool) and join.handles == ("handle-a", "handle-b")
+    # the test chooses: the second call finishes first; its result waits for the first's
+    effect = harness.send(("handle-b", ToolRun(output=2)))
+    assert isinstance(effect, JoinTool) and effect.handles == ("handle-a",)
+    assert not [e for e in harness.session.events() if e.type == "tool/result"]
+    effect = harness.send(("handle-a", ToolRun(output=1)))
     results = [e for e in harness.session.events() if e.type == "tool/result"]
     assert [r.data.message.call_id for r in results] == ["a", "b"]
+    assert [r.data.message.content[0].text for r in results] == ["1", "2"]
     assert isinstance(effect, Checkpoint | OpenStream | Flush)
+    assert_invariants(harness.session.events(), allow_open_tail=True)  # the next step is due
+
+
+def test_a_queued_call_starts_as_soon_as_any_in_flight_call_ends() -> None:
+    # Before, the phase joined the oldest call: with ten in flight, the eleventh started
+    # only once the first ended, however long it ran (head-of-line blocking).
+    @tool(concurrency_safe=True)
+    def work(n: int) -> int:
+        return n
+
+    harness = TurnHarness(tools={"work": work})
+    harness.insert("go")
+    harness.start()
+    harness.send()
+    calls: list[Any] = [
+        ToolCallDelta(index=i, call_id=f"c{i}", name="work", arguments_delta=f'{{"n": {i}}}')
+        for i in range(12)
+    ]
+    assert isinstance(
+        answer(harness, harness.send(), [*calls, FinishChunk(reason="tool-calls")]), Flush
+    )
+    effect = harness.send()
+    for i in range(10):  # at most ten in flight
+        assert isinstance(effect, StartTool)
+        effect = harness.send(f"h{i}")
+    assert isinstance(effect, JoinTool) and len(effect.handles) == 10
+    effect = harness.send(("h5", ToolRun(output=5)))  # a late call ends first
+    assert isinstance(effect, StartTool) and effect.plan.event.call_id == "c10"
+    effect = harness.send("h10")
+    assert isinstance(effect, JoinTool) and "h5" not in effect.handles
+    effect = harness.send(("h10", ToolRun(output=10)))
+    assert isinstance(effect, StartTool) and effect.plan.event.call_id == "c11"
+    effect = harness.send("h11")
+    assert not [e for e in harness.session.events() if e.type == "tool/result"]
+    for i in [11, 9, 8, 7, 6, 4, 3, 2, 1, 0]:  # the rest, latest first
+        assert isinstance(effect, JoinTool)
+        effect = harness.send((f"h{i}", ToolRun(output=i)))
+    results = [e.data for e in harness.session.events() if e.type == "tool/result"]
+    assert [r.message.call_id for r in results] == [f"c{i}" for i in range(12)]
+    assert_invariants(harness.session.events(), allow_open_tail=True)
 
 
 def test_two_runs_with_the_same_choices_write_the_same_log() -> None:
@@ -184,7 +226,7 @@ def test_a_tool_phase_that_cannot_log_any_result_leaves_the_step_open_for_the_re
     _two_safe_calls(harness)
     refuse = True
     with pytest.raises(InvalidEventError):
-        harness.send(ToolRun(output=1))
+        harness.send(("handle-a", ToolRun(output=1)))
     events = harness.session.events()
     assert events[-1].type == "tool/call"  # no step/end over the unanswered calls
     assert_invariants(events, allow_open_tail=True)
@@ -219,7 +261,7 @@ def test_a_result_whose_refusal_cannot_be_logged_either_is_logged_as_the_last_re
     effect = answer(harness, harness.send(), call)
     assert isinstance(harness.send(), StartTool)  # past the write-ahead flush
     assert isinstance(harness.send("handle"), JoinTool)
-    harness.send(ToolRun(output=talk.fn()))
+    harness.send(("handle", ToolRun(output=talk.fn())))
     (result,) = [e.data for e in harness.session.events() if e.type == "tool/result"]
     assert result.error is not None and result.error.code == "TOOL_FAILED"
     assert result.message.content[0].text == "the tool result could not be logged"

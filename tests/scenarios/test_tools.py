@@ -526,3 +526,25 @@ def test_a_base_exception_in_the_tool_pipeline_is_that_calls_failure_and_the_io_
     finally:
         rt.close()
     check_store(store_path)
+
+
+def test_a_queued_safe_call_starts_as_soon_as_any_in_flight_call_ends(rt: Runtime) -> None:
+    # CONTRACT 6: at most 10 in flight. Before, the 11th and 12th calls waited for the
+    # first call, however long it ran, although nine others had ended.
+    last_started = threading.Event()
+    waited: list[bool] = []
+
+    @tool(concurrency_safe=True)
+    def work(i: int) -> int:
+        if i == 0:
+            waited.append(last_started.wait(WAIT / 2))  # ends only once call 11 started
+        elif i == 11:
+            last_started.set()
+        return i
+
+    calls = [ToolCall(name="work", arguments={"i": i}) for i in range(12)]
+    agent = rt.spawn(model=ScriptedModel([calls, "done"]), tools=[work])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert waited == [True]
+    assert [r.message.content[0].text for r in results(agent)] == [str(i) for i in range(12)]
