@@ -13,6 +13,7 @@ call gets a synthetic ``ABORTED_BEFORE_DISPATCH`` result.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -49,7 +50,7 @@ from .tools import (
     shown,
 )
 
-__all__ = ["RESULT_ROOM", "ToolPhase", "ToolPlan", "ToolRun", "unanswerable"]
+__all__ = ["RESULT_ROOM", "ReadOnlyDict", "ToolPhase", "ToolPlan", "ToolRun", "unanswerable"]
 
 RESULT_ROOM: Final = 1024
 """Bytes of an event that a call's id and name must leave free, so that its last-resort
@@ -172,13 +173,17 @@ class ToolPhase:
                 "INVALID_ARGUMENTS",
                 f"tool {call.name!r} could not convert its arguments: {described(err)}",
             )
+        try:
+            shared = _read_only(arguments)  # what every listener sees
+        except RecursionError:
+            return _error("INVALID_ARGUMENTS", "the arguments are nested too deeply")
         event = PreExecute(
             agent=self._agent,
             turn=turn,
             step=step,
             call_id=call.call_id,
             name=call.name,
-            arguments=arguments,
+            arguments=shared,
             signal=signal,
         )
         try:
@@ -206,16 +211,17 @@ class ToolPhase:
             step=step,
             call_id=call.call_id,
             name=call.name,
-            arguments=arguments,
+            arguments=shared,
         )
         return ToolPlan(tool=tool, prepared=prepared, event=execute)
 
     async def _finish(self, plan: ToolPlan, run: ToolRun) -> ToolOutcome:
         """Turn a body's run into an outcome, through ``tools/post-execute``."""
         tool_name = plan.event.name
-        if run.timed_out:
-            return _error("TOOL_TIMEOUT", f"tool {tool_name!r} timed out")
-        error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
+        if run.timed_out:  # post-execute sees it as the body's error, and may replace it
+            error: str | None = "ToolTimeout: the tool timed out"
+        else:
+            error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
         event = PostExecute(
             agent=self._agent,
             turn=plan.event.turn,
@@ -233,6 +239,8 @@ class ToolPhase:
         except Exception as err:  # noqa: BLE001 - a failing post hook fails the call
             return _error("TOOL_FAILED", f"tools/post-execute failed: {err!r}")
         if error is not None and output is run.output:
+            if run.timed_out:
+                return _error("TOOL_TIMEOUT", f"tool {tool_name!r} timed out")
             return _error("TOOL_FAILED", f"tool {tool_name!r} raised {error}")
         return outcome_from_output(output)
 
@@ -357,5 +365,40 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: JSON has no infinity, and the log could not hold it
+        raise ValueError(f"{text} is out of the range of a float")
+    return value
+
+
 # One decoder for every call's arguments (json.loads with an option builds one a call).
-_ARGUMENTS: Final = json.JSONDecoder(parse_constant=_no_constant)
+_ARGUMENTS: Final = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+
+
+class ReadOnlyDict(dict[str, Any]):
+    """A JSON object of a call's arguments as listeners see it: a ``dict`` (it encodes
+    as one) that refuses changes, so that what listeners see stays what the body runs
+    and what ``tool/call`` logged (CONTRACT 6: listeners decide, wrap or replace the
+    output; they do not rewrite the arguments)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise TypeError(
+            "a tool call's arguments are read-only: they are what the model sent and the "
+            "log holds; deny the call (tools/pre-execute) or wrap the body (tools/execute)"
+        )
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+
+def _read_only(value: Any) -> Any:
+    """``value`` (decoded JSON) with every object a :class:`ReadOnlyDict` and every array
+    a tuple."""
+    if type(value) is dict:
+        return ReadOnlyDict({k: _read_only(v) for k, v in value.items()})
+    if type(value) is list:
+        return tuple(_read_only(v) for v in value)
+    return value

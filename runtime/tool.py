@@ -72,7 +72,10 @@ class FunctionTool:
         self._timeout = timeout
         hints = get_type_hints(fn)
         fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+        positional: list[str] = []  # positional-only parameters, passed by position
         for param in inspect.signature(fn).parameters.values():
+            if param.kind is param.POSITIONAL_ONLY:
+                positional.append(param.name)
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise TypeError(
                     f"tool {fn.__name__}: *args/**kwargs cannot be described to a model"
@@ -82,6 +85,7 @@ class FunctionTool:
                 fields.append((param.name, annotation))
             else:
                 fields.append((param.name, annotation, param.default))
+        self._positional = tuple(positional)
         tool_name = check_tool_name(name or getattr(fn, "__name__", repr(fn)))
         self._args = msgspec.defstruct(f"{tool_name}_arguments", fields, forbid_unknown_fields=True)
         schema = msgspec.json.schema(self._args)
@@ -124,6 +128,8 @@ class FunctionTool:
 
     def run(self, prepared: Any) -> Any:
         kwargs = {f: getattr(prepared, f) for f in prepared.__struct_fields__}
+        if self._positional:  # the model names them all; the function takes these by position
+            return self.fn(*[kwargs.pop(p) for p in self._positional], **kwargs)
         return self.fn(**kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -5,6 +5,8 @@ the log stays valid."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -290,3 +292,114 @@ def test_a_tool_call_that_leaves_just_enough_room_for_its_result_is_answered(
     finally:
         rt.close()
     check_store(store_path)
+
+
+def test_a_timed_out_call_goes_through_post_execute_which_may_replace_its_result(
+    rt: Runtime,
+) -> None:
+    # CONTRACT 6: post-execute may replace the result. Before, a timeout skipped it
+    # (a body that raised did reach it).
+    release = threading.Event()
+    seen: list[str | None] = []
+
+    @tool(timeout=0.05)
+    def slow() -> str:
+        release.wait(WAIT)
+        return "late"
+
+    def post(event: Any, next_: Any) -> Any:
+        seen.append(event.error)
+        return "replaced" if event.call_id == first_call else next_()
+
+    first_call = "call-0-1"  # ScriptedModel's id of its first call
+    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="slow")] * 2, "ok"]), tools=[slow])
+    agent.on("tools/post-execute", post)
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    release.set()
+    assert seen == ["ToolTimeout: the tool timed out"] * 2
+    first, second = results(agent)
+    assert first.error is None and first.message.content[0].text == "replaced"
+    assert second.error is not None and second.error.code == "TOOL_TIMEOUT"
+
+
+def test_a_tool_with_positional_only_parameters_gets_them_by_position(rt: Runtime) -> None:
+    # Before, @tool accepted it and advertised the parameter, and every call failed.
+    @tool
+    def scale(value: int, /, factor: int = 2) -> int:
+        return value * factor
+
+    calls = [
+        ToolCall(name="scale", arguments={"value": 3}),
+        ToolCall(name="scale", arguments={"value": 3, "factor": 5}),
+    ]
+    agent = rt.spawn(model=ScriptedModel([calls, "ok"]), tools=[scale])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert [(r.error, r.message.content[0].text) for r in results(agent)] == [
+        (None, "6"),
+        (None, "15"),
+    ]
+
+
+@pytest.mark.parametrize("event", ["tools/pre-execute", "tools/execute", "tools/post-execute"])
+def test_a_listener_cannot_rewrite_the_arguments_the_log_holds_and_the_body_runs(
+    rt: Runtime, event: str
+) -> None:
+    # Before, a pre-execute listener's edit reached the later listeners but not the body
+    # or the log: what listeners saw was neither what ran nor what the log said.
+    ran: list[Any] = []
+    seen: list[Any] = []
+    refused: list[str] = []
+
+    @tool
+    def echo(x: int, tags: list[str]) -> int:
+        ran.append((x, tags))
+        return x
+
+    def edit(payload: Any, next_: Any) -> Any:
+        seen.append(payload.arguments)
+        for change in (
+            lambda: payload.arguments.__setitem__("x", 999),
+            lambda: payload.arguments.update(x=999),
+            lambda: payload.arguments.pop("x"),
+            lambda: payload.arguments["tags"].append("evil"),
+        ):
+            try:
+                change()
+            except (TypeError, AttributeError) as err:
+                refused.append(type(err).__name__)
+        return next_()
+
+    call = ToolCall(name="echo", arguments={"x": 1, "tags": ["a"]})
+    agent = rt.spawn(model=ScriptedModel([[call], "ok"]), tools=[echo])
+    agent.on(event, edit)
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert len(refused) == 4
+    assert ran == [(1, ["a"])]
+    assert seen == [{"x": 1, "tags": ("a",)}]
+    assert json.loads(json.dumps(seen[0])) == {"x": 1, "tags": ["a"]}  # still JSON
+    (result,) = results(agent)
+    assert result.error is None and result.message.content[0].text == "1"
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "[1e999]"])
+def test_a_number_out_of_the_float_range_in_the_arguments_is_invalid_arguments(
+    rt: Runtime, number: str
+) -> None:
+    # Before, 1e400 reached the body as inf, though Infinity itself was refused.
+    ran: list[Any] = []
+
+    @tool
+    def take(v: Any) -> str:
+        ran.append(v)
+        return "ran"
+
+    call = ToolCall(name="take", raw_arguments=f'{{"v": {number}}}')
+    agent = rt.spawn(model=ScriptedModel([[call], "ok"]), tools=[take])
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    (result,) = results(agent)
+    assert result.error is not None and result.error.code == "INVALID_ARGUMENTS"
+    assert "1e" in result.error.message and not ran
