@@ -203,10 +203,10 @@ class TurnHarness:
         """Complete the pending effect with ``value``; returns the next effect.
 
         ``value`` is what the effect resumes with: None for ``Checkpoint``, ``Flush``,
-        ``Sleep`` and ``Admit``, a list of chunks for ``NextBatch``, a ``ToolRun`` for
-        ``JoinTool``, any handle for ``OpenStream`` and ``StartTool``, the value of its
-        ``work()`` for ``RunAsync``. Anything else raises ``TypeError`` before the turn
-        is resumed: the turn is unchanged."""
+        ``Sleep`` and ``Admit``, a list of chunks for ``NextBatch``, ``(handle, ToolRun)``
+        for ``JoinTool`` (one of its ``handles``), any handle for ``OpenStream`` and
+        ``StartTool``, the value of its ``work()`` for ``RunAsync``. Anything else raises
+        ``TypeError`` before the turn is resumed: the turn is unchanged."""
         pending = self._running()
         expected = _EXPECTED.get(type(pending))
         if expected is not None and not expected[1](value):

@@ -46,7 +46,7 @@ def _plain(effect: Any) -> Any:
     if isinstance(effect, NextBatch):
         return REPLY
     if isinstance(effect, JoinTool):
-        return ToolRun(output=1)
+        return effect.handles[0], ToolRun(output=1)
     if isinstance(effect, RunAsync):
         return asyncio.run(effect.work())  # the test runs the async listeners' work itself
     if isinstance(effect, Checkpoint | Flush):
@@ -67,13 +67,13 @@ def tool_turn() -> TurnHarness:
 @pytest.mark.parametrize(
     ("waiting_for", "wrong"),
     [
-        (JoinTool, 1),  # the body's raw output instead of a ToolRun
+        (JoinTool, ToolRun(output=1)),  # a ToolRun without the handle that ended
         (NextBatch, None),
         (NextBatch, "hi"),
         (NextBatch, [TextDelta(text="hi"), "more"]),
         (Flush, REPLY),  # the batch sent one effect too early
     ],
-    ids=["JoinTool 1", "NextBatch None", "NextBatch str", "NextBatch non-chunk", "Flush chunks"],
+    ids=["JoinTool run", "NextBatch None", "NextBatch str", "NextBatch non-chunk", "Flush chunks"],
 )
 def test_send_refuses_a_value_the_pending_effect_does_not_take_and_the_turn_is_unchanged(
     waiting_for: type, wrong: object
