@@ -8,6 +8,7 @@ from actors._dispatcher import (
     in_io_loop_thread,
     in_nonblocking_thread,
     in_runtime_thread,
+    waiting_on_actors,
     working_for,
 )
 from actors._ioside import (
@@ -99,6 +100,7 @@ __all__: list[str] = [
     "in_io_loop_thread",
     "in_nonblocking_thread",
     "in_runtime_thread",
+    "waiting_on_actors",
     "watch",
     "working_for",
 ]

@@ -15,7 +15,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from itertools import count
@@ -37,6 +38,7 @@ __all__ = [
     "mark_thread_blocking_pool",
     "mark_thread_io_loop",
     "mark_thread_nonblocking",
+    "waiting_on_actors",
     "work_for",
     "working_for",
 ]
@@ -83,6 +85,23 @@ def in_runtime_thread() -> bool:
     loop or a thread of its blocking pool."""
     role = _thread_role
     return getattr(role, "nonblocking", False) or getattr(role, "pool", False)
+
+
+@contextmanager
+def waiting_on_actors() -> Iterator[None]:
+    """Around a wait that needs other actors to run (an ask, a future's ``get``): on a
+    dispatcher's worker, the dispatcher lends a worker for as long as the wait lasts, so
+    that a pool of one or two threads whose workers all wait on actors (sync listeners
+    that each spawn an agent, say) still runs them. Anywhere else it does nothing."""
+    dispatcher: Dispatcher | None = getattr(_thread_role, "dispatcher", None)
+    if dispatcher is None:
+        yield
+        return
+    dispatcher._lend()
+    try:
+        yield
+    finally:
+        dispatcher._take_back()
 
 
 P = ParamSpec("P")
@@ -157,7 +176,7 @@ class DeadLetters:
 @dataclass(frozen=True, slots=True)
 class DispatcherStatistics:
     name: str
-    workers: int  # every worker thread, standby ones included
+    workers: int  # every worker thread, standby and lent ones included
     standby: int
     throughput: int
     run_queue_depth: int
@@ -168,6 +187,13 @@ class DispatcherStatistics:
 
 
 _SHUTDOWN = None
+
+
+class _Retire:
+    """A run queue marker: the worker that takes it ends (a lent worker's time is up)."""
+
+
+_RETIRE = _Retire()
 _names = count(1)
 
 
@@ -189,6 +215,11 @@ class Dispatcher:
     e.g. a listener waiting on another actor), they run batches until a worker moves
     again. Under a GIL, one worker plus a standby one runs Python actors faster than two
     workers (no GIL contention between them) and still survives a blocking handler.
+
+    A worker that waits on other actors inside :func:`waiting_on_actors` is lent a worker for
+    the wait (a thread started for it, which ends once the wait is over and it takes
+    the marker the wait leaves on the run queue), so such waits never take the whole
+    pool however many there are at once.
     """
 
     _default: ClassVar[Dispatcher | None] = None
@@ -214,13 +245,18 @@ class Dispatcher:
         self.name = name or f"corral-dispatcher-{next(_names)}"
         self.throughput = throughput
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
-        self._run_queue: queue.SimpleQueue[Schedulable | None] = queue.SimpleQueue()
-        self._closed = False
-        self._eager = size
+        self._run_queue: queue.SimpleQueue[Schedulable | _Retire | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False  # Invariant: set under _lock (read without it).
         self._stall_s = stall_s
-        # Invariant: slot i is only written by worker i (exact counts without a lock).
+        # Invariant: a slot is written only by the worker that holds it (exact counts
+        # without a lock). Slots [size, size + standby) are the standby workers'; a lent
+        # worker takes a free slot past them, and frees it when it ends.
+        self._standby = range(size, size + standby)
         self._batches = [0] * (size + standby)
         self._messages = [0] * (size + standby)
+        self._free_slots: list[int] = []  # Invariant: only changed under _lock.
+        self._working = size  # Invariant: live non-standby workers; only under _lock.
         self._threads = [
             threading.Thread(target=self._work, args=(i,), name=f"{self.name}-{i}", daemon=True)
             for i in range(size)
@@ -229,7 +265,7 @@ class Dispatcher:
             threading.Thread(
                 target=self._stand_by, args=(i,), name=f"{self.name}-standby-{i}", daemon=True
             )
-            for i in range(size, size + standby)
+            for i in self._standby
         ]
         for thread in self._threads:
             thread.start()
@@ -260,22 +296,27 @@ class Dispatcher:
 
     def shutdown(self, timeout: float | None = None) -> bool:
         """Stop the workers after the batches they are running; True if all joined."""
-        self._closed = True
-        for _ in range(self._eager):  # standby workers see _closed within stall_s
+        with self._lock:
+            self._closed = True
+            working = self._working
+            threads = list(self._threads)
+        for _ in range(working):  # standby workers see _closed within stall_s
             self._run_queue.put(_SHUTDOWN)
         me = threading.current_thread()
         until = deadline(timeout)
-        for thread in self._threads:
+        for thread in threads:
             if thread is me:
                 continue
             thread.join(remaining(until))
-        return not any(t.is_alive() for t in self._threads if t is not me)
+        return not any(t.is_alive() for t in threads if t is not me)
 
     def statistics(self) -> DispatcherStatistics:
+        with self._lock:
+            workers = self._working + len(self._standby)
         return DispatcherStatistics(
             name=self.name,
-            workers=len(self._threads),
-            standby=len(self._threads) - self._eager,
+            workers=workers,
+            standby=len(self._standby),
             throughput=self.throughput,
             run_queue_depth=self._run_queue.qsize(),
             batches=sum(self._batches),
@@ -284,8 +325,46 @@ class Dispatcher:
             shut_down=self._closed,
         )
 
+    # -- lending (see waiting_on_actors()) ------------------------------------------------------
+
+    def _lend(self) -> None:
+        """A worker of this dispatcher is about to wait on other actors: start a worker
+        to stand in for it while it waits."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._free_slots:
+                index = self._free_slots.pop()
+            else:
+                index = len(self._batches)
+                self._batches.append(0)
+                self._messages.append(0)
+            thread = threading.Thread(
+                target=self._work, args=(index,), name=f"{self.name}-lent-{index}", daemon=True
+            )
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+            self._working += 1
+            thread.start()
+
+    def _take_back(self) -> None:
+        """The wait is over: one worker (whichever takes the marker, after the work queued
+        before it) ends, and the pool is its size again."""
+        with self._lock:
+            if self._closed:
+                return
+        self._run_queue.put(_RETIRE)
+
+    def _end_worker(self, index: int) -> None:
+        with self._lock:
+            self._working -= 1
+            self._free_slots.append(index)
+
+    # -- workers ---------------------------------------------------------------------
+
     def _work(self, index: int) -> None:
         mark_thread_nonblocking()
+        _thread_role.dispatcher = self
         run_queue = self._run_queue
         get, put, throughput = run_queue.get, run_queue.put, self.throughput
         batches, messages = self._batches, self._messages
@@ -293,8 +372,11 @@ class Dispatcher:
             runnable = get()
             if runnable is None:
                 return
+            if runnable is _RETIRE:
+                self._end_worker(index)
+                return
             try:  # _run, inline (one call less per batch)
-                handled, more = runnable.run_batch(throughput)
+                handled, more = runnable.run_batch(throughput)  # type: ignore[union-attr]
             except Exception:
                 logger.exception("internal error while running %r", runnable)
                 continue
@@ -316,22 +398,25 @@ class Dispatcher:
         if more:
             self._run_queue.put(runnable)
 
-    def _eager_batches(self) -> int:
-        return sum(self._batches[: self._eager])
+    def _working_batches(self) -> int:
+        """Batches finished by every worker but the standby ones."""
+        standby = self._standby
+        return sum(n for i, n in enumerate(self._batches) if i not in standby)
 
     def _stand_by(self, index: int) -> None:
-        """A standby worker: look every ``stall_s``; while the eager workers finish no
+        """A standby worker: look every ``stall_s``; while the other workers finish no
         batch although work is queued, run batches too."""
         mark_thread_nonblocking()
+        _thread_role.dispatcher = self
         run_queue, stall_s = self._run_queue, self._stall_s
         seen = -1
         while not self._closed:
             time.sleep(stall_s)  # a look every stall_s is all it costs while they run
-            done = self._eager_batches()
+            done = self._working_batches()
             if done != seen or run_queue.empty():
                 seen = done
                 continue
-            while not self._closed and self._eager_batches() == done:
+            while not self._closed and self._working_batches() == done:
                 # Not get(timeout=stall_s): on CPython 3.11 a timed get that is woken for
                 # an item another worker takes first, after its deadline, waits with a
                 # negative timeout, i.e. until the next put; at shutdown there is none,
@@ -342,8 +427,12 @@ class Dispatcher:
                 except queue.Empty:
                     time.sleep(stall_s)
                     continue
-                if runnable is None:  # a shutdown marker meant for an eager worker
+                if runnable is None:  # a shutdown marker meant for another worker
                     run_queue.put(runnable)
                     return
-                self._run(index, runnable)
-            seen = self._eager_batches()
+                if runnable is _RETIRE:  # meant for a working worker: a standby one stays
+                    run_queue.put(runnable)
+                    time.sleep(stall_s)
+                    continue
+                self._run(index, runnable)  # type: ignore[arg-type]
+            seen = self._working_batches()

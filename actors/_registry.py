@@ -90,13 +90,17 @@ class RegistryActor(PooledActor):
     def ids(self) -> list[str]:
         return list(self._refs)
 
-    def remove(self, id_: str, *, stop: bool = True) -> bool:
-        """Forget ``id_``; False if it was unknown."""
+    def remove(self, id_: str, *, stop: bool = True, announce: bool = True) -> bool:
+        """Forget ``id_``; False if it was unknown. ``announce=False`` (with
+        ``stop=False``): the caller announces the disposal itself, on its own thread (a
+        listener there may ask the registry, which an announcement run on the registry's
+        worker would wait for)."""
         ref = self._refs.pop(id_, None)
         if ref is None:
             return False
         if not stop:
-            self._announce_disposed(id_)
+            if announce:
+                self._announce_disposed(id_)
             return True
         inbox = ref.actor_inbox
         if ref.is_alive():

@@ -17,7 +17,7 @@ import msgspec
 from pykka import ActorDeadError, ActorRef, Future, Timeout
 from pykka._envelope import Envelope
 
-from actors import Mailbox, in_io_loop_thread, working_for
+from actors import Mailbox, in_io_loop_thread, waiting_on_actors, working_for
 from actors.agent import AwaitIdle, Barrier, Cancel, Edit, Insert, Kill, apply_edit
 from actors.errors import (
     AgentDisposedError,
@@ -137,6 +137,7 @@ class Agent:
         self._dispose_lock = threading.Lock()
         self._disposing = False
         self._disposed = threading.Event()
+        self._announcer: int | None = None  # the thread emitting its agent/disposed
         self.crash: BaseException | None = None
         """Why the agent's actor died unexpectedly, if it did (``rt.resume`` restarts it)."""
 
@@ -421,7 +422,8 @@ class Agent:
                     self._release(inserted)
                     raise
             try:
-                return reply.get(timeout=timeout)
+                with waiting_on_actors():
+                    return reply.get(timeout=timeout)
             except ActorDeadError:
                 self._release(inserted)  # stopped before it reached the edit
                 raise
@@ -592,9 +594,16 @@ class Agent:
         ``tools/execute`` listeners) it starts the disposal and returns False at once:
         the disposal waits for that code to end. So it does on the runtime's I/O loop (an
         async listener or tool body of any agent): the disposal may need the loop.
-        Listen to ``agent/disposed`` to learn when it is done."""
+        Listen to ``agent/disposed`` to learn when it is done (a sync listener of it
+        that calls ``dispose()`` gets False: the disposal ends once its listeners
+        return)."""
         self._begin_disposal(keep_inbox=False)
-        if self._on_own_thread() or self._runs_own_effect() or in_io_loop_thread():
+        if (
+            self._on_own_thread()
+            or self._runs_own_effect()
+            or in_io_loop_thread()
+            or self._announcer == threading.get_ident()
+        ):
             return self._disposed.is_set()
         return waiting.wait(self._disposed, timeout)
 

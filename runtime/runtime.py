@@ -33,6 +33,7 @@ from actors import (
     Scheduler,
     in_nonblocking_thread,
     in_runtime_thread,
+    waiting_on_actors,
     watch,
 )
 from actors._deadline import deadline, extended, remaining
@@ -222,6 +223,9 @@ class Runtime:
         self._agents: dict[str, Agent] = {}
         self._starting = 0  # spawns, resumes and forks under way: see _starting_agent()
         self._resuming: set[str] = set()  # the sessions of the resumes among them
+        # Agents being started: registered, not announced yet. Not in _agents (get() and
+        # agents() hand out live agents only) until their actor announces them.
+        self._pending: dict[str, Agent] = {}
         self._started = threading.Condition(self._lock)
         self._refs: dict[str, ActorRef[Any]] = {}
         self._models: dict[int, Model] = {}
@@ -504,7 +508,9 @@ class Runtime:
         with self._lock:
             self._check_open()  # again, under the lock close() takes to set it
             if resuming is not None:
-                if resuming in self._agents or resuming in self._resuming:
+                if resuming in self._agents or resuming in self._pending or (
+                    resuming in self._resuming
+                ):
                     raise ValueError(
                         f"agent {resuming!r} is already in this runtime (live, passivated or "
                         f"being resumed); rt.get({resuming!r}) returns it"
@@ -552,20 +558,34 @@ class Runtime:
                 session.flush()  # repaired durably by the time resume returns
         parts = self._assemble(handle, session, spec)
         with self._lock:
-            self._agents[agent_id] = handle
+            self._pending[agent_id] = handle
+        ref: ActorRef[Any] | None = None
         try:
             create = ProxyCall(attr_path=("create",), args=(agent_id, parts.start), kwargs={})
-            ref: ActorRef[Any] = self._registry.ask(create, block=True)
+            # Both asks wait for other actors: on a dispatcher worker (a sync listener
+            # that spawns) the dispatcher lends a worker meanwhile, or a few such
+            # listeners at once would hold every worker while the registry and the new
+            # actors wait for one.
+            with waiting_on_actors():
+                ref = self._registry.ask(create, block=True)
+                with self._lock:
+                    # From here a close() that gave up waiting for this start disposes
+                    # it through its actor, after the announcement (see _dispose_live).
+                    self._refs[agent_id] = ref
+                # The actor's first message: nothing can be sent to it before (the handle
+                # is bound by it), so whatever the listeners send waits behind it.
+                announce = partial(self._announce, handle, session, ref, parts, source)
+                ref.ask(Announce(callback=announce), block=True)
         except BaseException:
             with self._lock:
-                self._agents.pop(agent_id, None)
+                self._pending.pop(agent_id, None)
+                if self._agents.get(agent_id) is handle:
+                    del self._agents[agent_id]
+                if ref is not None and self._refs.get(agent_id) is ref:
+                    del self._refs[agent_id]
                 if self._bridged.get(agent_id) is session:
                     del self._bridged[agent_id]
             raise
-        # The actor's first message: nothing can be sent to it before (the handle is
-        # bound by it), so whatever the listeners send waits behind the announcement.
-        announce = partial(self._announce, handle, session, ref, parts, source)
-        ref.ask(Announce(callback=announce), block=True)
         return handle
 
     def _announce(
@@ -579,9 +599,13 @@ class Runtime:
         """On the new agent's actor, before anything else: make the handle live, then
         ``agent/created`` and ``agent/session-start`` (CONTRACT 2). A send from their
         listeners (allowed: the handle is live) is handled after both, so the agent's
-        first turn never starts between them."""
+        first turn never starts between them. From here ``rt.get`` and ``rt.agents()``
+        return the agent (not before: its handle could not be used yet)."""
         self._go_live(handle, session, ref, parts)
         agent_id = handle.id
+        with self._lock:
+            if self._pending.pop(agent_id, None) is handle:
+                self._agents[agent_id] = handle
         self.bus.emit("agent/created", AgentCreated(agent=handle), scope=agent_id)
         start = AgentSessionStart(agent=handle, source=source)
         self.bus.emit("agent/session-start", start, scope=agent_id)
@@ -720,9 +744,8 @@ class Runtime:
             handle.crash = death.error
             with handle._dispose_lock:
                 handle._disposing = True
-        forget = ProxyCall(attr_path=("remove",), args=(agent_id,), kwargs={"stop": False})
-        with contextlib.suppress(ActorDeadError):  # after a close: the registry is gone
-            self._registry.tell(forget)
+        self._tell_registry_forget(agent_id)
+        self._announce_disposed(agent_id)
 
     def _meters_for(self, agent_id: str, limits: UsageLimits | None) -> list[UsageMeter]:
         meters = [] if self._meter is None else [self._meter]
@@ -756,13 +779,21 @@ class Runtime:
         return observe
 
     def _announce_disposed(self, agent_id: str) -> None:
+        """Emit ``agent/disposed`` (once) on the calling thread: the dying actor's worker
+        after a stop, the disposer's or the crashed actor's thread when no actor was
+        left to stop (never the registry's worker: a listener may spawn or dispose,
+        which asks the registry)."""
         with self._lock:
             handle = self._agents.pop(agent_id, None)
             self._refs.pop(agent_id, None)
             self._bridged.pop(agent_id, None)
         if handle is None:
             return
-        self.bus.emit("agent/disposed", AgentDisposed(agent=handle), scope=agent_id)
+        handle._announcer = threading.get_ident()  # its dispose() there does not wait
+        try:
+            self.bus.emit("agent/disposed", AgentDisposed(agent=handle), scope=agent_id)
+        finally:
+            handle._announcer = None
         with self._lock:
             disposers = self._scoped.pop(agent_id, set())
         for dispose in list(disposers):  # its agent.on listeners go with it
@@ -791,12 +822,20 @@ class Runtime:
         return True
 
     def _forget(self, handle: Agent) -> None:
-        """Dispose an agent that has no actor running: the registry forgets it and
-        announces ``agent/disposed`` (asked without the live lock: a listener of that
-        event may use the agent)."""
-        forget = ProxyCall(attr_path=("remove",), args=(handle.id,), kwargs={"stop": False})
-        if not self._registry.ask(forget):  # the registry announces when it knew the id
-            self._announce_disposed(handle.id)
+        """Dispose an agent that has no actor running: the registry forgets it, and
+        ``agent/disposed`` is announced here (called without the live lock: a listener
+        of that event may use the agent). Told, not asked: a spawn or resume of the id
+        from a listener reaches the registry after the removal (one mailbox, in order),
+        and nothing waits for the registry (a close must not)."""
+        self._tell_registry_forget(handle.id)
+        self._announce_disposed(handle.id)
+
+    def _tell_registry_forget(self, agent_id: str) -> None:
+        forget = ProxyCall(
+            attr_path=("remove",), args=(agent_id,), kwargs={"stop": False, "announce": False}
+        )
+        with contextlib.suppress(ActorDeadError):  # after a close: the registry is gone
+            self._registry.tell(forget)
 
     def get(self, agent_id: str) -> Agent:
         """The live agent with this id; ``KeyError`` if none."""
@@ -922,7 +961,9 @@ class Runtime:
             atexit.unregister(self._close_at_exit)
             if not self._started.wait_for(lambda: not self._starting, remaining(until)):
                 log.warning("an agent was still starting after %s s; closing anyway", timeout)
-            agents = list(self._agents.values())
+            # A start still under way (given up on above) is disposed through its actor
+            # once its registry entry exists: after its announcement, in order.
+            agents = list(self._agents.values()) + list(self._pending.values())
         for handle in agents:
             handle._begin_disposal(keep_inbox=True)
         # In slices on the main thread (runtime.waiting): a Ctrl-C that lands just before

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Final
 
+from actors import waiting_on_actors
+
 __all__ = ["SLICE_S", "wait"]
 
 SLICE_S: Final = 0.1
@@ -27,10 +29,13 @@ SLICE_S: Final = 0.1
 
 def wait(event: threading.Event, timeout: float | None = None) -> bool:
     """``event.wait(timeout)`` (True once set, False on timeout) that a signal handler
-    raising on the main thread (Ctrl-C) interrupts within :data:`SLICE_S` seconds."""
-    if threading.current_thread() is not threading.main_thread() or (
-        timeout is not None and timeout <= SLICE_S
-    ):
+    raising on the main thread (Ctrl-C) interrupts within :data:`SLICE_S` seconds. On a
+    dispatcher worker (a sync listener disposing of another agent, say) the dispatcher
+    lends a worker while it waits (``actors.waiting_on_actors``)."""
+    if threading.current_thread() is not threading.main_thread():
+        with waiting_on_actors():
+            return event.wait(timeout)
+    if timeout is not None and timeout <= SLICE_S:
         return event.wait(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:

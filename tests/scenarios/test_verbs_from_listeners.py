@@ -1,0 +1,161 @@
+"""Runtime verbs that wait for other actors (``rt.spawn``, another agent's ``wait_idle`` or
+``dispose``), called from sync listeners, which run on the dispatcher's workers. However
+few the workers (``threads=1``; ``None`` is one worker plus a standby one) and however
+many such listeners wait at once, the dispatcher lends a worker for each wait, so the
+registry and the new actors they wait for still run; ``rt.close(timeout)`` returns.
+Also: an agent is handed out (``rt.get``, ``rt.agents()``) only once it is live, and
+``dispose()`` from the agent's own ``agent/disposed`` listener does not wait for itself
+(RELIABILITY section 7)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import Agent, Runtime, ScriptedModel
+
+from .conftest import WAIT, HeldActor, check_store
+
+THREADS = [None, 1, 2]
+LONG = 3 * WAIT  # what a wait for itself would wait: past every WAIT of the test
+
+
+@pytest.fixture(params=THREADS, ids=lambda t: f"threads={t}")
+def rt(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
+    path = tmp_path / "store"
+    runtime = Runtime.open(path, threads=request.param)
+    try:
+        yield runtime
+    finally:
+        runtime.close(timeout=WAIT)
+        check_store(path)
+
+
+def test_sync_settled_listeners_that_each_spawn_an_agent_at_once_keep_the_runtime_going(
+    rt: Runtime,
+) -> None:
+    lock, spawned, done = threading.Lock(), [], threading.Event()
+    wanted = 40
+
+    def spawn_next(event: Any) -> None:
+        with lock:
+            if len(spawned) >= wanted:
+                done.set()
+                return
+            spawned.append(None)
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.followup(f"from {event.agent.id}")
+
+    rt.on("agent/settled", spawn_next)
+    for _ in range(3):  # three chains of spawns, whose listeners meet on the workers
+        rt.spawn(model=ScriptedModel.echo()).followup("start")
+    assert done.wait(WAIT), f"only {len(spawned)} of {wanted} spawns happened"
+    for agent in rt.agents():
+        assert agent.wait_idle(WAIT)
+    settled = [a for a in rt.agents() if a.session.messages()]
+    assert len(settled) >= wanted + 3
+
+
+def test_a_spawn_from_a_sync_agent_created_listener_returns_a_live_agent(rt: Runtime) -> None:
+    children: list[Agent] = []
+
+    def spawn_child(event: Any) -> None:
+        if not children and event.agent.id == "parent":
+            children.append(rt.spawn(model=ScriptedModel.echo(), session_id="child"))
+            children[0].followup("hello")
+
+    rt.on("agent/created", spawn_child)
+    rt.spawn(model=ScriptedModel.echo(), session_id="parent")
+    assert [c.id for c in children] == ["child"]
+    assert children[0].wait_idle(WAIT)
+    assert [m.role for m in children[0].session.messages()] == ["user", "assistant"]
+
+
+def test_a_sync_listener_waits_for_and_disposes_of_another_agent(rt: Runtime) -> None:
+    watcher = rt.spawn(model=ScriptedModel.echo())
+    other = rt.spawn(model=ScriptedModel.echo(latency=0.05))
+    outcome: list[bool] = []
+    done = threading.Event()
+
+    def stop_other(event: Any) -> None:
+        outcome.append(other.wait_idle(WAIT))
+        outcome.append(other.dispose(WAIT))
+        done.set()
+
+    watcher.on("agent/settled", stop_other)
+    other.followup("a slow reply")
+    watcher.followup("go")
+    assert done.wait(2 * WAIT)
+    assert outcome == [True, True]
+    assert other.disposed
+
+
+def test_dispose_from_the_agents_own_agent_disposed_listener_does_not_wait_for_itself(
+    rt: Runtime,
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    inner: list[bool] = []
+
+    def dispose_again(event: Any) -> None:
+        inner.append(event.agent.dispose(LONG))  # would wait for this very listener
+
+    agent.on("agent/disposed", dispose_again)
+    assert agent.dispose(WAIT)
+    assert inner == [False]  # the disposal ends once its listeners return
+
+
+def test_a_listener_of_a_crashed_agents_disposal_may_spawn_its_replacement(
+    rt: Runtime,
+) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo(), session_id="crashing")
+    replaced: list[Agent] = []
+    done = threading.Event()
+
+    def replace(event: Any) -> None:
+        replaced.append(rt.resume(event.agent.id, model=ScriptedModel.echo()))
+        done.set()
+
+    agent.on("agent/disposed", replace)
+    agent.kill("on purpose")
+    assert done.wait(WAIT)
+    assert replaced[0].id == "crashing" and rt.get("crashing") is replaced[0]
+    replaced[0].followup("again")
+    assert replaced[0].wait_idle(WAIT)
+
+
+def test_an_agent_still_starting_is_not_handed_out_by_get_or_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "store"
+    with Runtime.open(path, threads=1) as rt:
+        busy = rt.spawn(model=ScriptedModel.echo())
+        held = HeldActor(busy)  # the one worker waits in a listener: nothing else runs
+        created = threading.Event()
+        create_session = rt.store.create_session
+
+        def observed(session_id: str | None = None) -> Any:
+            session = create_session(session_id)
+            created.set()  # the spawn goes on to the registry, which cannot run yet
+            return session
+
+        monkeypatch.setattr(rt.store, "create_session", observed)
+        started: list[Agent] = []
+        spawner = threading.Thread(
+            target=lambda: started.append(rt.spawn(model=ScriptedModel.echo(), session_id="new"))
+        )
+        spawner.start()
+        assert created.wait(WAIT)
+        with pytest.raises(KeyError, match="no live agent 'new'"):
+            rt.get("new")
+        assert "new" not in [a.id for a in rt.agents()]
+        held.release()
+        spawner.join(WAIT)
+        assert [a.id for a in started] == ["new"]
+        assert rt.get("new") is started[0]
+        started[0].followup("hi")
+        assert started[0].wait_idle(WAIT)
+    check_store(path)
