@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pykka import ActorDeadError, ActorRef, ActorRegistry, ThreadingFuture
+from pykka import ActorDeadError, ActorRef, ActorRegistry, ThreadingFuture, Timeout
 from pykka._envelope import Envelope
 
 from actors import (
@@ -17,6 +17,7 @@ from actors import (
     Mailbox,
     MailboxFullError,
     PooledActor,
+    waiting_on_actors,
     watch,
 )
 
@@ -551,3 +552,70 @@ def test_standby_options_are_checked() -> None:
         Dispatcher(1, standby=-1)
     with pytest.raises(ValueError, match="stall_s"):
         Dispatcher(1, standby=1, stall_s=0)
+
+
+class Asker(PooledActor):
+    """Asks ``target`` on its worker, inside ``waiting_on_actors`` (or not)."""
+
+    def __init__(self, dispatcher: Dispatcher, lend: bool) -> None:
+        super().__init__()
+        self.actor_dispatcher = dispatcher
+        self.lend = lend
+
+    def on_receive(self, message: Any) -> Any:
+        target, arrived, everyone = message
+        arrived.release()
+        everyone.acquire()  # every asker holds a worker at once before any of them asks
+        if not self.lend:
+            return target.ask("ping", timeout=0.5)
+        with waiting_on_actors():
+            return target.ask("ping", timeout=WAIT)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_that_all_wait_on_other_actors_are_lent_workers_for_the_wait(
+    workers: int,
+) -> None:
+    d = Dispatcher(workers, name="lending")
+    try:
+        log: list[tuple[str, Any]] = []
+        target = Log.start(d, log, "target")
+        askers = [Asker.start(d, lend=True) for _ in range(3)]
+        arrived, everyone = threading.Semaphore(0), threading.Semaphore(0)
+        futures = [a.ask((target, arrived, everyone), block=False) for a in askers]
+        for _ in range(workers):  # every worker holds an asker (a lent one holds the third)
+            assert arrived.acquire(timeout=WAIT)
+        for _ in askers:
+            everyone.release()
+        assert [f.get(timeout=WAIT) for f in futures] == ["ping"] * 3
+        assert [m for _, m in log] == ["ping"] * 3
+        # each wait's lent worker ends once the work queued before its marker is done
+        assert target.ask("after", timeout=WAIT) == "after"
+    finally:
+        ActorRegistry.stop_all(timeout=WAIT)
+        assert d.shutdown(timeout=WAIT)
+
+
+def test_without_a_lent_worker_a_wait_on_another_actor_holds_the_only_worker() -> None:
+    d = Dispatcher(1, name="not-lending")
+    try:
+        target = Log.start(d, [], "target")
+        asker = Asker.start(d, lend=False)
+        arrived, everyone = threading.Semaphore(0), threading.Semaphore(1)
+        with pytest.raises(Timeout):
+            asker.ask((target, arrived, everyone), timeout=WAIT)
+    finally:
+        ActorRegistry.stop_all(timeout=WAIT)
+        assert d.shutdown(timeout=WAIT)
+
+
+def test_waiting_on_actors_off_a_dispatcher_lends_nothing() -> None:
+    d = Dispatcher(1, name="outside")
+    try:
+        target = Log.start(d, [], "target")
+        with waiting_on_actors():
+            assert target.ask("ping", timeout=WAIT) == "ping"
+        assert d.statistics().workers == 1
+    finally:
+        ActorRegistry.stop_all(timeout=WAIT)
+        assert d.shutdown(timeout=WAIT)
