@@ -22,7 +22,7 @@ from storage.events import (
     UsageChunk,
 )
 
-__all__ = ["Assembler"]
+__all__ = ["Assembler", "HeldChunks"]
 
 
 class _PartialCall:
@@ -50,9 +50,27 @@ class Assembler:
         # Invariant: the characters of text, reasoning and call arguments taken so far; a
         # lower bound of the encoded size of the message they will make (see the turn).
         self.streamed = 0
+        # Invariant: the bytes ``chunk_seqs`` take in the message's JSON (each seq's
+        # digits and a comma); ``_digits`` are those of seqs below ``_next_power``.
+        self.cited = 0
+        self._digits = 1
+        self._next_power = 10
 
     def add(self, chunk: StreamChunk, seq: int) -> None:
+        """Take ``chunk``, logged as the chunk event ``seq``."""
+        self.cite(seq)
+        self.take(chunk)
+
+    def cite(self, seq: int) -> None:
+        """Cite the chunk event ``seq`` (its chunk taken before, or now by :meth:`add`)."""
         self.chunk_seqs.append(seq)
+        while seq >= self._next_power:
+            self._digits += 1
+            self._next_power *= 10
+        self.cited += self._digits + 1
+
+    def take(self, chunk: StreamChunk) -> None:
+        """Take ``chunk``'s content (what the message will hold), not its citation."""
         take = _TAKERS.get(chunk.__class__)
         if take is None:
             self._take(chunk)  # a subclass of a chunk type: the general dispatch
@@ -158,7 +176,7 @@ class Assembler:
         return None
 
 
-# How :meth:`Assembler.add` takes each chunk type: one dict lookup, not an isinstance chain.
+# How :meth:`Assembler.take` takes each chunk type: one dict lookup, not an isinstance chain.
 _TAKERS: dict[type, Callable[[Assembler, Any], None]] = {
     TextDelta: Assembler._text_delta,
     ReasoningDelta: Assembler._reasoning_delta,
@@ -166,3 +184,78 @@ _TAKERS: dict[type, Callable[[Assembler, Any], None]] = {
     UsageChunk: Assembler._usage,
     FinishChunk: Assembler._finish,
 }
+
+
+class HeldChunks:
+    """Deltas taken from the stream but not logged yet, gathered into few chunks.
+
+    A reply streamed in very many small deltas would have its ``assistant/message`` cite
+    one chunk event per delta (a seq of several digits for each one-character delta), and
+    outgrow the event limit although its content fits. Past a share of the limit (see the
+    turn), deltas are held here and logged together: one chunk per run, a run being the
+    text, the reasoning, the pieces of one tool call (by index), or the latest usage or
+    finish. Released runs keep the order in which each began; a run gathers deltas that
+    arrived between those of other runs, which is safe because the assembled message
+    keeps text, reasoning and each call apart (see :class:`Assembler`): the gathered
+    chunks assemble to the same message as the deltas they hold.
+    """
+
+    __slots__ = ("_runs", "chars")
+
+    def __init__(self) -> None:
+        self._runs: dict[object, list[StreamChunk]] = {}
+        # Invariant: the characters of text, reasoning and call arguments held.
+        self.chars = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._runs)
+
+    def hold(self, chunk: StreamChunk) -> None:
+        if isinstance(chunk, TextDelta):
+            key: object = TextDelta
+            self.chars += len(chunk.text)
+        elif isinstance(chunk, ReasoningDelta):
+            key = ReasoningDelta
+            self.chars += len(chunk.text)
+        elif isinstance(chunk, ToolCallDelta):
+            key = (ToolCallDelta, chunk.index)
+            self.chars += len(chunk.arguments_delta)
+        else:  # usage, finish: the latest one counts
+            key = type(chunk)
+        run = self._runs.get(key)
+        if run is None:
+            self._runs[key] = [chunk]
+        else:
+            run.append(chunk)
+
+    def release(self) -> list[StreamChunk]:
+        """One chunk per run, in the order the runs began; nothing is held after."""
+        chunks = [_gathered(run) for run in self._runs.values()]
+        self._runs.clear()
+        self.chars = 0
+        return chunks
+
+
+def _gathered(run: list[StreamChunk]) -> StreamChunk:
+    """The deltas of one run as one chunk that :class:`Assembler` takes alike."""
+    first = run[0]
+    if len(run) == 1:
+        return first
+    if isinstance(first, TextDelta):
+        return TextDelta(text="".join(c.text for c in run))  # type: ignore[union-attr]
+    if isinstance(first, ReasoningDelta):
+        signature = None
+        for chunk in run:  # the assembler keeps the last signature given
+            if chunk.signature is not None:  # type: ignore[union-attr]
+                signature = chunk.signature  # type: ignore[union-attr]
+        text = "".join(c.text for c in run)  # type: ignore[union-attr]
+        return ReasoningDelta(text=text, signature=signature)
+    if isinstance(first, ToolCallDelta):
+        calls: list[ToolCallDelta] = run  # type: ignore[assignment]
+        call_id = next((c.call_id for c in reversed(calls) if c.call_id), first.call_id)
+        name = next((c.name for c in calls if c.name), first.name)  # the first name given
+        arguments = "".join(c.arguments_delta for c in calls)
+        return ToolCallDelta(
+            index=first.index, call_id=call_id, name=name, arguments_delta=arguments
+        )
+    return run[-1]  # usage, finish: the assembler keeps the latest

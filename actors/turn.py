@@ -47,7 +47,7 @@ from storage.events import (
     UserMessageData,
 )
 
-from .assembly import Assembler
+from .assembly import Assembler, HeldChunks
 from .effects import (
     Admit,
     Checkpoint,
@@ -105,6 +105,13 @@ _DONE: Final = _StepResult()  # a step that ended normally, nothing more to do
 _ENCODER: Final = msgspec.json.Encoder()
 _MAX_FAILURE_CHARS: Final = 16_384
 _MESSAGES: Final = msgspec.json.Decoder(list[UserMessage])
+# A reply's ``assistant/message`` cites each of its chunk events (CONTRACT 4). Its chunks
+# are logged one per delta while their citations take less than 1/_DIRECT_SHARE of the
+# event limit; past that, deltas are gathered (:class:`HeldChunks`) so that the citations
+# stay within about 1/_CITED_SHARE of it, however many deltas the reply came in.
+_DIRECT_SHARE: Final = 64
+_CITED_SHARE: Final = 32
+_SEQ_BYTES: Final = 12  # what one citation takes at most: a seq's digits and a comma
 
 
 def _checked(messages: Sequence[UserMessage], proposal: Sequence[UserMessage]) -> list[UserMessage]:
@@ -144,16 +151,27 @@ def _unloggable(err: InvalidEventError) -> _StepResult:
     return _StepResult(failure=failure, error=err)
 
 
-def _too_large(streamed: int, limit: int) -> _StepResult:
+def _too_large(assembler: Assembler, limit: int) -> _StepResult:
     """A reply that outgrew the event limit while it streamed: its ``assistant/message``
-    would hold more characters than the limit has bytes (each takes at least one)."""
+    would hold more characters than the limit has bytes (each takes at least one) once
+    the citations of its chunks (``sourceEventSeqs``) are counted."""
     return _unloggable(
         EventTooLargeError(
-            f"it streamed {streamed} characters of text, reasoning and tool-call arguments, "
-            f"more than its 'assistant/message' may hold (the limit is {limit} bytes); the "
-            "model call was stopped; ask for a shorter reply, or raise max_event_bytes"
+            f"it is too large: it streamed {assembler.streamed} characters of text, "
+            f"reasoning and tool-call arguments, which with the {assembler.cited} bytes "
+            f"citing its {len(assembler.chunk_seqs)} chunks are more than its "
+            f"'assistant/message' may hold (the limit is {limit} bytes); the model call was "
+            "stopped; ask for a shorter reply, or raise max_event_bytes"
         )
     )
+
+
+def _gather_size(assembler: Assembler, limit: int) -> int:
+    """How many characters a gathered chunk should hold before it is logged: enough that
+    the chunks still to come, however small the deltas, cite within what is left of the
+    citation budget (``limit // _CITED_SHARE``) for the largest reply the limit allows."""
+    left = limit // _CITED_SHARE - assembler.cited
+    return max(1, (limit - assembler.streamed) * _SEQ_BYTES // max(left, _SEQ_BYTES))
 
 
 def _bounded(failure: LlmFailure) -> LlmFailure:
@@ -650,12 +668,32 @@ class TurnMachine:
             taken.append(meter)
         return None
 
+    def _log_held(self, held: HeldChunks, assembler: Assembler, turn: int, step: int) -> None:
+        """Log the held deltas as gathered chunks, each cited by the reply."""
+        append = self.session.append_fact
+        for chunk in held.release():
+            assembler.cite(append(AssistantChunk(turn=turn, step=step, chunk=chunk)).seq)
+
+    def _log_held_quietly(
+        self, held: HeldChunks, assembler: Assembler, turn: int, step: int
+    ) -> None:
+        """:meth:`_log_held` for a failed stream: what it streamed is logged if it can be
+        (as every chunk taken was before the failure); the failure is what the turn
+        reports."""
+        if held:
+            try:
+                self._log_held(held, assembler, turn, step)
+            except InvalidEventError:
+                log.exception("the failed reply's last chunks cannot be logged")
+
     async def _exchange(
         self, turn: int, step: int, request: ModelRequest, signal: TurnSignal
     ) -> _StepResult:
         append = self.session.append_fact
         assembler = Assembler(turn, step)
         limit = request.max_reply_bytes or DEFAULT_MAX_EVENT_BYTES
+        direct = limit // _DIRECT_SHARE  # citation bytes up to which deltas are logged one by one
+        held = HeldChunks()
         stream: Any = None
         done = False
         try:
@@ -668,11 +706,25 @@ class TurnMachine:
                     if isinstance(item, StreamEnd):
                         done = True
                         break
-                    event = append(AssistantChunk(turn=turn, step=step, chunk=item))
-                    assembler.add(item, event.seq)
-                    if assembler.streamed > limit:  # the message could never be logged
-                        return _too_large(assembler.streamed, limit)  # and the call stops
+                    if assembler.cited < direct:
+                        event = append(AssistantChunk(turn=turn, step=step, chunk=item))
+                        assembler.add(item, event.seq)
+                    else:  # a reply of very many deltas: they are logged gathered
+                        assembler.take(item)
+                        held.hold(item)
+                        if held.chars >= _gather_size(assembler, limit):
+                            self._log_held(held, assembler, turn, step)
+                    if assembler.streamed + assembler.cited > limit:  # could never be logged
+                        self._log_held_quietly(held, assembler, turn, step)
+                        return _too_large(assembler, limit)  # and the call stops
+            if held:
+                self._log_held(held, assembler, turn, step)
         except TurnAborted:
+            if held:  # taken before the cancel: part of the visible prefix
+                try:
+                    self._log_held(held, assembler, turn, step)
+                except InvalidEventError:
+                    log.exception("the interrupted reply's last chunks cannot be logged")
             visible = assembler.visible()
             if visible:
                 try:
@@ -690,10 +742,12 @@ class TurnMachine:
                     log.exception("the interrupted reply's visible prefix cannot be logged")
             return _StepResult()
         except ModelError as err:
+            self._log_held_quietly(held, assembler, turn, step)
             return _StepResult(failure=err.failure, error=err)
         except InvalidEventError as err:  # a chunk the log refuses, e.g. over the size limit
             return _unloggable(err)
         except Exception as err:  # noqa: BLE001 - any adapter fault is a request failure
+            self._log_held_quietly(held, assembler, turn, step)
             return _StepResult(failure=LlmFailure(message=repr(err), code="UNKNOWN"), error=err)
         finally:
             if not done and stream.__class__ is StreamHandle:
