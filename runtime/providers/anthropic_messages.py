@@ -137,6 +137,7 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
             lambda body: _plain(body, mapper),
             mapper,
             lambda: None if mapper.stopped else "the stream ended before message_stop",
+            request.max_reply_bytes,
         )
         try:
             async for out in frames:

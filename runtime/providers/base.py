@@ -190,10 +190,12 @@ class HttpProvider(Generic[ClientT]):
         plain: Callable[[JsonBody], list[StreamChunk]],
         mapper: StreamMapper,
         unfinished: Callable[[], str | None],
+        max_reply_bytes: int | None,
     ) -> AsyncGenerator[StreamChunk, None]:
         """The request/stream/finish frame both vendors share: take a limiter slot, open
         the SDK's streaming response, yield what ``decode`` maps from its bytes (or what
-        ``plain`` maps from a 200 whose body is JSON, see :mod:`.bodies`), turn every
+        ``plain`` maps from a 200 whose body is JSON, see :mod:`.bodies`; read up to a
+        bound derived from ``max_reply_bytes``, the log's event limit), turn every
         failure into a :class:`ModelError` (keeping the request id), refuse a stream that
         ``unfinished`` says ended early, that ended with a failed or unknown finish
         reason, or that produced nothing, then yield the mapper's closing chunks (usage,
@@ -209,7 +211,9 @@ class HttpProvider(Generic[ClientT]):
                     request_id = request_id_from(response.headers)
                     responded = True
                     body = await open_body(
-                        response.headers.get("content-type"), response.aiter_bytes()
+                        response.headers.get("content-type"),
+                        response.aiter_bytes(),
+                        max_reply_bytes,
                     )
                     if isinstance(body, JsonBody):
                         for out in plain(body):

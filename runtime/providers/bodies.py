@@ -6,7 +6,10 @@ page HTML. Read as a stream, each looked like a stream that ended early (``TRANS
 retried, its text lost). :func:`open_body` tells them apart: ``text/event-stream`` is a
 stream; otherwise the first bytes decide (SSE fields are a stream whatever the content
 type says, a JSON content type or a ``{`` is JSON, anything else is
-:class:`~.failures.NotAStreamError`). :func:`plain_reply` then sorts a JSON body into an
+:class:`~.failures.NotAStreamError`). A JSON body is read whole, up to the bound of a
+reply the log could take (``event_bound`` of the event limit, as for one server-sent
+event); a larger one is :class:`~.failures.JsonReplyTooLargeError`, reported as a reply
+too large to log, as a streamed one is. :func:`plain_reply` then sorts a JSON body into an
 error (:class:`~.failures.StreamReportedError`, classified as that error's HTTP body
 would be) or the vendor's non-streamed reply, which the provider maps as a stream.
 """
@@ -18,11 +21,13 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from .failures import NotAStreamError, StreamReportedError
+from storage import DEFAULT_MAX_EVENT_BYTES
 
-__all__ = ["MAX_JSON_BYTES", "JsonBody", "open_body", "plain_reply"]
+from .failures import JsonReplyTooLargeError, NotAStreamError, StreamReportedError
+from .sse import event_bound
 
-MAX_JSON_BYTES: Final = 8 * 1024 * 1024
+__all__ = ["JsonBody", "open_body", "plain_reply"]
+
 _START_CHARS: Final = 2000  # kept of a body's start; the failure shows less, once scrubbed
 _SSE_FIELDS: Final = (b"data:", b"event:", b"id:", b"retry:", b":")
 
@@ -47,11 +52,12 @@ async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[byte
 
 
 async def open_body(
-    content_type: str | None, body: AsyncIterator[bytes]
+    content_type: str | None, body: AsyncIterator[bytes], max_reply_bytes: int | None = None
 ) -> AsyncIterator[bytes] | JsonBody:
     """The event stream's bytes, or the whole JSON body; raises
-    :class:`NotAStreamError` for anything else (an HTML page, a JSON body over
-    :data:`MAX_JSON_BYTES` or that does not parse)."""
+    :class:`NotAStreamError` for anything else (an HTML page, a JSON body that does not
+    parse), :class:`JsonReplyTooLargeError` for a JSON body over ``event_bound`` of
+    ``max_reply_bytes`` (the log's event limit; None: the default one)."""
     kind = (content_type or "").partition(";")[0].strip().lower()
     if kind == "text/event-stream":
         return body
@@ -65,11 +71,13 @@ async def open_body(
         return _chain(head, body)  # a stream mislabelled (or empty: it ends unfinished)
     if not (kind == "application/json" or kind.endswith("+json") or first[:1] in b"{["):
         raise NotAStreamError(kind, _start(first))
+    bound = event_bound(max_reply_bytes)
     data = bytearray(first)
     async for part in body:
         data += part
-        if len(data) > MAX_JSON_BYTES:
-            raise NotAStreamError(kind, _start(first))
+        if len(data) > bound:  # a reply the log could not take, however it is escaped
+            limit = max_reply_bytes or DEFAULT_MAX_EVENT_BYTES
+            raise JsonReplyTooLargeError(len(data), bound, limit)
     try:
         value = msgspec.json.decode(data)
     except msgspec.DecodeError:

@@ -49,6 +49,7 @@ from .sse import SseEventTooLargeError
 
 __all__ = [
     "REQUEST_ID_HEADERS",
+    "JsonReplyTooLargeError",
     "NotAStreamError",
     "StreamReportedError",
     "classify",
@@ -118,6 +119,22 @@ class NotAStreamError(Exception):
         super().__init__("the server answered 200 with a body that is not an event stream")
         self.content_type = content_type
         self.body = start  # the start of the body, for the failure's message
+
+
+class JsonReplyTooLargeError(Exception):
+    """A 200 answer to a streaming request whose JSON body (a server that ignores
+    ``stream: true`` sends its whole reply so) outgrew the bound of a reply the log could
+    take: ``bound`` is ``event_bound`` of the event limit ``limit``, as for one
+    server-sent event (the body may escape every character of the reply)."""
+
+    def __init__(self, size: int, bound: int, limit: int) -> None:
+        super().__init__(
+            f"a JSON reply too large to log: more than {bound} bytes (four times the log's "
+            f"event limit of {limit} bytes, and room for its fields; {size} bytes read)"
+        )
+        self.size = size
+        self.bound = bound
+        self.limit = limit
 
 
 class _Kinds:
@@ -342,7 +359,7 @@ def classify(
     failure_code: FailureCode
     retry_after: float | None = None
 
-    if isinstance(err, SseEventTooLargeError):
+    if isinstance(err, SseEventTooLargeError | JsonReplyTooLargeError):
         failure_code, status = "UNKNOWN", None
         text = f"the model's reply cannot be logged: {vendor} sent {err}; stopped reading"
     elif isinstance(err, kinds.validation):

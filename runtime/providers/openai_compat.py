@@ -164,6 +164,7 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
                 if mapper.finish_reason is not None
                 else "the stream ended before a finish reason"
             ),
+            request.max_reply_bytes,
         )
         try:
             async for out in frames:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from runtime import Runtime
+from runtime.providers.sse import event_bound
+from storage import check_invariants
 from storage.events import FinishChunk, UsageChunk
 
 from .support import ANTHROPIC_KEY, KEY, collect, failure_of, request, run, text_of, tool_calls_of
@@ -138,3 +143,79 @@ def test_an_event_stream_with_a_wrong_or_missing_content_type_is_still_read(
     frames = b"".join(openai_frames(openai_text_reply("Hel", "lo")))
     for content_type in ("text/plain", "application/json", ""):
         assert text_of(answer(wire, OPENAI, RawReply(frames, content_type))) == "Hello"
+
+
+LIMIT = 64 * 1024  # a small event limit: a reply over four times it stays small
+
+
+def _plain_text_reply(vendor: Vendor, text: str) -> dict[str, Any]:
+    """``vendor``'s non-streamed reply holding ``text`` (a server ignoring ``stream``)."""
+    if vendor is OPENAI:
+        return {
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        }
+    return {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 5, "output_tokens": 4},
+    }
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_json_reply_too_large_to_log_fails_as_too_large_naming_its_size_and_the_limit(
+    wire: WireServer, vendor: Vendor
+) -> None:
+    # Before, a JSON body was read up to a fixed 8 MiB, whatever the log's limit: this
+    # one (~400 KB, over four times a 64 KiB limit) was read and handed on whole, and
+    # one over 8 MiB was refused as "neither an error nor a reply of this API".
+    wire.script(JsonReply(200, _plain_text_reply(vendor, "x" * (5 * LIMIT))))
+
+    async def body() -> Any:
+        async with vendor.model(wire.url) as model:
+            limited = msgspec.structs.replace(request(), max_reply_bytes=LIMIT)
+            return await failure_of(model, limited)
+
+    got = run(body)
+    assert (got.code, got.status) == ("UNKNOWN", None)  # not retried, as a streamed one
+    assert got.message.startswith(
+        f"the model's reply cannot be logged: {vendor.name} sent a JSON reply too large to log"
+    )
+    assert f"more than {event_bound(LIMIT)} bytes" in got.message
+    assert f"event limit of {LIMIT} bytes" in got.message
+    assert "neither an error nor a reply" not in got.message
+    assert len(wire.requests) == 1
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_a_json_reply_over_8_mib_is_refused_by_the_log_limit_not_as_neither_error_nor_reply(
+    tmp_path: Path, wire: WireServer, vendor: Vendor
+) -> None:
+    # The bound is now the log's (four times max_event_bytes, 16 MiB by default): a
+    # 9 MB reply is read, and the turn fails it as over the 4 MiB event limit.
+    wire.script(JsonReply(200, _plain_text_reply(vendor, "x" * 9_000_000)))
+    with Runtime.open(tmp_path / "store") as rt:  # the default retry policy
+        errors: list[Any] = []
+        rt.on("agent/error", errors.append)
+        agent = rt.spawn(model=vendor.model(wire.url))
+        agent.followup("hi")
+        assert agent.wait_idle(timeout=20)
+        events = list(agent.session.events())
+    (end,) = [e.data for e in events if e.type == "turn/end"]
+    assert end.reason.kind == "error"
+    message = end.reason.error.message
+    assert message.startswith("the model's reply cannot be logged")
+    assert "over the limit of 4194304 bytes" in message
+    assert "neither an error nor a reply" not in message
+    assert [e.error for e in errors] == [end.reason.error]
+    assert len(wire.requests) == 1  # not retried
+    assert check_invariants(events) == []
