@@ -51,18 +51,28 @@ class Assembler:
         # lower bound of the encoded size of the message they will make (see the turn).
         self.streamed = 0
         # Invariant: the bytes ``chunk_seqs`` take in the message's JSON (each seq's
-        # digits and a comma); ``_digits`` are those of seqs below ``_next_power``.
+        # digits and a comma; seqs only grow); ``_digits`` is the digit count of the seqs
+        # from ``_next_power // 10`` up to ``_next_power``.
         self.cited = 0
         self._digits = 1
         self._next_power = 10
 
     def add(self, chunk: StreamChunk, seq: int) -> None:
-        """Take ``chunk``, logged as the chunk event ``seq``."""
-        self.cite(seq)
-        self.take(chunk)
+        """Take ``chunk``, logged as the chunk event ``seq``: :meth:`cite` then
+        :meth:`take`, inline (once per delta of every reply)."""
+        self.chunk_seqs.append(seq)
+        while seq >= self._next_power:
+            self._digits += 1
+            self._next_power *= 10
+        self.cited += self._digits + 1
+        take = _TAKERS.get(chunk.__class__)
+        if take is None:
+            self._take(chunk)  # a subclass of a chunk type: the general dispatch
+        else:
+            take(self, chunk)
 
     def cite(self, seq: int) -> None:
-        """Cite the chunk event ``seq`` (its chunk taken before, or now by :meth:`add`)."""
+        """Cite the chunk event ``seq``, whose chunk :meth:`take` took."""
         self.chunk_seqs.append(seq)
         while seq >= self._next_power:
             self._digits += 1
