@@ -675,7 +675,7 @@ class TurnMachine:
             assembler.cite(append(AssistantChunk(turn=turn, step=step, chunk=chunk)).seq)
 
     def _log_held_quietly(
-        self, held: HeldChunks, assembler: Assembler, turn: int, step: int
+        self, held: HeldChunks | None, assembler: Assembler, turn: int, step: int
     ) -> None:
         """:meth:`_log_held` for a failed stream: what it streamed is logged if it can be
         (as every chunk taken was before the failure); the failure is what the turn
@@ -693,7 +693,7 @@ class TurnMachine:
         assembler = Assembler(turn, step)
         limit = request.max_reply_bytes or DEFAULT_MAX_EVENT_BYTES
         direct = limit // _DIRECT_SHARE  # citation bytes up to which deltas are logged one by one
-        held = HeldChunks()
+        held: HeldChunks | None = None  # made once deltas are gathered
         stream: Any = None
         done = False
         try:
@@ -710,6 +710,8 @@ class TurnMachine:
                         event = append(AssistantChunk(turn=turn, step=step, chunk=item))
                         assembler.add(item, event.seq)
                     else:  # a reply of very many deltas: they are logged gathered
+                        if held is None:
+                            held = HeldChunks()
                         assembler.take(item)
                         held.hold(item)
                         if held.chars >= _gather_size(assembler, limit):
