@@ -443,10 +443,8 @@ class Runtime:
         _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         with self._starting_agent(resuming=session_id):
-            session = self._open_logged(session_id, self.store.open_session, session_id)
-            if system is None:
-                system = _logged_system(session)
-            return self._start(session, resolved, tool_map, system, limits, "resume")
+            opened = self._open_logged(session_id, self.store.open_session, session_id)
+            return self._start_logged(opened, resolved, tool_map, system, limits, "resume")
 
     def fork(
         self,
@@ -472,12 +470,23 @@ class Runtime:
         _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
         with self._starting_agent():
-            session = self._open_logged(
-                source_id, self.store.fork, source_id, boundary, session_id
-            )
-            if system is None:
-                system = _logged_system(session)
-            return self._start(session, resolved, tool_map, system, limits, "startup")
+            opened = self._open_logged(source_id, self.store.fork, source_id, boundary, session_id)
+            return self._start_logged(opened, resolved, tool_map, system, limits, "startup")
+
+    def _start_logged(
+        self,
+        session: Session,
+        model: Model,
+        tools: dict[str, Tool],
+        system: str | None,
+        limits: UsageLimits | None,
+        source: Literal["startup", "resume"],
+    ) -> Agent:
+        """:meth:`_start` over a session with a log (resumed or forked): ``system``
+        defaults to the system prompt the log last recorded."""
+        if system is None:
+            system = _logged_system(session)
+        return self._start(session, model, tools, system, limits, source)
 
     def _open_logged(
         self, session_id: str, open_: Callable[..., Session], *args: object
@@ -508,9 +517,8 @@ class Runtime:
         with self._lock:
             self._check_open()  # again, under the lock close() takes to set it
             if resuming is not None:
-                if resuming in self._agents or resuming in self._pending or (
-                    resuming in self._resuming
-                ):
+                taken = (self._agents, self._pending, self._resuming)
+                if any(resuming in ids for ids in taken):
                     raise ValueError(
                         f"agent {resuming!r} is already in this runtime (live, passivated or "
                         f"being resumed); rt.get({resuming!r}) returns it"
