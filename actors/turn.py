@@ -364,10 +364,11 @@ class TurnMachine:
             await self._settle(turn, reason)
             prior.clear()
             quiet = self.quiet
-            if not signal.aborted and (quiet is None or not quiet()):
+            if quiet is None or not quiet():
                 # What a sync agent/settled listener sent (a followup, a cancel) is
                 # queued to us: let it land before deciding whether the chain goes on,
-                # so that a followup keeps the agent running (no idle between turns) and
+                # so that a followup keeps the agent running (no idle between turns, after
+                # an aborted turn too: it is the waking send that ends the parking) and
                 # a cancel aborts the turn it opens (below), not one further on.
                 with contextlib.suppress(TurnAborted):
                     await Checkpoint()

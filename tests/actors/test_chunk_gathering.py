@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.assembly import Assembler, HeldChunks
-from actors.effects import Flush, NextBatch, OpenStream
+from actors.effects import Checkpoint, Flush, NextBatch, OpenStream
 from actors.testing import TurnHarness
 from storage import assert_invariants
 from storage.events import (
@@ -93,6 +93,7 @@ def test_a_cancel_while_deltas_are_held_logs_them_and_keeps_them_in_the_visible_
     )
     assert len(logged) < len(text)  # the last deltas are held, not logged yet
     assert isinstance(harness.cancel(UserCause()), Flush)
+    assert isinstance(harness.send(), Checkpoint)  # after settled: what it sent lands
     assert harness.send() is None
     events = harness.session.events()
     chunks = {e.seq: e.data.chunk for e in events if e.type == "assistant/chunk"}

@@ -54,6 +54,7 @@ def test_a_cancel_between_any_two_effects_aborts_the_turn_cleanly() -> None:
     assert isinstance(effect, NextBatch)
     effect = harness.cancel(UserCause())  # interrupt the stream between two batches
     assert isinstance(effect, Flush)
+    assert isinstance(harness.send(), Checkpoint)  # after settled: what it sent lands
     assert harness.send() is None
     message = next(e.data for e in harness.session.events() if e.type == "assistant/message")
     assert message.interrupted and message.message.content[0].text == "par"

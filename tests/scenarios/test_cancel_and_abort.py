@@ -185,6 +185,32 @@ def test_a_followup_from_a_sync_settled_listener_keeps_the_agent_running_into_th
     assert _statuses(timeline) == ["running", "idle"]
 
 
+def test_a_followup_from_a_sync_settled_listener_after_an_aborted_turn_keeps_the_agent_running(
+    rt: Runtime, timeline: Timeline
+) -> None:
+    # CONTRACT 4: after `aborted` queued work stays parked until the next waking send;
+    # the listener's followup is that send, and CONTRACT 1 wants no idle before its turn.
+    # Before, the chain did not let it land after an aborted turn: running, idle, running.
+    model = GateModel()
+    agent = rt.spawn(model=model)
+
+    def once(event: Any) -> None:
+        if event.turn == 1:
+            assert event.reason.kind == "aborted"
+            agent.followup("second")
+
+    agent.on("agent/settled", once)
+    agent.followup("first")
+    assert model.wait_reached(1)
+    agent.cancel()
+    assert model.wait_reached(2)  # the followup's turn reached the model
+    model.release()
+    settled = timeline.wait_for("agent/settled", 2)
+    assert [e.reason.kind for e in settled] == ["aborted", "completed"]
+    assert agent.wait_idle(WAIT)
+    assert _statuses(timeline) == ["running", "idle"]
+
+
 def test_a_cancel_from_a_settled_listener_aborts_the_turn_its_followup_opens(
     rt: Runtime, timeline: Timeline
 ) -> None:
