@@ -77,12 +77,15 @@ class Insert(msgspec.Struct, frozen=True):
 
     ``unwinding``: the sender saw an aborted turn still open when it sent this wake; if
     that turn is still unwinding, the wake is forced to ``next-turn`` and latched.
+    ``inserted``: the sender (one of the agent's own listeners, on its actor) put the
+    message into the inbox itself; only the wake is left to handle.
     """
 
     lane: InboxLane
     message: UserMessage
     wake: bool
     unwinding: bool = False
+    inserted: bool = False
 
 
 class Edit(msgspec.Struct, frozen=True):
@@ -229,7 +232,13 @@ class AgentMailbox(Mailbox):
                 message.callback()
             return
         death, lanes = self._death, self.lanes
-        if type(message) is Insert and death is not None and death.failed and lanes is not None:
+        if (
+            type(message) is Insert
+            and not message.inserted
+            and death is not None
+            and death.failed
+            and lanes is not None
+        ):
             try:
                 lanes.insert(message.lane, message.message)
             except Exception:  # a failed log: the message is lost with the actor
@@ -420,20 +429,26 @@ class AgentActor(PooledActor):
                 # an error, a block or an abort the chain would stop with this wake
                 # pending. It runs once the chain has converged, as on an idle agent.
                 machine.latched_wake = True
+        if message.inserted:
+            pass  # in the inbox already: only the wake is left
+        else:
+            self._insert_told(lane, message.message)
+        if wake and self._coro is None and not self._disposing:
+            self._coro = self.machine.drain()  # start a drain
+            self._advance(None)
+
+    def _insert_told(self, lane: InboxLane, message: UserMessage) -> None:
         try:
-            self.inbox.insert(lane, message.message)
+            self.inbox.insert(lane, message)
         except Exception as err:
             # The verb checked everything the append checks (field types, the size of the
             # records that carry the message), so only the log itself failed here (the
             # store closed, the session opened again elsewhere): the agent cannot go on
             # logging, and its sender holds the id. The actor fails: ``agent.crash`` says
             # why, later sends are refused, ``rt.resume`` goes on from the log.
-            self.inbox.release(message.message.id)
-            err.add_note(f"agent {self.session.id} could not insert message {message.message.id}")
+            self.inbox.release(message.id)
+            err.add_note(f"agent {self.session.id} could not insert message {message.id}")
             raise
-        if wake and self._coro is None and not self._disposing:
-            self._coro = self.machine.drain()  # start a drain
-            self._advance(None)
 
     def _edit(self, edit: Edit) -> Any:
         return apply_edit(self.inbox, edit)

@@ -138,6 +138,7 @@ class Agent:
         self._disposing = False
         self._disposed = threading.Event()
         self._announcer: int | None = None  # the thread emitting its agent/disposed
+        self._announcing = False  # its agent/created and agent/session-start are emitted
         self.crash: BaseException | None = None
         """Why the agent's actor died unexpectedly, if it did (``rt.resume`` restarts it)."""
 
@@ -285,6 +286,10 @@ class Agent:
         message = self._message(value, message_id, source)
         if self._disposing:
             self._check_open("a wake" if wake else "a message")
+        if self._on_own_thread() and not self._announcing:
+            session = self._session
+            if session is not None and not session.notifying_here():
+                return self._send_here(message, lane, wake)
         with self._exclusive():
             if self._disposing:  # again: a disposal tells its messages under this lock
                 self._check_open("a wake" if wake else "a message")
@@ -298,6 +303,33 @@ class Agent:
             except BaseException:
                 self._inbox.release(message.id)
                 raise
+        return message.id
+
+    def _send_here(self, message: UserMessage, lane: InboxLane, wake: bool) -> MessageId:
+        """A send from one of the agent's own listeners, on its actor: the message goes
+        into the inbox at once (logged, ``agent/inbox/inserted``), as an edit from there
+        is applied at once, so that the listener's next verb sees it (a ``remove`` of
+        the id it just sent); only the wake is told, to be handled in order (from a
+        ``session/event`` listener, which may not append, the whole send is; from an
+        ``agent/created`` or ``agent/session-start`` listener too, so that the agent's
+        work comes after both). A wake into
+        an aborted turn that is still unwinding goes to ``next-turn`` (as the actor does
+        for a wake told while it unwinds)."""
+        inbox = self._inbox
+        assert inbox is not None
+        unwinding = wake and self._unwinding()
+        if unwinding:
+            lane = "next-turn"
+        inbox.reserve(message.id)
+        try:
+            inbox.insert(lane, message)
+        except BaseException:
+            inbox.release(message.id)
+            raise
+        if wake:
+            self._tell_live(
+                Insert(lane=lane, message=message, wake=True, unwinding=unwinding, inserted=True)
+            )
         return message.id
 
     def _check_open(self, what: str) -> None:

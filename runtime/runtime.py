@@ -614,9 +614,13 @@ class Runtime:
         with self._lock:
             if self._pending.pop(agent_id, None) is handle:
                 self._agents[agent_id] = handle
-        self.bus.emit("agent/created", AgentCreated(agent=handle), scope=agent_id)
-        start = AgentSessionStart(agent=handle, source=source)
-        self.bus.emit("agent/session-start", start, scope=agent_id)
+        handle._announcing = True  # what their listeners send is handled after both
+        try:
+            self.bus.emit("agent/created", AgentCreated(agent=handle), scope=agent_id)
+            start = AgentSessionStart(agent=handle, source=source)
+            self.bus.emit("agent/session-start", start, scope=agent_id)
+        finally:
+            handle._announcing = False
 
     def _assemble(self, handle: Agent, session: Session, spec: _Spec) -> _Parts:
         """Build an agent's inbox, tool phase and turn machine over ``session``."""

@@ -662,6 +662,11 @@ class Session:
             updates[name] = surface if turn is None else _both(surface, turn)
         return updates
 
+    def notifying_here(self) -> bool:
+        """Whether the calling thread runs this session's ``session/event`` observers
+        (which may not append)."""
+        return self._notifying == threading.get_ident()
+
     def _refuse_reentry(self, what: str) -> None:
         if self._notifying == threading.get_ident():
             raise ReentrantAppendError(

@@ -398,6 +398,40 @@ def test_an_inbox_edit_from_the_agents_own_listener_is_applied_at_once_in_order(
     assert splices[1].inserted[0].id == dropped
 
 
+def test_a_send_then_an_edit_from_the_agents_own_listener_apply_in_the_order_they_were_made(
+    rt: Runtime,
+) -> None:
+    # The edit is applied at once (above); the send before it used to wait in the
+    # mailbox behind the listener, so the edit did not find it: remove() raised
+    # UnknownMessageError, clear() missed it and the "cleared" message ran.
+    outcome: list[object] = []
+    agent = rt.spawn(model=ScriptedModel.echo())
+
+    def on_settled(event: Any) -> None:
+        if event.turn != 1:
+            return
+        try:
+            retracted = event.agent.followup("retract me", id="retracted")
+            outcome.append(event.agent.remove(retracted).id)
+            event.agent.steer("cleared", id="cleared")
+            event.agent.inject("cleared too", id="cleared-too")
+            outcome.append(event.agent.inbox.ids())
+            outcome.append([m.id for m in event.agent.clear()])
+            event.agent.followup("kept", id="kept")
+        except Exception as err:
+            outcome.append(err)
+
+    agent.on("agent/settled", on_settled)
+    agent.followup("first", id="first")
+    assert agent.wait_idle(WAIT)
+    assert outcome == ["retracted", ["cleared", "cleared-too"], ["cleared", "cleared-too"]]
+    entered = [m.id for m in agent.session.messages() if m.role == "user"]
+    assert entered == ["first", "kept"]
+    statuses = [e for e in agent.session.events() if e.type == "turn/end"]
+    assert len(statuses) == 2
+    assert check_invariants(agent.session.events()) == []
+
+
 def test_dispose_from_the_agents_own_listener_starts_the_disposal_without_waiting_for_itself(
     rt: Runtime,
 ) -> None:
