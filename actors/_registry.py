@@ -91,16 +91,19 @@ class RegistryActor(PooledActor):
         return list(self._refs)
 
     def remove(self, id_: str, *, stop: bool = True, announce: bool = True) -> bool:
-        """Forget ``id_``; False if it was unknown. ``announce=False`` (with
-        ``stop=False``): the caller announces the disposal itself, on its own thread (a
-        listener there may ask the registry, which an announcement run on the registry's
-        worker would wait for)."""
+        """Forget ``id_``; False if it was unknown. ``announce=False``: the caller
+        announces the disposal itself, off the registry's worker (a listener there may
+        ask the registry, which an announcement run on that worker would wait for): at
+        once for ``stop=False``, from its own watch of the actor's death otherwise."""
         ref = self._refs.pop(id_, None)
         if ref is None:
             return False
+        if not announce:
+            if stop and ref.is_alive():
+                ref.stop(block=False)
+            return True
         if not stop:
-            if announce:
-                self._announce_disposed(id_)
+            self._announce_disposed(id_)
             return True
         inbox = ref.actor_inbox
         if ref.is_alive():

@@ -139,6 +139,7 @@ class Agent:
         self._disposed = threading.Event()
         self._announcer: int | None = None  # the thread emitting its agent/disposed
         self._announcing = False  # its agent/created and agent/session-start are emitted
+        self._passivating = False  # a passivation stops its actor (no disposal: _on_death)
         self.crash: BaseException | None = None
         """Why the agent's actor died unexpectedly, if it did (``rt.resume`` restarts it)."""
 

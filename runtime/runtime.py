@@ -38,7 +38,7 @@ from actors import (
 )
 from actors._deadline import deadline, extended, remaining
 from actors.agent import AgentActor, AgentMailbox, Announce, AwaitIdle, Cancel, Quiescent
-from actors.errors import AgentDisposedError
+from actors.errors import AgentDisposedError, DispatcherShutdownError
 from actors.flushes import FlushGroup
 from actors.inbox import Inbox
 from actors.limits import Admission, UsageLimits, UsageMeter
@@ -222,7 +222,9 @@ class Runtime:
         self._lock = threading.Lock()
         self._agents: dict[str, Agent] = {}
         self._starting = 0  # spawns, resumes and forks under way: see _starting_agent()
-        self._resuming: set[str] = set()  # the sessions of the resumes among them
+        # The sessions of the resumes among them, until their agent is live (each held
+        # by its resume's token).
+        self._resuming: dict[str, object] = {}
         # Agents being started: registered, not announced yet. Not in _agents (get() and
         # agents() hand out live agents only) until their actor announces them.
         self._pending: dict[str, Agent] = {}
@@ -523,15 +525,15 @@ class Runtime:
                         f"agent {resuming!r} is already in this runtime (live, passivated or "
                         f"being resumed); rt.get({resuming!r}) returns it"
                     )
-                self._resuming.add(resuming)
+                self._resuming[resuming] = token = object()
             self._starting += 1
         try:
             yield
         finally:
             with self._lock:
                 self._starting -= 1
-                if resuming is not None:
-                    self._resuming.discard(resuming)
+                if resuming is not None and self._resuming.get(resuming) is token:
+                    del self._resuming[resuming]  # (a live agent releases it at once)
                 if not self._starting:
                     self._started.notify_all()
 
@@ -584,7 +586,7 @@ class Runtime:
                 # is bound by it), so whatever the listeners send waits behind it.
                 announce = partial(self._announce, handle, session, ref, parts, source)
                 ref.ask(Announce(callback=announce), block=True)
-        except BaseException:
+        except BaseException as err:
             with self._lock:
                 self._pending.pop(agent_id, None)
                 if self._agents.get(agent_id) is handle:
@@ -593,8 +595,22 @@ class Runtime:
                     del self._refs[agent_id]
                 if self._bridged.get(agent_id) is session:
                     del self._bridged[agent_id]
+            if ref is not None:  # registered, never announced: nothing may keep it running
+                self._unstart(agent_id, ref)
+            if self._closed and isinstance(err, ActorDeadError):  # the registry had stopped
+                raise RuntimeClosedError from err
             raise
         return handle
+
+    def _unstart(self, agent_id: str, ref: ActorRef[Any]) -> None:
+        """Stop the actor of a start that failed (or that a close gave up on) and take
+        it out of the registry; nothing is announced (it never was)."""
+        remove = ProxyCall(attr_path=("remove",), args=(agent_id,), kwargs={"announce": False})
+        try:
+            self._registry.tell(remove)  # which stops it
+        except ActorDeadError:  # a close stopped the registry
+            with contextlib.suppress(ActorDeadError, DispatcherShutdownError):
+                ref.stop(block=False)
 
     def _announce(
         self,
@@ -612,8 +628,12 @@ class Runtime:
         self._go_live(handle, session, ref, parts)
         agent_id = handle.id
         with self._lock:
-            if self._pending.pop(agent_id, None) is handle:
+            claimed = self._pending.pop(agent_id, None) is not handle
+            if not claimed:
                 self._agents[agent_id] = handle
+                self._resuming.pop(agent_id, None)  # _agents keeps a second resume out
+        if claimed:  # by a close() that gave up waiting for this start: it ends here
+            raise RuntimeClosedError
         handle._announcing = True  # what their listeners send is handled after both
         try:
             self.bus.emit("agent/created", AgentCreated(agent=handle), scope=agent_id)
@@ -695,7 +715,7 @@ class Runtime:
         if bridging:
             self._bridge(handle)
         agent_id = handle.id
-        watch(ref, lambda _ref, death: self._on_death(agent_id, death))
+        watch(ref, lambda dead, death: self._on_death(agent_id, death, dead))
 
     # ------------------------------------------------------------------ passivation
 
@@ -711,16 +731,26 @@ class Runtime:
             if handle._disposing or ref is None or not ref.is_alive():
                 return False
             try:
-                quiescent = ref.ask(Quiescent(), timeout=timeout)
+                with waiting_on_actors():
+                    quiescent = ref.ask(Quiescent(), timeout=timeout)
             except (Timeout, ActorDeadError):  # busy in one handler all that while, or gone
                 return False
             if not quiescent or handle._disposing:  # (a disposal from its own actor meanwhile)
                 return False
+            handle._passivating = True  # its death is no disposal (see _on_death)
             try:
-                ref.stop(block=True, timeout=timeout)
+                with waiting_on_actors():
+                    ref.stop(block=True, timeout=timeout)
             except ActorDeadError:
+                handle._passivating = False
                 return False
+            except Timeout:
+                # Its stop is queued behind nothing (it was quiescent, and the live lock
+                # keeps sends out): it stops without doing anything more. It is passive
+                # from here; its next use rebuilds it from the log.
+                log.debug("agent %s stops later than passivate's timeout", handle.id)
             handle._unbind()
+            handle._passivating = False
             with self._lock:
                 self._bridged.pop(handle.id, None)
             return True
@@ -745,10 +775,22 @@ class Runtime:
         self._registry.tell(ProxyCall(attr_path=("rebind",), args=(handle.id, ref), kwargs={}))
         self._go_live(handle, session, ref, parts)
 
-    def _on_death(self, agent_id: str, death: ActorDeath) -> None:
-        """An agent actor died. A failure ends its registration like a dispose would; the
+    def _on_death(self, agent_id: str, death: ActorDeath, ref: ActorRef[Any]) -> None:
+        """An agent actor died (on the worker that ran its last batch: never the
+        registry's, whose handlers a listener of ``agent/disposed`` may ask). Stopped by
+        its disposal (the registry stopped it): announce ``agent/disposed``; stopped by a
+        passivation: nothing. A failure ends its registration like a dispose would; the
         session keeps its open turn, which ``resume`` repairs."""
         if not death.failed:
+            handle = self._agents.get(agent_id)
+            if (
+                handle is not None
+                and handle._disposing
+                and not handle._passivating
+                and not handle._passive
+                and self._refs.get(agent_id) is ref  # not an actor passivated before
+            ):
+                self._announce_disposed(agent_id)
             return
         log.error("agent %s crashed: %r", agent_id, death.error)
         handle = self._agents.get(agent_id)
@@ -827,7 +869,10 @@ class Runtime:
 
         def stop() -> None:
             with contextlib.suppress(ActorDeadError):  # a close that gave up on the agent
-                registry.tell(ProxyCall(attr_path=("remove",), args=(handle.id,), kwargs={}))
+                remove = ProxyCall(
+                    attr_path=("remove",), args=(handle.id,), kwargs={"announce": False}
+                )
+                registry.tell(remove)  # the death is announced by _on_death
 
         ref.tell(Cancel(cause=DisposedCause(), keep_inbox=keep_inbox))
         ref.tell(AwaitIdle(callback=stop))
@@ -973,9 +1018,14 @@ class Runtime:
             atexit.unregister(self._close_at_exit)
             if not self._started.wait_for(lambda: not self._starting, remaining(until)):
                 log.warning("an agent was still starting after %s s; closing anyway", timeout)
-            # A start still under way (given up on above) is disposed through its actor
-            # once its registry entry exists: after its announcement, in order.
-            agents = list(self._agents.values()) + list(self._pending.values())
+            agents = list(self._agents.values())
+            # A start still under way (given up on above) is claimed: it ends without
+            # announcing its agent (its spawn raises RuntimeClosedError), which then
+            # never ran, so it has nothing to dispose (see _announce and _start).
+            for handle in self._pending.values():
+                handle._disposing = True
+                handle._disposed.set()
+            self._pending.clear()
         for handle in agents:
             handle._begin_disposal(keep_inbox=True)
         # In slices on the main thread (runtime.waiting): a Ctrl-C that lands just before

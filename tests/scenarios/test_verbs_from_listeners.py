@@ -9,6 +9,7 @@ Also: an agent is handed out (``rt.get``, ``rt.agents()``) only once it is live,
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,94 @@ def test_an_agent_still_starting_is_not_handed_out_by_get_or_agents(
         started[0].followup("hi")
         assert started[0].wait_idle(WAIT)
     check_store(path)
+
+
+def test_disposed_listeners_that_spawn_never_run_on_the_registrys_worker(rt: Runtime) -> None:
+    # Before, a dispose whose agent stopped before the registry registered its death
+    # watch had agent/disposed announced inline, on the registry's worker: a listener's
+    # spawn then asked the registry that was running it, for good. A short switch
+    # interval opens that window (the probe: 5 hangs in 6 runs of 200 disposals).
+    replaced: list[str] = []
+    lock = threading.Lock()
+
+    def replace(event: Any) -> None:
+        if event.agent.id.startswith("orig-"):
+            agent = rt.spawn(model=ScriptedModel.echo(), session_id="re-" + event.agent.id)
+            with lock:
+                replaced.append(agent.id)
+
+    rt.on("agent/disposed", replace)
+    agents = [rt.spawn(model=ScriptedModel.echo(), session_id=f"orig-{i}") for i in range(120)]
+    outcomes: list[bool] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [
+            threading.Thread(
+                target=lambda part: outcomes.extend(a.dispose(WAIT) for a in part),
+                args=(agents[i::4],),
+            )
+            for i in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(2 * WAIT)
+    finally:
+        sys.setswitchinterval(interval)
+    assert outcomes == [True] * len(agents)
+    assert sorted(replaced) == sorted("re-" + a.id for a in agents)
+
+
+def test_passivating_another_agent_from_a_sync_listener_gets_a_lent_worker(
+    rt: Runtime,
+) -> None:
+    other = rt.spawn(model=ScriptedModel.echo())
+    other.followup("warm up")
+    assert other.wait_idle(WAIT)
+    me = rt.spawn(model=ScriptedModel.echo())
+    outcome: list[bool] = []
+    done = threading.Event()
+
+    def passivate_other(event: Any) -> None:
+        outcome.append(other.passivate(timeout=WAIT))  # its stop needs a worker
+        done.set()
+
+    me.on("agent/settled", passivate_other)
+    me.followup("go")
+    assert done.wait(2 * WAIT)
+    assert outcome == [True] and other.passive
+    other.followup("back")
+    assert other.wait_idle(WAIT)
+
+
+def test_resume_from_the_disposed_listener_of_an_agent_that_crashed_while_it_was_resumed(
+    rt: Runtime,
+) -> None:
+    # The crash came before the resume that started it returned: its id was still held
+    # for that resume, and the second resume was refused as "already in this runtime".
+    rt.spawn(model=ScriptedModel.echo(), session_id="a").dispose(WAIT)
+    kills: list[None] = []
+    resumed: list[object] = []
+    done = threading.Event()
+
+    def crash_once(event: Any) -> None:
+        if not kills:
+            kills.append(None)
+            event.agent.kill("crash on purpose")
+
+    def resume_again(event: Any) -> None:
+        if kills and not resumed:
+            try:
+                resumed.append(rt.resume("a", model=ScriptedModel.echo()))
+            except Exception as err:
+                resumed.append(err)
+            done.set()
+
+    rt.on("agent/created", crash_once)
+    rt.on("agent/disposed", resume_again)
+    rt.resume("a", model=ScriptedModel.echo())
+    assert done.wait(WAIT)
+    assert isinstance(resumed[0], Agent) and rt.get("a") is resumed[0]
+    resumed[0].followup("after the crash")
+    assert resumed[0].wait_idle(WAIT)
