@@ -597,8 +597,8 @@ class Runtime:
                     del self._bridged[agent_id]
             if ref is not None:  # registered, never announced: nothing may keep it running
                 self._unstart(agent_id, ref)
-            if self._closed and isinstance(err, ActorDeadError):  # the registry had stopped
-                raise RuntimeClosedError from err
+            if self._closed and isinstance(err, Exception):  # a close() ended this start
+                raise RuntimeClosedError from err  # (claimed it, stopped the registry, ...)
             raise
         return handle
 
