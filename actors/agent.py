@@ -41,7 +41,7 @@ from .effects import (
 )
 from .flushes import FlushGroup
 from .inbox import Inbox, InboxView
-from .live import TurnSignal
+from .live import TurnSignal, loggable_cause
 from .streams import (
     StreamHandle,
     ToolHandle,
@@ -454,6 +454,9 @@ class AgentActor(PooledActor):
         return apply_edit(self.inbox, edit)
 
     def _cancel(self, cause: CancelCause, *, keep_inbox: bool, target: TurnSignal | None) -> None:
+        # The verb checked the cause (``checked_cause``); one that slips through (a
+        # Cancel built elsewhere) must not crash the actor where the signal checks it.
+        cause = loggable_cause(cause, self.session.codec.max_event_bytes)
         if isinstance(cause, DisposedCause):
             self._disposing = True
         self.machine.latched_wake = False  # a wake handled before the cancel was sent before it

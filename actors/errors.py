@@ -109,8 +109,8 @@ class InvalidMessageError(AgentStateError, TypeError):
     """A verb was given an ill-formed argument: something that is not a message (or
     an ill-typed one, an empty or non-``str`` id, a bad lane or splice range), or a
     message that cannot be logged (it does not fit ``max_event_bytes`` with the records
-    that carry it), or a ``cancel`` cause that is not one of the ``CancelCause``
-    structs."""
+    that carry it), or a cancel cause that is not one of the ``CancelCause``
+    structs or cannot be logged (see ``actors.live.checked_cause``)."""
 
 
 class EditTimeoutError(AgentStateError, TimeoutError):

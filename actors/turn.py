@@ -76,6 +76,7 @@ from .live import (
     Retry,
     TurnSignal,
     TurnStopping,
+    loggable_cause,
 )
 from .model import ModelError, ModelRequest, checked_failure
 from .streams import StreamHandle
@@ -104,6 +105,7 @@ _FLUSH: Final = Flush()  # stateless: one instance serves every wait
 _DONE: Final = _StepResult()  # a step that ended normally, nothing more to do
 _ENCODER: Final = msgspec.json.Encoder()
 _MAX_FAILURE_CHARS: Final = 16_384
+_TURN_END_BYTES: Final = 256  # what an aborted turn/end takes besides its cause's reason
 _MESSAGES: Final = msgspec.json.Decoder(list[UserMessage])
 # A reply's ``assistant/message`` cites each of its chunk events (CONTRACT 4). Its chunks
 # are logged one per delta while their citations take less than 1/_DIRECT_SHARE of the
@@ -397,7 +399,10 @@ class TurnMachine:
 
     def _aborted(self, signal: TurnSignal) -> Aborted:
         assert signal.reason is not None
-        return Aborted(reason=signal.reason)
+        # The signal checked the cause; a cause changed since must still give a turn/end
+        # that can be logged (and read back), not crash the actor or corrupt the log.
+        cause = loggable_cause(signal.reason, self._max_event_bytes - _TURN_END_BYTES)
+        return Aborted(reason=cause)
 
     def _error(self, turn: int, step: int | None, failure: LlmFailure) -> Errored:
         failure = _bounded(failure)

@@ -26,7 +26,7 @@ from actors.errors import (
     InvalidMessageError,
 )
 from actors.inbox import Inbox, InboxView
-from actors.live import TurnSignal
+from actors.live import TurnSignal, checked_cause
 from storage.events import (
     AgentInboxSpliced,
     CancelCause,
@@ -55,7 +55,6 @@ __all__ = ["Agent", "MessageLike"]
 
 MessageLike = str | UserMessage | Sequence[ContentBlock]
 _BLOCKS = (TextBlock, ReasoningBlock, ImageBlock, ToolCallBlock, ToolResultBlock)
-_CAUSES = ("user", "parent", "hook", "disposed")
 _message_decoder = msgspec.json.Decoder(UserMessage)
 # The encoded size of a text message with empty strings: an ASCII string adds at most 6
 # bytes per character (``\u00XX`` escapes), so a short ASCII text message is known to
@@ -569,14 +568,16 @@ class Agent:
     # ------------------------------------------------------------------ control
 
     def cancel(self, cause: CancelCause | None = None, *, keep_inbox: bool = False) -> None:
-        """Clear the inbox durably (unless ``keep_inbox``) and abort the active turn."""
+        """Clear the inbox durably (unless ``keep_inbox``) and abort the active turn.
+
+        ``cause`` (default ``UserCause()``) is logged in the turn's ``turn/end``: one
+        that is not ``UserCause()``, ``ParentCause()``, ``HookCause(reason=str)`` or
+        ``DisposedCause()``, or a reason over ``MAX_CAUSE_REASON_CHARS`` (16,384)
+        characters, raises :class:`InvalidMessageError` here and nothing is done."""
         if type(keep_inbox) is not bool:
             raise TypeError(f"keep_inbox is a bool, got {keep_inbox!r}")
-        cause = cause or UserCause()
-        if getattr(cause, "kind", None) not in _CAUSES:
-            raise InvalidMessageError(
-                f"cause must be one of the CancelCause structs, got {cause!r}"
-            )
+        # Checked here, in the caller's thread: the cause is logged in the turn's turn/end.
+        cause = UserCause() if cause is None else checked_cause(cause)
         self._check_runtime()
         with self._exclusive():
             self._live()  # a passivated agent's pending inbox is cleared durably too
