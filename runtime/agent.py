@@ -7,7 +7,6 @@ message, reserve its id (a duplicate is refused here, synchronously) and return 
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
@@ -45,6 +44,7 @@ from storage.events import (
 )
 
 from . import waiting
+from .waiting import check_timeout
 
 if TYPE_CHECKING:
     from storage.session import Session
@@ -92,16 +92,6 @@ _CARRIED_BYTES, _SPLICE_BYTES = _carried_bytes()
 def _check_id(message_id: object) -> None:
     if not isinstance(message_id, str) or not message_id:
         raise InvalidMessageError(f"a message id is a non-empty str, got {message_id!r}")
-
-
-def _check_timeout(timeout: object) -> float | None:
-    """An edit's ``timeout``: None (wait as long as it takes) or a number of seconds;
-    ``inf`` is None (a wait that long overflows the platform's clock)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
-        raise TypeError(f"timeout is a number of seconds or None, got {timeout!r}")
-    return None if timeout == math.inf else timeout
 
 
 class Agent:
@@ -499,7 +489,7 @@ class Agent:
 
     def remove(self, message_id: MessageId, *, timeout: float | None = 10.0) -> UserMessage:
         """Discard one pending message (``outcome: canceled``); raises if it is not pending."""
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         _check_id(message_id)
         removed: UserMessage = self._ask(Edit(op="remove", message_id=message_id), timeout)
         return removed
@@ -508,7 +498,7 @@ class Agent:
         self, message_id: MessageId, message: MessageLike, *, timeout: float | None = 10.0
     ) -> MessageId:
         """Swap a pending message for a new one in the same place; returns the new id."""
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         _check_id(message_id)
         new = self._message(message, None, "user")
         self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
@@ -526,7 +516,7 @@ class Agent:
         """The general inbox edit: in ``lane``, discard ``removed_count`` pending messages
         from ``start`` (coordinates like list slicing) and insert ``messages`` there.
         Returns the discarded messages; nothing wakes the agent."""
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         if lane not in ("next-turn", "next-step"):
             raise InvalidMessageError(f"lane must be 'next-turn' or 'next-step', got {lane!r}")
         if (
@@ -561,7 +551,7 @@ class Agent:
 
     def clear(self, *, timeout: float | None = 10.0) -> list[UserMessage]:
         """Discard every pending message; returns them."""
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         cleared: list[UserMessage] = self._ask(Edit(op="clear"), timeout)
         return cleared
 
@@ -596,8 +586,7 @@ class Agent:
         itself, and on the runtime's I/O loop (any async listener or tool body) it would
         block every agent: both raise ``AgentStateError``. On the main thread a Ctrl-C
         ends the wait at once (see :mod:`runtime.waiting`)."""
-        if timeout is not None and (type(timeout) not in (int, float) or math.isnan(timeout)):
-            raise TypeError(f"timeout is a number of seconds or None, got {timeout!r}")
+        timeout = check_timeout(timeout)
         if self._passive:
             return True
         if self._on_own_thread() or self._runs_own_effect():
@@ -631,6 +620,7 @@ class Agent:
         Listen to ``agent/disposed`` to learn when it is done (a sync listener of it
         that calls ``dispose()`` gets False: the disposal ends once its listeners
         return)."""
+        timeout = check_timeout(timeout)  # before the disposal starts
         self._begin_disposal(keep_inbox=False)
         if (
             self._on_own_thread()
@@ -672,6 +662,7 @@ class Agent:
         """Evict an idle agent from memory: its actor stops and its in-memory session is
         dropped; the log keeps everything. Its next use (a send, ``session``, ``inbox``)
         rebuilds it from the log. Returns False (and does nothing) if it is busy."""
+        timeout = check_timeout(timeout)
         self._check_runtime()
         return self._runtime._passivate(self, timeout)
 

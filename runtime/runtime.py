@@ -64,6 +64,7 @@ from .agent import Agent
 from .errors import RuntimeClosedError
 from .policy import RetryPolicy
 from .tool import FunctionTool, check_tool_name
+from .waiting import check_timeout
 
 __all__ = ["Runtime"]
 
@@ -758,6 +759,7 @@ class Runtime:
     def passivate_idle(self, timeout: float | None = 10.0) -> int:
         """Passivate every idle agent (evict it from memory until its next send);
         returns how many were passivated now (not those that were passive already)."""
+        timeout = check_timeout(timeout)
         self._check_open()
         return sum(
             1

@@ -1,0 +1,55 @@
+"""Scenario tests of the verbs' ``timeout`` argument: every verb checks it with one
+checker (``runtime.waiting.check_timeout``) before it does anything."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from runtime import Agent, Runtime, ScriptedModel
+
+from .conftest import WAIT
+
+VERBS: dict[str, Callable[[Runtime, Agent, Any], object]] = {
+    "dispose": lambda rt, agent, t: agent.dispose(t),
+    "passivate": lambda rt, agent, t: agent.passivate(t),
+    "wait_idle": lambda rt, agent, t: agent.wait_idle(t),
+    "passivate_idle": lambda rt, agent, t: rt.passivate_idle(t),
+    "remove": lambda rt, agent, t: agent.remove("pending", timeout=t),
+}
+BAD: dict[str, tuple[object, type[Exception]]] = {
+    "'5'": ("5", TypeError),
+    "nan": (math.nan, TypeError),
+    "True": (True, TypeError),
+    "-1": (-1, ValueError),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+@pytest.mark.parametrize("verb", list(VERBS))
+def test_a_bad_timeout_is_refused_before_the_verb_does_anything(
+    rt: Runtime, verb: str, bad: str
+) -> None:
+    value, error = BAD[bad]
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.inject("waiting", id="pending")
+    with pytest.raises(error, match="timeout is a number of seconds"):
+        VERBS[verb](rt, agent, value)
+    # nothing was done: no disposal began, the message was not removed, and the agent
+    # goes on (its next turn takes the message still pending)
+    agent.followup("go on", id="next")
+    assert agent.wait_idle(WAIT)
+    events = agent.session.events()
+    assert [e.type for e in events].count("turn/end") == 1
+    assert [e.data.message.id for e in events if e.type == "user/message"] == ["next", "pending"]
+
+
+@pytest.mark.parametrize("verb", ["dispose", "wait_idle", "passivate"])
+def test_an_infinite_timeout_waits_as_long_as_it_takes(rt: Runtime, verb: str) -> None:
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    assert VERBS[verb](rt, agent, math.inf) is True
