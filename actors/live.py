@@ -30,6 +30,7 @@ from .errors import InvalidMessageError
 __all__ = [
     "AGENT_EVENTS",
     "MAX_CAUSE_REASON_CHARS",
+    "MAX_RETRY_DELAY_S",
     "AgentCreated",
     "AgentDisposed",
     "AgentError",
@@ -59,6 +60,7 @@ __all__ = [
     "TurnStopping",
     "checked_cause",
     "loggable_cause",
+    "retry_delay_problem",
 ]
 
 AgentStatus: TypeAlias = Literal["idle", "running"]
@@ -296,10 +298,35 @@ class RequestError(_Live, frozen=True):
     signal: TurnSignal
 
 
+MAX_RETRY_DELAY_S: Final = 86_400.0
+"""The longest wait before a retry turn a :class:`Retry` may ask for (one day: a longer
+one is almost surely a unit mistake, milliseconds given as seconds)."""
+
+
+def retry_delay_problem(delay: object) -> str | None:
+    """What is wrong with ``delay`` as a ``Retry.delay_s`` (None: nothing)."""
+    if delay is None:
+        return None
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        return f"delay_s is a number of seconds or None, got {delay!r}"
+    if not 0 <= delay <= MAX_RETRY_DELAY_S:  # NaN fails both comparisons
+        return f"delay_s is a number of seconds from 0 to {MAX_RETRY_DELAY_S:g}, got {delay!r}"
+    return None
+
+
 class Retry(msgspec.Struct, frozen=True, tag="retry", tag_field="kind"):
-    """Returned from ``agent/request-error`` by the listener that owns recovery."""
+    """Returned from ``agent/request-error`` by the listener that owns recovery: open a
+    retry turn after ``delay_s`` seconds (None: at once). ``delay_s`` is a finite number
+    from 0 to :data:`MAX_RETRY_DELAY_S`; anything else raises ``ValueError`` (or
+    ``TypeError``) here, in the listener, whose turn then ends ``error`` without a retry."""
 
     delay_s: float | None = None
+
+    def __post_init__(self) -> None:
+        problem = retry_delay_problem(self.delay_s)
+        if problem is not None:
+            number = isinstance(self.delay_s, int | float) and not isinstance(self.delay_s, bool)
+            raise (ValueError if number else TypeError)(f"Retry: {problem}")
 
 
 class TurnStopping(_Live, frozen=True):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Final, Literal
@@ -77,6 +76,7 @@ from .live import (
     TurnSignal,
     TurnStopping,
     loggable_cause,
+    retry_delay_problem,
 )
 from .model import ModelError, ModelRequest, checked_failure
 from .streams import StreamHandle
@@ -189,6 +189,15 @@ def _bounded(failure: LlmFailure) -> LlmFailure:
     if message == failure.message:
         return failure
     return msgspec.structs.replace(failure, message=message)
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    """``repr(value)``, cut to about ``limit`` characters (a listener's return value)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def _listener_failure(name: str, err: BaseException) -> LlmFailure:
@@ -556,26 +565,34 @@ class TurnMachine:
             prior_failures=tuple(prior),
             signal=signal,
         )
+        # What the listeners did wrong, if anything: named in the failure the turn ends
+        # with (as pre-step and request name theirs), which keeps the request's code.
+        problem: str | None = None
         try:
             decision = await self._waterfall("agent/request-error", event, lambda: None)
         except TurnAborted:
             return self._aborted(signal), None
-        except Exception:
+        except Exception as err:  # a throwing listener: no retry
             log.exception("agent/request-error listener failed; the turn ends as error")
+            problem = _listener_failure("agent/request-error", err).message
             decision = None
         if signal.aborted:
             return self._aborted(signal), None
         if isinstance(decision, Retry):
-            delay = decision.delay_s
-            if delay is not None and (
-                not isinstance(delay, int | float)
-                or isinstance(delay, bool)
-                or not math.isfinite(delay)
-            ):  # msgspec does not check at construction; it would crash the actor later
-                message = f"agent/request-error returned a Retry with a bad delay_s: {delay!r}"
-                log.error("%s; the turn ends as error", message)
-                return self._error(turn, step, failure), None
-            return Errored(error=failure), decision
+            # Retry checks its delay when made; one changed since must not be logged
+            # (llm/retry) or waited for.
+            bad_delay = retry_delay_problem(decision.delay_s)
+            if bad_delay is None:
+                return Errored(error=failure), decision
+            problem = f"agent/request-error returned a Retry whose {bad_delay}"
+        elif decision is not None:
+            problem = f"agent/request-error must return a Retry or None, got {_shown(decision)}"
+        if problem is not None:
+            if decision is not None:
+                log.error("%s; the turn ends as error without a retry", problem)
+            failure = msgspec.structs.replace(
+                failure, message=f"{failure.message} (no retry: {problem})"
+            )
         return self._error(turn, step, failure), None
 
     # ------------------------------------------------------------------ one step

@@ -10,12 +10,11 @@ retried, and the failure ends the turn. The loop logs each accepted retry durabl
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from typing import Any, Final
 
-from actors.live import RequestError, Retry
+from actors.live import MAX_RETRY_DELAY_S, RequestError, Retry
 
 __all__ = ["DEFAULT_RETRYABLE", "RetryPolicy"]
 
@@ -53,8 +52,11 @@ class RetryPolicy:
             ("cap_s", cap_s),
             ("max_retry_after_s", max_retry_after_s),
         ):
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+            if not (isinstance(value, int | float) and 0 <= value <= MAX_RETRY_DELAY_S):
+                raise ValueError(
+                    f"{name} must be a finite number of seconds from 0 to "
+                    f"{MAX_RETRY_DELAY_S:g} (the longest a Retry may wait), got {value!r}"
+                )
         self.max_retries = max_retries
         self.retryable = retryable
         self.base_s = base_s
@@ -68,7 +70,8 @@ class RetryPolicy:
         if retry_after_s is not None and retry_after_s >= 0:
             return float(retry_after_s)
         backoff = min(self.cap_s, self.base_s * 2 ** (attempt - 1))
-        return float(backoff * (1 + self.jitter * (2 * self._rng.random() - 1)))
+        jittered = backoff * (1 + self.jitter * (2 * self._rng.random() - 1))
+        return float(min(MAX_RETRY_DELAY_S, jittered))
 
     def __call__(self, event: RequestError, next_: Callable[[], Any]) -> Any:
         failure = event.failure

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from runtime import LlmFailure, Retry, RetryPolicy, Runtime, ScriptedModel
@@ -352,6 +353,68 @@ def test_a_retry_with_a_malformed_delay_ends_the_turn_as_error_and_the_agent_goe
     check_store(store_path)
 
 
+@pytest.mark.parametrize(
+    ("delay", "error"),
+    [
+        (-1, ValueError),
+        (-0.001, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (1e12, ValueError),
+        (86_400.5, ValueError),  # past MAX_RETRY_DELAY_S, one day
+        ("0.01", TypeError),
+        (True, TypeError),
+    ],
+)
+def test_a_retry_delay_that_is_negative_not_finite_or_over_a_day_is_refused_when_made(
+    delay: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="delay_s is a number of seconds"):
+        Retry(delay_s=delay)
+    for fine in (None, 0, 0.5, 86_400):
+        assert Retry(delay_s=fine).delay_s == fine
+
+
+def _forced(delay: float) -> Retry:
+    """A Retry whose delay was changed after its check (what the turn takes is checked again)."""
+    retry = Retry(delay_s=0.01)
+    msgspec.structs.force_setattr(retry, "delay_s", delay)
+    return retry
+
+
+@pytest.mark.parametrize(
+    ("decision", "named"),
+    [
+        (lambda: "retry", "must return a Retry or None, got 'retry'"),
+        (lambda: {"kind": "retry"}, "must return a Retry or None, got {'kind': 'retry'}"),
+        (lambda: Retry, "must return a Retry or None, got <class"),
+        (lambda: Retry(delay_s=-1), "listener failed: ValueError('Retry: delay_s is a number"),
+        (lambda: _forced(-1.0), "returned a Retry whose delay_s is a number of seconds"),
+        (lambda: _forced(1e12), "returned a Retry whose delay_s is a number of seconds"),
+    ],
+    ids=["a str", "a dict", "the Retry class", "Retry(delay_s=-1)", "forced -1", "forced 1e12"],
+)
+def test_a_request_error_decision_that_is_not_a_valid_retry_ends_the_turn_as_error_naming_it(
+    store_path: Path, decision: Any, named: str
+) -> None:
+    with Runtime.open(store_path, retry_policy=None) as rt:
+        timeline = Timeline(rt)
+        rt.on("agent/request-error", lambda event, next_: decision())
+        agent = rt.spawn(model=ScriptedModel([SERVER, "fine"]))
+        agent.followup("hi")
+        settled = timeline.wait_for("agent/settled")[0]
+        assert settled.reason.kind == "error"
+        [error] = timeline.of("agent/error")
+        assert error.error.code == "SERVER"  # the request's failure, with what went wrong
+        assert error.error.message.startswith("boom (no retry: ")
+        assert named in error.error.message
+        assert settled.reason.error == error.error
+        assert turn_events(agent, "llm/retry") == []
+        agent.followup("again")
+        assert timeline.wait_for("agent/settled", 2)[1].reason.kind == "completed"
+    check_store(store_path)
+
+
 def test_the_policy_honours_a_providers_retry_after(store_path: Path) -> None:
     slow_down = LlmFailure(message="slow down", code="RATE_LIMIT", status=429, retry_after_s=0.05)
     with Runtime.open(store_path) as rt:
@@ -384,8 +447,13 @@ def test_a_provider_asking_to_wait_longer_than_the_policy_allows_is_not_retried(
 
 @pytest.mark.parametrize(
     "bad",
-    [{"base_s": -1.0}, {"cap_s": float("nan")}, {"max_retry_after_s": float("inf")}],
-    ids=["negative base", "nan cap", "inf max_retry_after_s"],
+    [
+        {"base_s": -1.0},
+        {"cap_s": float("nan")},
+        {"max_retry_after_s": float("inf")},
+        {"max_retry_after_s": 86_401.0},  # a Retry may wait a day at most
+    ],
+    ids=["negative base", "nan cap", "inf max_retry_after_s", "max_retry_after_s over a day"],
 )
 def test_a_retry_policy_with_a_bad_number_of_seconds_is_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="finite number of seconds"):
