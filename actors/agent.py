@@ -91,7 +91,9 @@ class Insert(msgspec.Struct, frozen=True):
 class Edit(msgspec.Struct, frozen=True):
     """A supervisor's inbox edit; answered through ``ask``. ``splice`` is the general
     form: in ``lane``, remove ``removed_count`` messages from ``start`` and insert
-    ``messages`` (reserved) there."""
+    ``messages`` (reserved) there. ``reused``: the ids of inserted messages that were
+    pending, among those the edit removes, when it was sent (not reserved again: see
+    ``Inbox.reserve_all``)."""
 
     op: Literal["remove", "replace", "clear", "splice"]
     message_id: MessageId | None = None
@@ -100,6 +102,7 @@ class Edit(msgspec.Struct, frozen=True):
     start: int = 0
     removed_count: int = 0
     messages: tuple[UserMessage, ...] = ()
+    reused: frozenset[MessageId] = frozenset()
 
 
 class Cancel(msgspec.Struct, frozen=True):
@@ -182,17 +185,21 @@ def apply_edit(inbox: Inbox, edit: Edit) -> Any:
         assert edit.message_id is not None
         assert edit.message is not None
         try:
-            inbox.replace(edit.message_id, edit.message)
+            inbox.replace(edit.message_id, edit.message, reused=edit.reused)
         except Exception:
-            inbox.release(edit.message.id)
+            if edit.message.id not in edit.reused:  # a reused id is not the edit's to free
+                inbox.release(edit.message.id)
             raise
         return None
     if edit.op == "splice":
         try:
-            return inbox.splice(edit.lane, edit.start, edit.removed_count, edit.messages)
+            return inbox.splice(
+                edit.lane, edit.start, edit.removed_count, edit.messages, reused=edit.reused
+            )
         except Exception:
             for message in edit.messages:
-                inbox.release(message.id)
+                if message.id not in edit.reused:
+                    inbox.release(message.id)
             raise
     return inbox.clear()
 

@@ -89,24 +89,38 @@ class Inbox:
             self._reserved.add(message_id)
 
     def reserve_all(
-        self, message_ids: Sequence[MessageId], removes: Callable[[], int] = lambda: 0
-    ) -> None:
+        self,
+        message_ids: Sequence[MessageId],
+        removes: Callable[[], Sequence[MessageId]] = tuple,
+    ) -> frozenset[MessageId]:
         """Claim the ids of an edit's messages, all or none (a duplicate, pending or among
         them, is refused). ``removes()``, called under the lock so that the lanes hold
-        still, counts the pending messages the edit discards as the lanes stand now: the
-        edit is refused as full only if the inbox would hold more than its limit after it
-        (a ``replace`` of a pending message in a full inbox is accepted)."""
+        still, lists the pending messages the edit discards as the lanes stand now. An id
+        among them may be inserted again by the same edit (``replace(id, message with
+        that id)``, a splice that reorders), and so may one still on its way in (where
+        it lands is known only when the edit is applied): such an id is not claimed
+        again but returned, for :meth:`splice` to check when it applies the edit. The
+        edit is refused as full only if the inbox would hold more than its limit after
+        it (a ``replace`` of a pending message in a full inbox is accepted)."""
         with self._lock:
+            discarded = set(removes())
+            in_lanes: set[MessageId] | None = None  # built only if needed
             fresh: set[MessageId] = set()
+            reused: set[MessageId] = set()
             for message_id in message_ids:
-                if message_id in self._reserved or message_id in fresh:
+                taken = message_id in fresh or message_id in reused
+                if not taken and message_id in self._reserved and message_id not in discarded:
+                    if in_lanes is None:
+                        in_lanes = {m.id for m in (*self._next_turn, *self._next_step)}
+                    taken = message_id in in_lanes  # pending where the edit does not remove
+                if taken:
                     raise DuplicateMessageError(
                         f"message id {message_id!r} is already pending in this agent's inbox; "
                         "use a new id, or replace() the pending message"
                     )
-                fresh.add(message_id)
+                (reused if message_id in self._reserved else fresh).add(message_id)
             if fresh and self._limit is not None:
-                after = len(self._reserved) + len(fresh) - removes()
+                after = len(self._reserved) + len(fresh) + len(reused) - len(discarded)
                 if after > self._limit:
                     raise InboxFullError(
                         f"the edit would leave {after} pending messages in the inbox, over its "
@@ -114,17 +128,19 @@ class Inbox:
                         "inbox_limit"
                     )
             self._reserved |= fresh
+            return frozenset(reused)
 
     def holds(self, message_id: MessageId) -> bool:
         """Whether ``message_id`` is pending or on its way in (reserved): its insert is
         then queued to the owner before anything told after this call."""
         return message_id in self._reserved
 
-    def span(self, lane: InboxLane, start: int, removed_count: int) -> int:
-        """How many pending messages ``splice(lane, start, removed_count, ...)`` would
-        discard as the lane stands now (sends still on their way in not counted)."""
-        begin, end = _span(len(self._lanes[lane]), start, removed_count)
-        return end - begin
+    def pending_in(self, lane: InboxLane, start: int, removed_count: int) -> list[MessageId]:
+        """The ids of the pending messages ``splice(lane, start, removed_count, ...)``
+        would discard as the lane stands now (sends still on their way in not counted)."""
+        items = self._lanes[lane]
+        begin, end = _span(len(items), start, removed_count)
+        return [message.id for message in items[begin:end]]
 
     def release(self, message_id: MessageId) -> None:
         with self._lock:
@@ -157,31 +173,42 @@ class Inbox:
         inserted: Sequence[UserMessage],
         *,
         outcome: Literal["canceled"] | None = "canceled",
+        reused: frozenset[MessageId] = frozenset(),
     ) -> list[UserMessage]:
         """The general edit: durable fact, apply, announce. Returns the removed messages.
 
         Coordinates are normalized like list slicing; a no-op writes nothing. Inserted
-        messages must already be reserved.
+        messages must already be reserved, but ``reused``: ids that were pending when
+        the edit reserved its ids, among those it meant to remove (see
+        :meth:`reserve_all`). One that this splice does not remove after all (the lane
+        changed meanwhile) is claimed now, or refused if it is pending again elsewhere.
         """
         items = self._lanes[lane]
         begin, end = _span(len(items), start, removed_count)
         removed = items[begin:end]
         if not removed and not inserted:
             return []
-        self._append(
-            AgentInboxSpliced(
-                target=lane,
-                start=begin,
-                removed_count=len(removed),
-                inserted=list(inserted),
-                outcome=outcome if removed else None,
+        claimed = self._claim_reused(reused, removed) if reused else []
+        try:
+            self._append(
+                AgentInboxSpliced(
+                    target=lane,
+                    start=begin,
+                    removed_count=len(removed),
+                    inserted=list(inserted),
+                    outcome=outcome if removed else None,
+                )
             )
-        )
+        except BaseException:
+            for message_id in claimed:
+                self.release(message_id)
+            raise
         with self._lock:
             items[begin:end] = inserted
             if outcome is not None:
                 for message in removed:
                     self._reserved.discard(message.id)
+                self._reserved |= reused  # those it removed and inserted again
         if outcome is not None and removed and self._listened("agent/inbox/discarded"):
             for message in removed:
                 self._emit(
@@ -194,6 +221,24 @@ class Inbox:
                     InboxInserted(agent=self._agent, message=message, target=lane),
                 )
         return removed
+
+    def _claim_reused(
+        self, reused: frozenset[MessageId], removed: Sequence[UserMessage]
+    ) -> list[MessageId]:
+        """Claim the ``reused`` ids a splice inserts but does not remove (one on its way
+        in when the edit was sent, or one a turn claimed since); one pending raises.
+        Returns those claimed."""
+        stray = reused.difference(message.id for message in removed)
+        with self._lock:
+            for message_id in stray:
+                if message_id in self._reserved:
+                    raise DuplicateMessageError(
+                        f"message id {message_id!r} is already pending in this agent's inbox "
+                        "outside the messages the edit removes; use a new id, or replace() "
+                        "the pending message"
+                    )
+            self._reserved |= stray
+        return list(stray)
 
     def insert(self, lane: InboxLane, message: UserMessage) -> None:
         """``splice`` at the end of ``lane`` (the path of every send), without its
@@ -226,13 +271,19 @@ class Inbox:
         lane, index = where
         return self.splice(lane, index, 1, [])[0]
 
-    def replace(self, message_id: MessageId, message: UserMessage) -> None:
-        """Swap a pending message for ``message`` (reserved) in the same place."""
+    def replace(
+        self,
+        message_id: MessageId,
+        message: UserMessage,
+        reused: frozenset[MessageId] = frozenset(),
+    ) -> None:
+        """Swap a pending message for ``message`` (reserved, or ``reused``: it has the
+        same id) in the same place."""
         where = self.find(message_id)
         if where is None:
             raise UnknownMessageError(f"no pending message {message_id!r} in this inbox")
         lane, index = where
-        self.splice(lane, index, 1, [message])
+        self.splice(lane, index, 1, [message], reused=reused)
 
     def clear(self) -> list[UserMessage]:
         removed: list[UserMessage] = []

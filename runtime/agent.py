@@ -426,7 +426,7 @@ class Agent:
             if inserted:
                 self._check_open(f"a {edit.op} inserting messages")
             assert self._inbox is not None
-            self._reserve(edit, inserted)
+            edit, inserted = self._reserve(edit, inserted)
             return apply_edit(self._inbox, edit)
         try:
             # The edit is queued before a passivation may stop the actor (and the ids are
@@ -437,7 +437,7 @@ class Agent:
                     self._check_open(f"a {edit.op} inserting messages")
                 self._live()
                 assert self._ref is not None
-                self._reserve(edit, inserted)
+                edit, inserted = self._reserve(edit, inserted)
                 try:
                     reply = self._ref.ask(edit, block=False)
                 except ActorDeadError:
@@ -457,29 +457,39 @@ class Agent:
                 f"{timeout} s; it stays queued and is applied in order"
             ) from err
 
-    def _reserve(self, edit: Edit, message_ids: Sequence[MessageId]) -> None:
+    def _reserve(
+        self, edit: Edit, message_ids: Sequence[MessageId]
+    ) -> tuple[Edit, list[MessageId]]:
         """Reserve every id ``edit`` inserts, or none (a duplicate raises
-        ``DuplicateMessageError``); a full inbox refuses the edit (``InboxFullError``)
-        only if it would hold more than its limit once the edit discarded what it
-        discards: a replace of a pending message (or of one whose send is queued before
-        the edit) fits, as does a 1-for-1 splice of messages in the lane (its coordinates
-        are counted on the lane as it stands: a send still on its way in is not)."""
+        ``DuplicateMessageError``): the edit to send and the ids it reserved, which are
+        freed if it is never applied. An id among the pending messages the edit discards
+        is no duplicate: ``replace(id, message with that id)`` (or a splice removing and
+        inserting it again) keeps it, and the edit carries it as ``reused``. A full inbox
+        refuses the edit (``InboxFullError``) only if it would hold more than its limit
+        once the edit discarded what it discards: a replace of a pending message (or of
+        one whose send is queued before the edit) fits, as does a 1-for-1 splice of
+        messages in the lane (its coordinates are counted on the lane as it stands: a
+        send still on its way in is not)."""
         inbox = self._inbox
         assert inbox is not None
-        removes: Callable[[], int]
+        removes: Callable[[], Sequence[MessageId]]
         if edit.op == "replace":
             replaced = edit.message_id
             assert replaced is not None
 
-            def removes() -> int:
-                return 1 if inbox.holds(replaced) else 0
+            def removes() -> Sequence[MessageId]:
+                return (replaced,) if inbox.holds(replaced) else ()
 
         else:  # a splice (the other edits insert nothing: never refused as full)
 
-            def removes() -> int:
-                return inbox.span(edit.lane, edit.start, edit.removed_count)
+            def removes() -> Sequence[MessageId]:
+                return inbox.pending_in(edit.lane, edit.start, edit.removed_count)
 
-        inbox.reserve_all(message_ids, removes)
+        reused = inbox.reserve_all(message_ids, removes)
+        if not reused:
+            return edit, list(message_ids)
+        fresh = [message_id for message_id in message_ids if message_id not in reused]
+        return msgspec.structs.replace(edit, reused=reused), fresh
 
     def _release(self, message_ids: Iterable[MessageId]) -> None:
         """Free the ids of an edit that was never applied (see :meth:`_ask`)."""

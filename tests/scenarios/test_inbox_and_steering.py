@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from runtime import (
 from storage import StorageError, check_invariants
 from storage.events import TextBlock
 
-from .conftest import WAIT, HeldActor, Timeline
+from .conftest import WAIT, HeldActor, Timeline, check_store
 from .models import GateModel
 
 
@@ -213,6 +214,63 @@ def test_remove_and_replace_edit_pending_messages_with_canceled_splices(
         (0, 1, "canceled"),
         (0, 1, "canceled"),
     ]
+
+
+def _message(message_id: str, text: str) -> UserMessage:
+    return UserMessage(id=message_id, content=[TextBlock(text=text)])
+
+
+def test_replacing_a_pending_message_by_one_with_the_same_id_keeps_the_id_and_the_place(
+    store_path: Path,
+) -> None:
+    with Runtime.open(store_path, inbox_limit=2) as rt:
+        timeline = Timeline(rt)
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.inject("a", id="m1")
+        agent.inject("b", id="m2")
+        # (the inbox is full: a replace discards what it inserts in place of)
+        assert agent.replace("m1", _message("m1", "a2")) == "m1"
+        assert [(m.id, m.content[0].text) for m in agent.inbox.next_step] == [
+            ("m1", "a2"),
+            ("m2", "b"),
+        ]
+        with pytest.raises(DuplicateMessageError):  # it is pending once, and still taken
+            agent.inject("a3", id="m1")
+        timeline.wait_for("agent/inbox/inserted", 3)
+        labels = [n for n in timeline.labels() if n.startswith("agent/inbox/")]
+        assert labels[-2:] == ["agent/inbox/discarded", "agent/inbox/inserted"]
+        assert [e.message.id for e in timeline.of("agent/inbox/discarded")] == ["m1"]
+        agent.remove("m2")
+        agent.followup("go")
+        assert agent.wait_idle(WAIT)
+        assert user_texts(agent) == ["go", "a2"]
+    check_store(store_path)
+
+
+def test_a_splice_that_removes_messages_and_inserts_them_again_keeps_each_id_pending_once(
+    store_path: Path,
+) -> None:
+    with Runtime.open(store_path) as rt:
+        agent = rt.spawn(model=ScriptedModel.echo())
+        for message_id in ("a", "b", "c"):
+            agent.inject(message_id, id=message_id)
+        removed = agent.splice("next-step", 0, 2, [_message("b", "B"), _message("a", "A")])
+        assert [m.id for m in removed] == ["a", "b"]
+        assert agent.inbox.ids() == ["b", "a", "c"]
+        # still refused: an id pending outside what the splice removes, or one inserted twice
+        with pytest.raises(DuplicateMessageError):
+            agent.splice("next-step", 0, 1, [_message("c", "C")])
+        with pytest.raises(DuplicateMessageError):
+            agent.splice("next-step", 0, 2, [_message("b", "1"), _message("b", "2")])
+        assert [m.content[0].text for m in agent.inbox.next_step] == ["B", "A", "c"]
+        session = agent.id
+    with Runtime.open(store_path) as rt:  # the log replays to the same inbox
+        agent = rt.resume(session, model=ScriptedModel.echo())
+        assert [m.content[0].text for m in agent.inbox.next_step] == ["B", "A", "c"]
+        agent.followup("go")
+        assert agent.wait_idle(WAIT)
+        assert user_texts(agent) == ["go", "B", "A", "c"]
+    check_store(store_path)
 
 
 def test_a_wake_while_an_aborted_turn_unwinds_is_latched_and_runs_next(rt: Runtime) -> None:
