@@ -171,7 +171,7 @@ class Assembler:
             parts += calls
         elif with_calls:
             parts += self.calls()
-        return AssistantMessage(content=parts)
+        return AssistantMessage(content=tuple(parts))
 
     def failure(self) -> LlmFailure | None:
         """What is wrong with a finished stream, if anything."""

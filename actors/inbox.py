@@ -195,7 +195,7 @@ class Inbox:
                     target=lane,
                     start=begin,
                     removed_count=len(removed),
-                    inserted=list(inserted),
+                    inserted=tuple(inserted),
                     outcome=outcome if removed else None,
                 )
             )
@@ -246,7 +246,7 @@ class Inbox:
         items = self._lanes[lane]
         self._append(
             AgentInboxSpliced(
-                target=lane, start=len(items), removed_count=0, inserted=[message], outcome=None
+                target=lane, start=len(items), removed_count=0, inserted=(message,), outcome=None
             )
         )
         with self._lock:
@@ -291,16 +291,21 @@ class Inbox:
             removed += self.splice(lane, 0, len(self._lanes[lane]), [])
         return removed
 
-    def claim(self, turn: int, *, new_turn: bool) -> list[UserMessage]:
+    def claim(self, turn: int, *, new_turn: bool) -> tuple[UserMessage, ...]:
         """Atomically take the batch of ``turn``: for a new turn the first ``next-turn``
-        message, then the whole ``next-step`` lane. Pure deletion: no ``outcome``."""
-        batch: list[UserMessage] = []
+        message, then the whole ``next-step`` lane. Pure deletion: no ``outcome``. The
+        batch is a tuple: it is handed to ``agent/pre-step`` listeners as it is."""
         lanes = self._lanes
         if new_turn and lanes["next-turn"]:
-            batch += self._take("next-turn", 1)
-        if lanes["next-step"]:
-            batch += self._take("next-step", len(lanes["next-step"]))
-        if batch and self._listened("agent/inbox/claimed"):
+            taken = self._take("next-turn", 1)
+            if lanes["next-step"]:
+                taken += self._take("next-step", len(lanes["next-step"]))
+        elif lanes["next-step"]:
+            taken = self._take("next-step", len(lanes["next-step"]))
+        else:
+            return ()
+        batch = tuple(taken)
+        if self._listened("agent/inbox/claimed"):
             for message in batch:
                 self._emit(
                     "agent/inbox/claimed",
@@ -314,9 +319,7 @@ class Inbox:
         items = self._lanes[lane]
         taken = items[:count]
         self._append(
-            AgentInboxSpliced(
-                target=lane, start=0, removed_count=len(taken), inserted=[], outcome=None
-            )
+            AgentInboxSpliced(target=lane, start=0, removed_count=len(taken), outcome=None)
         )
         with self._lock:
             del items[:count]

@@ -262,7 +262,10 @@ class TurnSignal:
 
 
 class PreStep(_Live, frozen=True):
-    messages: Sequence[UserMessage]
+    """``agent/pre-step``: ``messages`` is the claimed batch, a tuple of immutable
+    messages; a listener enters a different batch by returning ``Enter``."""
+
+    messages: tuple[UserMessage, ...]
     turn: int
     step: int
     signal: TurnSignal

@@ -183,7 +183,7 @@ class TurnHarness:
         """Put a message in the inbox as the actor would (reserve, splice, announce)."""
         self._inserted += 1
         mid = message_id or f"m{self._inserted}"
-        message = UserMessage(id=mid, content=[TextBlock(text=text)])
+        message = UserMessage(id=mid, content=(TextBlock(text=text),))
         self.inbox.reserve(mid)
         self.inbox.insert(lane, message)
         return message

@@ -99,7 +99,7 @@ class ToolRun(msgspec.Struct, frozen=True):
 
 def _error(code: str, message: str) -> ToolOutcome:
     return ToolOutcome(
-        content=[TextBlock(text=message)], error=ToolError(code=code, message=message)
+        content=(TextBlock(text=message),), error=ToolError(code=code, message=message)
     )
 
 
@@ -138,9 +138,9 @@ class ToolPhase:
         self._waterfall = waterfall
         self._emit = emit
         self._max_parallel = max_parallel
-        self._specs = [tool.spec for tool in self._tools.values()]
+        self._specs = tuple(tool.spec for tool in self._tools.values())
 
-    def specs(self) -> list[ToolSpec]:
+    def specs(self) -> tuple[ToolSpec, ...]:
         return self._specs
 
     async def _decide(self, name: str, event: Any, default: Callable[[], Any]) -> Any:
@@ -348,7 +348,7 @@ class ToolPhase:
         message = ToolMessage(
             call_id=call.call_id,
             name=call.name,
-            content=list(outcome.content),
+            content=tuple(outcome.content),
             is_error=outcome.error is not None,
         )
         return ToolResultData(
@@ -357,7 +357,7 @@ class ToolPhase:
             message=message,
             error=outcome.error,
             concludes_turn=outcome.concludes_turn,
-            source_event_seqs=[call_seq],
+            source_event_seqs=(call_seq,),
         )
 
 

@@ -77,7 +77,7 @@ class ToolReturn(msgspec.Struct, frozen=True):
 class ToolOutcome(msgspec.Struct, frozen=True):
     """The settled result of one call, ready to become a ``tool/result`` fact."""
 
-    content: list[TextBlock]
+    content: tuple[TextBlock, ...]
     error: ToolError | None = None
     concludes_turn: bool = False
 
@@ -132,7 +132,7 @@ _DESCRIBED_CHARS: Final = 2000
 
 def _failed(message: str, concludes: bool = False) -> ToolOutcome:
     return ToolOutcome(
-        content=[TextBlock(text=f"tool failed: {message}")],
+        content=(TextBlock(text=f"tool failed: {message}"),),
         error=ToolError(code="TOOL_FAILED", message=message),
         concludes_turn=concludes,
     )
@@ -155,7 +155,7 @@ def outcome_from_output(output: Any) -> ToolOutcome:
         text = _as_text(output)
     except (TypeError, ValueError) as err:
         return _failed(str(err), concludes)
-    return ToolOutcome(content=[TextBlock(text=text)], concludes_turn=concludes)
+    return ToolOutcome(content=(TextBlock(text=text),), concludes_turn=concludes)
 
 
 ExecuteListener = Callable[[Any, Callable[[], Any]], Any]

@@ -106,7 +106,9 @@ _DONE: Final = _StepResult()  # a step that ended normally, nothing more to do
 _ENCODER: Final = msgspec.json.Encoder()
 _MAX_FAILURE_CHARS: Final = 16_384
 _TURN_END_BYTES: Final = 256  # what an aborted turn/end takes besides its cause's reason
-_MESSAGES: Final = msgspec.json.Decoder(list[UserMessage])
+_MESSAGES: Final = msgspec.json.Decoder(tuple[UserMessage, ...])
+_CONFIG: Final = msgspec.json.Decoder(RequestConfig)
+_SPECS: Final = msgspec.json.Decoder(tuple[ToolSpec, ...])
 # A reply's ``assistant/message`` cites each of its chunk events (CONTRACT 4). Its chunks
 # are logged one per delta while their citations take less than 1/_DIRECT_SHARE of the
 # event limit; past that, deltas are gathered (:class:`HeldChunks`) so that the citations
@@ -116,14 +118,13 @@ _CITED_SHARE: Final = 32
 _SEQ_BYTES: Final = 12  # what one citation takes at most: a seq's digits and a comma
 
 
-def _checked(messages: Sequence[UserMessage], proposal: Sequence[UserMessage]) -> list[UserMessage]:
-    """A pre-step listener's batch, each field type checked (msgspec does not check at
-    construction, and an ill-typed fact would be logged but never read back), as typed
-    messages (a content block given as a dict is logged as what it reads back as), each
-    message once (a message is entered into the history once per claim)."""
-    if messages is proposal:
-        return list(messages)
-    batch = _MESSAGES.decode(_ENCODER.encode(list(messages)))  # raises on a wrong type
+def _checked(messages: Sequence[UserMessage]) -> tuple[UserMessage, ...]:
+    """A pre-step listener's rewritten batch, each field type checked (msgspec does not
+    check at construction, and an ill-typed fact would be logged but never read back), as
+    typed messages decoded afresh (a content block given as a dict is logged as what it
+    reads back as; nothing the listener still holds is shared with the log), each message
+    once (a message is entered into the history once per claim)."""
+    batch = _MESSAGES.decode(_ENCODER.encode(tuple(messages)))  # raises on a wrong type
     ids = [message.id for message in batch]
     if len(set(ids)) < len(ids):
         twice = sorted({i for i in ids if ids.count(i) > 1})
@@ -252,6 +253,8 @@ class TurnMachine:
         # machine appends turns and headers to its session (resume repairs before it runs).
         self._last_turn: int | None = None
         self._last_header: RequestHeader | None = None
+        # The tool registry's specs the last header was written for (it holds a copy).
+        self._header_specs: tuple[ToolSpec, ...] | None = None
         # ``maybe(name)`` False: no listener of any scope has ``name`` (its payload is not
         # built); a bus without ``maybe_listened`` is always asked.
         self._maybe: Callable[[str], bool] = getattr(bus, "maybe_listened", None) or _always
@@ -353,7 +356,7 @@ class TurnMachine:
             # that a cancel meanwhile ends it aborted and a crash leaves it open for the
             # resume to close as interrupted: the log never announces a retry turn it
             # does not hold. It claims once the wait is over.
-            batch = [] if delay > 0 else self.inbox.claim(turn, new_turn=retry is None)
+            batch = () if delay > 0 else self.inbox.claim(turn, new_turn=retry is None)
             reason, retry = await self._turn(turn, trigger, batch, signal, prior, delay)
             failure = reason.error if retry is not None and isinstance(reason, Errored) else None
             delay = 0.0 if retry is None else retry.delay_s or 0.0
@@ -422,13 +425,13 @@ class TurnMachine:
         self,
         turn: int,
         trigger: Trigger,
-        batch: list[UserMessage],
+        batch: tuple[UserMessage, ...],
         signal: TurnSignal,
         prior: Sequence[LlmFailure],
         delay: float = 0.0,
     ) -> tuple[TurnEndReason, Retry | None]:
         step = 0
-        proposal: Sequence[UserMessage] = batch
+        proposal = batch  # claimed for the next step: immutable, handed out as it is
         quiet = self.quiet
         try:
             if delay > 0:  # a retry turn's wait before its first step
@@ -470,7 +473,10 @@ class TurnMachine:
                     )
                     return self._error(turn, None, failure), None
                 try:
-                    messages = _checked(decision.messages, proposal)
+                    if decision.messages is proposal:  # the claimed batch, as it is
+                        messages = proposal
+                    else:
+                        messages = _checked(decision.messages)
                 except (TypeError, ValueError, msgspec.MsgspecError) as err:
                     failure = LlmFailure(
                         message=f"agent/pre-step returned an invalid batch of UserMessages: {err}"
@@ -479,7 +485,7 @@ class TurnMachine:
             else:
                 if signal.aborted:
                     return self._aborted(signal), None
-                messages = list(proposal)  # the waterfall's default: Enter(messages=proposal)
+                messages = proposal  # the waterfall's default: Enter(messages=proposal)
             if not messages and step == 0 and isinstance(trigger, MessageTrigger):
                 return Completed(), None
             step += 1
@@ -508,7 +514,7 @@ class TurnMachine:
                 proposal = self.inbox.claim(turn, new_turn=False)
                 continue
             if result.more:
-                proposal = []
+                proposal = ()
                 continue
             if not self._listened("agent/turn-stopping"):
                 return Completed(), None
@@ -598,7 +604,7 @@ class TurnMachine:
     # ------------------------------------------------------------------ one step
 
     async def _step(
-        self, turn: int, step: int, messages: list[UserMessage], signal: TurnSignal
+        self, turn: int, step: int, messages: tuple[UserMessage, ...], signal: TurnSignal
     ) -> _StepResult:
         append = self.session.append_fact
         append(StepStart(turn=turn, step=step))
@@ -630,7 +636,7 @@ class TurnMachine:
                 return _StepResult(failure=failure, offer=False)
             specs = self.tools.specs()
             try:
-                self._write_header(turn, step, config, specs)
+                config = self._write_header(turn, step, config, specs)
             except (TypeError, ValueError, msgspec.MsgspecError, InvalidEventError) as err:
                 failure = LlmFailure(message=f"the request cannot be logged: {err}")
                 return _StepResult(failure=failure, offer=False)
@@ -661,21 +667,40 @@ class TurnMachine:
             if closable and not self.stopping:  # else the resume's crash repair closes it
                 append(StepEnd(turn=turn, step=step))
 
-    def _write_header(
-        self, turn: int, step: int, config: RequestConfig, specs: list[ToolSpec]
-    ) -> None:
+    def _unchanged(self, config: RequestConfig, specs: tuple[ToolSpec, ...]) -> bool:
+        """Whether the last ``request/header`` holds this request's configuration."""
         last = self._last_header
-        if (
-            last is not None
-            and last.config == config
-            and last.system == self.system
-            and last.tools == specs
-        ):
-            return
-        msgspec.json.decode(_ENCODER.encode(config), type=RequestConfig)  # field types
-        header = RequestHeader(turn=turn, step=step, config=config, system=self.system, tools=specs)
+        if last is None or last.config != config or last.system != self.system:
+            return False
+        if specs is self._header_specs:
+            return True
+        if last.tools == specs:  # e.g. the first request after a resume
+            self._header_specs = specs
+            return True
+        return False
+
+    def _write_header(
+        self, turn: int, step: int, config: RequestConfig, specs: tuple[ToolSpec, ...]
+    ) -> RequestConfig:
+        """Log a ``request/header`` if the request's configuration changed; return the
+        config the request is sent with: the one the log holds."""
+        if self._unchanged(config, specs):
+            assert self._last_header is not None
+            return self._last_header.config
+        # Field types checked (msgspec does not check at construction), as fresh copies
+        # that nothing outside holds: a listener's config (its ``stop`` a list it keeps)
+        # and the tool registry's specs (their ``parameters`` dicts) are not handed to
+        # session/event observers; what the model is sent stays what the log holds.
+        config = _CONFIG.decode(_ENCODER.encode(config))
+        if self._unchanged(config, specs):  # equal once decoded (a stop given as a list)
+            assert self._last_header is not None
+            return self._last_header.config
+        tools = _SPECS.decode(_ENCODER.encode(specs))
+        header = RequestHeader(turn=turn, step=step, config=config, system=self.system, tools=tools)
         self.session.append_fact(header)
         self._last_header = header
+        self._header_specs = specs
+        return config
 
     def _take_request(self) -> LimitExceeded | None:
         """Count the request about to be sent on every meter, or none of them: the
@@ -760,7 +785,7 @@ class TurnMachine:
                             message=assembler.message(with_calls=False),
                             usage=assembler.usage,
                             interrupted=True,
-                            source_event_seqs=assembler.chunk_seqs,
+                            source_event_seqs=tuple(assembler.chunk_seqs),
                         )
                     )
                 except InvalidEventError:
@@ -800,7 +825,7 @@ class TurnMachine:
                     message=assembler.message(calls=calls),
                     usage=assembler.usage,
                     finish_reason=assembler.finish,
-                    source_event_seqs=assembler.chunk_seqs,
+                    source_event_seqs=tuple(assembler.chunk_seqs),
                 )
             )
             call_seqs = [

@@ -101,8 +101,8 @@ class _NaiveAgent(pykka.ThreadingActor):
         text: str = message
         self.turn += 1
         turn = self.turn
-        user = UserMessage(id=f"{self.key}-{turn}", content=[TextBlock(text=text)])
-        self._append(AgentInboxSpliced(target="next-turn", start=0, inserted=[user]))
+        user = UserMessage(id=f"{self.key}-{turn}", content=(TextBlock(text=text),))
+        self._append(AgentInboxSpliced(target="next-turn", start=0, inserted=(user,)))
         self._append(TurnStart(turn=turn, trigger=MessageTrigger()))
         self._append(AgentInboxSpliced(target="next-turn", start=0, removed_count=1))
         self._append(StepStart(turn=turn, step=1))
@@ -124,14 +124,14 @@ class _NaiveAgent(pykka.ThreadingActor):
             assert chunks is not None
             for chunk in chunks:
                 self._append(AssistantChunk(turn=turn, step=step, chunk=chunk))
-            reply = AssistantMessage(content=[TextBlock(text=text)])
+            reply = AssistantMessage(content=(TextBlock(text=text),))
             self._append(AssistantMessageData(turn=turn, step=step, message=reply))
             self.history.append(reply)
             if self.tool and step == 1:
                 self._append(
                     ToolCallData(turn=turn, step=step, call_id="c", name="noop", arguments="{}")
                 )
-                result = ToolMessage(call_id="c", name="noop", content=[TextBlock(text="ok")])
+                result = ToolMessage(call_id="c", name="noop", content=(TextBlock(text="ok"),))
                 self._append(ToolResultData(turn=turn, step=step, message=result))
                 self.history.append(result)
                 self._append(StepEnd(turn=turn, step=step))

@@ -93,9 +93,11 @@ def realistic_facts(count: int) -> list[Fact]:
         turn += 1
         message = UserMessage(
             id=f"m-{turn}",
-            content=[TextBlock(text=f"Turn {turn}: summarise the attached report in 3 bullets.")],
+            content=(TextBlock(text=f"Turn {turn}: summarise the attached report in 3 bullets."),),
         )
-        facts.append(("agent/inbox/spliced", AgentInboxSpliced("next-turn", 0, inserted=[message])))
+        facts.append(
+            ("agent/inbox/spliced", AgentInboxSpliced("next-turn", 0, inserted=(message,)))
+        )
         facts.append(("turn/start", TurnStart(turn=turn, trigger=MessageTrigger())))
         facts.append(("agent/inbox/spliced", AgentInboxSpliced("next-turn", 0, removed_count=1)))
         facts.append(("step/start", StepStart(turn=turn, step=1)))
@@ -104,14 +106,14 @@ def realistic_facts(count: int) -> list[Fact]:
         for index in range(8):
             text = TextDelta(text=f"streamed piece {index} of the answer, ")
             facts.append(("assistant/chunk", AssistantChunk(turn=turn, step=1, chunk=text)))
-        reply = AssistantMessage(content=[TextBlock(text="the whole answer " * 8)])
+        reply = AssistantMessage(content=(TextBlock(text="the whole answer " * 8),))
         data = AssistantMessageData(
             turn=turn,
             step=1,
             message=reply,
             usage=Usage(input_tokens=812, output_tokens=96),
             finish_reason="stop",
-            source_event_seqs=list(range(first_chunk, first_chunk + 8)),
+            source_event_seqs=tuple(range(first_chunk, first_chunk + 8)),
         )
         facts.append(("assistant/message", data))
         facts.append(("step/end", StepEnd(turn=turn, step=1)))

@@ -60,7 +60,7 @@ _message_decoder = msgspec.json.Decoder(UserMessage)
 # bytes per character (``\u00XX`` escapes), so a short ASCII text message is known to
 # fit without encoding it.
 _EMPTY_TEXT_BYTES = len(
-    msgspec.json.encode(UserMessage(id="", content=[TextBlock(text="")], source=""))
+    msgspec.json.encode(UserMessage(id="", content=(TextBlock(text=""),), source=""))
 )
 
 
@@ -72,11 +72,11 @@ def _carried_bytes() -> tuple[int, int]:
     start, removedCount, turn, step) 20 characters (2**64: no log comes near it), the
     longer lane name, a removal with its outcome. A message that fits with this much
     more fits in any record that carries it."""
-    probe = UserMessage(id="m", content=[TextBlock(text="")])
+    probe = UserMessage(id="m", content=(TextBlock(text=""),))
     size = len(msgspec.json.encode(probe))
     wide = 2**64
     splice = AgentInboxSpliced(
-        target="next-step", start=wide, removed_count=wide, inserted=[probe], outcome="canceled"
+        target="next-step", start=wide, removed_count=wide, inserted=(probe,), outcome="canceled"
     )
     records = (
         Event("agent/inbox/spliced", wide, wide, splice),
@@ -219,7 +219,7 @@ class Agent:
             message_id = self._new_id()
             size = len(value) + len(source) + len(message_id)
             if _EMPTY_TEXT_BYTES + 6 * size <= self._max_message_bytes:
-                return UserMessage(id=message_id, content=[TextBlock(text=value)], source=source)
+                return UserMessage(id=message_id, content=(TextBlock(text=value),), source=source)
         if message_id is not None:
             _check_id(message_id)  # an empty id is refused, not replaced by a new one
         if isinstance(value, UserMessage):
@@ -231,7 +231,7 @@ class Agent:
         elif isinstance(value, str):
             message = UserMessage(
                 id=self._new_id() if message_id is None else message_id,
-                content=[TextBlock(text=value)],
+                content=(TextBlock(text=value),),
                 source=source,
             )
         elif (
@@ -239,7 +239,7 @@ class Agent:
         ):
             message = UserMessage(
                 id=self._new_id() if message_id is None else message_id,
-                content=list(value),
+                content=tuple(value),
                 source=source,
             )
         else:

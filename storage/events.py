@@ -7,6 +7,14 @@ while Python attributes are snake_case (``rename="camel"``).
 Schema evolution rules (msgspec's): new fields get defaults; fields are never
 reordered, retyped or removed. A new fact type gets a new ``type`` string.
 
+Every fact is deeply immutable (CONTRACT 3: a message is immutable): structs are frozen
+and their sequences (message content, ``sourceEventSeqs``, inserted messages, request
+tools and stop strings) are tuples, JSON arrays on disk as before; decoding yields
+tuples. A fact is shared as it is with every listener, the in-memory log and the model
+request, so nothing handed out may be changed in place. (msgspec does not check types
+at construction: a struct built with a list holds that list. Whatever the runtime takes
+from outside it, a sent message or a pre-step batch, is decoded again before it is kept.)
+
 The envelope of every record is ``{type, seq, time, data}`` (:class:`Event`); ``data``
 is one of the ``*Data`` structs below, chosen by ``type`` (see :data:`EVENT_TYPES`).
 """
@@ -153,7 +161,7 @@ class ToolCallBlock(_Typed, tag="tool-call", tag_field="type", frozen=True):
 class ToolResultBlock(_Typed, tag="tool-result", tag_field="type", frozen=True):
     call_id: str
     name: str
-    content: list[TextBlock | ImageBlock]
+    content: tuple[TextBlock | ImageBlock, ...]
     is_error: bool = False
 
 
@@ -168,12 +176,12 @@ class UserMessage(_Role, tag="user", tag_field="role", frozen=True):
     """An inbox item and, once claimed, a model-visible user message. Immutable."""
 
     id: MessageId
-    content: list[ContentBlock]
+    content: tuple[ContentBlock, ...]
     source: MessageSource = "user"
 
 
 class AssistantMessage(_Role, tag="assistant", tag_field="role", frozen=True):
-    content: list[AssistantPart]
+    content: tuple[AssistantPart, ...]
 
 
 class ToolMessage(_Role, tag="tool", tag_field="role", frozen=True):
@@ -181,7 +189,7 @@ class ToolMessage(_Role, tag="tool", tag_field="role", frozen=True):
 
     call_id: str
     name: str
-    content: list[TextBlock | ImageBlock]
+    content: tuple[TextBlock | ImageBlock, ...]
     is_error: bool = False
 
 
@@ -239,7 +247,7 @@ class RequestConfig(_Fact, frozen=True):
     reasoning_effort: str | None = None
     temperature: float | None = None
     max_tokens: int | None = None
-    stop: list[str] | None = None
+    stop: tuple[str, ...] | None = None
 
 
 class TextDelta(_Kinded, tag="text", tag_field="kind", frozen=True):
@@ -394,7 +402,7 @@ class UserMessageData(_SurfaceFact, frozen=True):
     turn: int | None = None
     step: int | None = None
     surface_op: SurfaceOp = _APPEND
-    source_event_seqs: list[int] = msgspec.field(default_factory=list)
+    source_event_seqs: tuple[int, ...] = ()
 
 
 class AssistantChunk(_Fact, frozen=True):
@@ -413,7 +421,7 @@ class AssistantMessageData(_SurfaceFact, frozen=True):
     finish_reason: FinishReason | None = None
     interrupted: bool = False
     surface_op: SurfaceOp = _APPEND
-    source_event_seqs: list[int] = msgspec.field(default_factory=list)
+    source_event_seqs: tuple[int, ...] = ()
 
 
 class ToolCallData(_Fact, frozen=True):
@@ -444,7 +452,7 @@ class ToolResultData(_SurfaceFact, frozen=True):
     error: ToolError | None = None
     concludes_turn: bool = False
     surface_op: SurfaceOp = _APPEND
-    source_event_seqs: list[int] = msgspec.field(default_factory=list)
+    source_event_seqs: tuple[int, ...] = ()
 
 
 class RequestHeader(_Fact, frozen=True):
@@ -454,7 +462,7 @@ class RequestHeader(_Fact, frozen=True):
     step: int
     config: RequestConfig
     system: str | None = None
-    tools: list[ToolSpec] = msgspec.field(default_factory=list)
+    tools: tuple[ToolSpec, ...] = ()
 
 
 class RequestContext(_Fact, frozen=True):
@@ -485,7 +493,7 @@ class AgentInboxSpliced(_Fact, frozen=True):
     target: InboxLane
     start: int
     removed_count: int = 0
-    inserted: list[UserMessage] = msgspec.field(default_factory=list)
+    inserted: tuple[UserMessage, ...] = ()
     outcome: Literal["canceled"] | None = None
 
 

@@ -192,7 +192,8 @@ def _compile_union(info: msgspec.inspect.UnionType, memo: _Memo) -> Check | None
         elif isinstance(member, mi.DictType):
             table[dict] = check
         elif isinstance(member, mi.ListType | mi.VarTupleType):
-            table[list] = check
+            table[list] = check  # a tuple-typed field may be given a list, and the reverse
+            table[tuple] = check
         else:
             return check_plain_json  # conservative: an exotic member that needs checking
     if not table:

@@ -411,14 +411,14 @@ _REPAIR_TEXT: Final = {
 def _synthetic_result(call: ToolCallData, code: str, call_seq: int) -> ToolResultData:
     text = _REPAIR_TEXT[code]
     message = ToolMessage(
-        call_id=call.call_id, name=call.name, content=[TextBlock(text=text)], is_error=True
+        call_id=call.call_id, name=call.name, content=(TextBlock(text=text),), is_error=True
     )
     return ToolResultData(
         turn=call.turn,
         step=call.step,
         message=message,
         error=ToolError(code=code, message=text),
-        source_event_seqs=[call_seq],
+        source_event_seqs=(call_seq,),
     )
 
 

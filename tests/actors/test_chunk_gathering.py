@@ -100,7 +100,7 @@ def test_a_cancel_while_deltas_are_held_logs_them_and_keeps_them_in_the_visible_
     (message,) = [e.data for e in events if e.type == "assistant/message"]
     assert message.interrupted
     assert message.message.content[0].text == text
-    assert message.source_event_seqs == sorted(chunks)
+    assert message.source_event_seqs == tuple(sorted(chunks))
     assert "".join(chunks[seq].text for seq in message.source_event_seqs) == text
     assert events[-1].data.reason.kind == "aborted"
     assert_invariants(events)

@@ -84,9 +84,9 @@ def test_cancel_mid_stream_keeps_the_visible_prefix_as_an_interrupted_message(rt
     assert model.cancelled.wait(WAIT) and model.closed.wait(WAIT)
     message = next(e for e in agent.session.events() if e.type == "assistant/message")
     assert message.data.interrupted is True
-    assert message.data.message == AssistantMessage(content=[TextBlock(text="partial ")])
+    assert message.data.message == AssistantMessage(content=(TextBlock(text="partial "),))
     chunks = [e.seq for e in agent.session.events() if e.type == "assistant/chunk"]
-    assert message.data.source_event_seqs == chunks
+    assert message.data.source_event_seqs == tuple(chunks)
     assert [r.kind for r in end_reasons(agent)] == ["aborted"]
 
 

@@ -151,7 +151,7 @@ def test_a_content_block_given_as_a_dict_by_pre_step_is_entered_as_the_block_it_
     agent.followup("hi")
     assert agent.wait_idle(WAIT)
     entered = agent.session.messages()[1]
-    assert entered.content == [TextBlock(text="added")]
+    assert entered.content == (TextBlock(text="added"),)
     assert model.requests == 1
 
 
@@ -385,7 +385,7 @@ def test_content_blocks_given_as_dicts_reach_the_model_and_the_history_as_block_
         return UserMessage(id=message_id, content=[{"type": "text", "text": text}])  # type: ignore[list-item]
 
     def typed(message_id: str, text: str) -> UserMessage:
-        return UserMessage(id=message_id, content=[TextBlock(text=text)])
+        return UserMessage(id=message_id, content=(TextBlock(text=text),))
 
     agent = rt.spawn(model=ScriptedModel(reply))
     agent.followup(as_dicts("u", "hi"))

@@ -39,7 +39,7 @@ def test_results_are_committed_in_model_order_while_safe_calls_run_in_parallel(
     assert agent.wait_idle(WAIT)
     assert [r.message.content[0].text for r in results(agent)] == ["a", "b"]
     call_seqs = [e.seq for e in agent.session.events() if e.type == "tool/call"]
-    assert [r.source_event_seqs for r in results(agent)] == [[s] for s in call_seqs]
+    assert [r.source_event_seqs for r in results(agent)] == [(s,) for s in call_seqs]
 
 
 def test_unsafe_calls_run_alone(rt: Runtime) -> None:
@@ -121,7 +121,7 @@ def test_pre_execute_can_deny_and_post_execute_can_replace_the_output(rt: Runtim
     assert agent.wait_idle(WAIT)
     first, second = results(agent)
     assert first.error.code == "TOOL_DENIED" and "not today" in first.message.content[0].text
-    assert second.error is None and second.message.content == [TextBlock(text="[yes]")]
+    assert second.error is None and second.message.content == (TextBlock(text="[yes]"),)
 
 
 async def _async_none(event: Any, next_: Any) -> Any:
@@ -183,7 +183,7 @@ def test_pre_execute_listeners_that_delegate_or_return_allow_let_the_tool_run(
     agent.followup("go")
     assert agent.wait_idle(WAIT)
     (result,) = results(agent)
-    assert result.error is None and result.message.content == [TextBlock(text="hi")]
+    assert result.error is None and result.message.content == (TextBlock(text="hi"),)
 
 
 def test_a_concluding_tool_result_ends_the_tool_loop_at_its_step(rt: Runtime) -> None:
@@ -218,7 +218,7 @@ def test_async_tools_and_execute_middleware_run_off_the_dispatcher(rt: Runtime) 
     )
     agent.followup("go")
     assert agent.wait_idle(WAIT)
-    assert results(agent)[0].message.content == [TextBlock(text="<K>")]
+    assert results(agent)[0].message.content == (TextBlock(text="<K>"),)
     assert threads and "dispatcher" not in threads[0]
 
 
@@ -240,7 +240,7 @@ def test_an_object_with_an_async_call_method_wraps_the_body_as_async_execute_mid
     agent.followup("go")
     assert agent.wait_idle(WAIT)
     (result,) = results(agent)
-    assert result.error is None and result.message.content == [TextBlock(text="<K>")]
+    assert result.error is None and result.message.content == (TextBlock(text="<K>"),)
 
 
 def test_a_tool_timeout_is_an_error_result(rt: Runtime) -> None:
@@ -295,7 +295,7 @@ def test_sync_bodies_that_time_out_and_never_return_do_not_take_the_pool_from_ot
             release.set()
         first, second, third = results(agent)
         assert first.error.code == second.error.code == "TOOL_TIMEOUT"
-        assert third.error is None and third.message.content == [TextBlock(text="fine")]
+        assert third.error is None and third.message.content == (TextBlock(text="fine"),)
         assert rt.io.blocking_pool.wait_idle(WAIT) == 0
         assert rt.io.statistics().abandoned_blocking == 0
     finally:

@@ -47,7 +47,7 @@ def test_the_echo_model_answers_with_the_last_user_text(rt: Runtime) -> None:
     assert agent.wait_idle(WAIT)
     messages = agent.session.messages()
     assert isinstance(messages[0], UserMessage) and messages[0].id == mid
-    assert messages[1] == AssistantMessage(content=[TextBlock(text="hello there")])
+    assert messages[1] == AssistantMessage(content=(TextBlock(text="hello there"),))
 
 
 def test_created_and_session_start_are_announced_at_spawn_and_the_agent_stays_idle(
@@ -92,11 +92,11 @@ def test_a_tool_call_runs_the_tool_and_takes_another_step(rt: Runtime) -> None:
     assert types.count("step/start") == 2
     call = next(e for e in agent.session.events() if e.type == "tool/call")
     result = next(e for e in agent.session.events() if e.type == "tool/result")
-    assert result.data.source_event_seqs == [call.seq]
+    assert result.data.source_event_seqs == (call.seq,)
     assert result.data.message == ToolMessage(
-        call_id=call.data.call_id, name="add", content=[TextBlock(text="5")]
+        call_id=call.data.call_id, name="add", content=(TextBlock(text="5"),)
     )
-    assert agent.session.messages()[-1] == AssistantMessage(content=[TextBlock(text="five")])
+    assert agent.session.messages()[-1] == AssistantMessage(content=(TextBlock(text="five"),))
 
 
 def test_a_rejecting_pre_step_ends_the_turn_blocked_without_a_step(

@@ -25,7 +25,7 @@ class _Agent:
 
 
 def _message(message_id: str) -> UserMessage:
-    return UserMessage(id=message_id, content=[TextBlock(text=message_id)])
+    return UserMessage(id=message_id, content=(TextBlock(text=message_id),))
 
 
 def test_text_sends_are_checked_exactly_around_the_event_limit(store_path: Path) -> None:
@@ -76,8 +76,8 @@ def test_inbox_payloads_are_built_only_when_a_listener_may_see_them() -> None:
     ]
     # the same durable splices as the general splice writes
     assert facts == [
-        AgentInboxSpliced(target="next-turn", start=0, inserted=[_message("m1")]),
-        AgentInboxSpliced(target="next-step", start=0, inserted=[_message("m2")]),
+        AgentInboxSpliced(target="next-turn", start=0, inserted=(_message("m1"),)),
+        AgentInboxSpliced(target="next-step", start=0, inserted=(_message("m2"),)),
         AgentInboxSpliced(target="next-turn", start=0, removed_count=1),
         AgentInboxSpliced(target="next-step", start=0, removed_count=1),
     ]
@@ -170,6 +170,7 @@ def test_a_flush_that_fails_reaches_the_turn_and_crashes_the_agent_before_the_re
             agent.followup(text)
             assert agent.wait_idle(WAIT)
         assert len(requests) == 3
+
         def failing(callback: Any) -> None:
             callback(StorageError("the disk is gone"))
 

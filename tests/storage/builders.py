@@ -103,7 +103,7 @@ def new_session(
 
 
 def user_message(text: str, message_id: str | None = None, source: str = "user") -> UserMessage:
-    return UserMessage(id=message_id or f"m-{text}", content=[TextBlock(text=text)], source=source)
+    return UserMessage(id=message_id or f"m-{text}", content=(TextBlock(text=text),), source=source)
 
 
 class LogBuilder:
@@ -176,7 +176,7 @@ class LogBuilder:
             target=target,
             start=start,
             removed_count=removed,
-            inserted=list(inserted),
+            inserted=tuple(inserted),
             outcome="canceled" if canceled else None,
         )
         return self.add("agent/inbox/spliced", data)
@@ -193,7 +193,7 @@ class LogBuilder:
 
     def header(self, model: str = "scripted", *, tools: Sequence[ToolSpec] = ()) -> Event:
         config = RequestConfig(provider="test", model=model, temperature=0.5)
-        data = RequestHeader(turn=self.turn, step=self.step, config=config, tools=list(tools))
+        data = RequestHeader(turn=self.turn, step=self.step, config=config, tools=tuple(tools))
         return self.add("request/header", data)
 
     def chunk(self, text: str) -> Event:
@@ -214,10 +214,10 @@ class LogBuilder:
         data = AssistantMessageData(
             turn=self.turn,
             step=self.step,
-            message=AssistantMessage(content=parts),
+            message=AssistantMessage(content=tuple(parts)),
             finish_reason="tool-calls" if calls else "stop",
             surface_op=op,
-            source_event_seqs=list(cites),
+            source_event_seqs=tuple(cites),
         )
         return self.add("assistant/message", data)
 
@@ -239,7 +239,7 @@ class LogBuilder:
         message = ToolMessage(
             call_id=call_data.call_id,
             name=call_data.name,
-            content=[TextBlock(text=text)],
+            content=(TextBlock(text=text),),
             is_error=error is not None,
         )
         data = ToolResultData(
@@ -248,7 +248,7 @@ class LogBuilder:
             message=message,
             error=error,
             concludes_turn=concludes_turn,
-            source_event_seqs=[call.seq],
+            source_event_seqs=(call.seq,),
         )
         return self.add("tool/result", data)
 
@@ -262,7 +262,7 @@ class LogBuilder:
 def followup(log: LogBuilder, text: str = "hello") -> UserMessage:
     """Append ``text`` to the next-turn lane (the splice a ``followup`` writes)."""
     message = user_message(text, f"inbox-{log.next_seq}")
-    log.splice("next-turn", start=len(_lanes(log)[0]), inserted=[message])
+    log.splice("next-turn", start=len(_lanes(log)[0]), inserted=(message,))
     return message
 
 

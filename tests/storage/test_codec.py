@@ -57,7 +57,7 @@ def codec(**kwargs: Any) -> Codec:
 def header_with(parameters: dict[str, Any], temperature: float | None = 0.5) -> RequestHeader:
     config = RequestConfig(provider="p", model="m", temperature=temperature)
     return RequestHeader(
-        turn=1, step=1, config=config, tools=[ToolSpec(name="t", parameters=parameters)]
+        turn=1, step=1, config=config, tools=(ToolSpec(name="t", parameters=parameters),)
     )
 
 

@@ -65,7 +65,7 @@ def write_parent(path: Path) -> list[Event]:
             message=user_message("from the plugin"),
             turn=log.turn,
             step=log.step,
-            source_event_seqs=[noted.seq],
+            source_event_seqs=(noted.seq,),
         )
         log.add("user/message", message)
         reply = log.assistant("first draft")
@@ -202,7 +202,7 @@ def test_the_checker_takes_a_placeholder_for_its_seq_and_nothing_else() -> None:
         events[-1],
         type="user/message",
         seq=len(events),
-        data=UserMessageData(message=user_message("x"), source_event_seqs=[3]),
+        data=UserMessageData(message=user_message("x"), source_event_seqs=(3,)),
     )
     replaces = msgspec.structs.replace(
         cites,

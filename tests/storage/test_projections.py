@@ -192,7 +192,7 @@ def test_repair_answers_logged_calls_as_unknown_and_unlogged_ones_as_not_started
     ]
     assert codes == [TOOL_OUTCOME_UNKNOWN, TOOL_NOT_STARTED]
     last = log.events[-1].seq
-    assert plan[2][1].source_event_seqs == [last + 2]  # type: ignore[attr-defined]
+    assert plan[2][1].source_event_seqs == (last + 2,)  # type: ignore[attr-defined]
     assert plan[-2:] == [
         ("step/end", StepEnd(turn=1, step=1)),
         ("turn/end", TurnEnd(turn=1, reason=Interrupted())),

@@ -465,10 +465,10 @@ def test_repair_closes_an_open_turn_with_a_pending_call() -> None:
     assert isinstance(not_started, ToolResultData)
     assert unknown.message.call_id == "b"
     assert unknown.error == ToolError(code=TOOL_OUTCOME_UNKNOWN, message=ANY)
-    assert unknown.source_event_seqs == [log.events[-1].seq]
+    assert unknown.source_event_seqs == (log.events[-1].seq,)
     assert call_c.data.call_id == "c"
     assert not_started.error == ToolError(code=TOOL_NOT_STARTED, message=ANY)
-    assert not_started.source_event_seqs == [call_c.seq]
+    assert not_started.source_event_seqs == (call_c.seq,)
     assert repaired[-1].data.reason == Interrupted()
     assert_invariants(session.events())
 

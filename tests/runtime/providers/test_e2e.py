@@ -87,7 +87,7 @@ def test_a_429_then_success_is_two_turns_and_one_settled(
     assert [r.failure.retry_after_s for r in retries] == [retry_after]
     assert len(settled) == 1
     assert settled[0].reason.kind == "completed"
-    assert messages[-1] == AssistantMessage(content=[TextBlock(text="Hello there")])
+    assert messages[-1] == AssistantMessage(content=(TextBlock(text="Hello there"),))
     assert len(wire.requests) == 2
 
 
@@ -177,9 +177,9 @@ def test_an_agent_runs_a_tool_loop_over_a_real_provider(tmp_path: Path, wire: Wi
     assert all(isinstance(e, TurnEnd) for e in ends)
     assert [e.reason.kind for e in ends] == ["completed"]
     assert messages[1] == AssistantMessage(
-        content=[ToolCallBlock(call_id="call_1", name="add", arguments='{"a": 2, "b": 3}')]
+        content=(ToolCallBlock(call_id="call_1", name="add", arguments='{"a": 2, "b": 3}'),)
     )
-    assert messages[-1] == AssistantMessage(content=[TextBlock(text="The sum is 5.")])
+    assert messages[-1] == AssistantMessage(content=(TextBlock(text="The sum is 5."),))
     second = wire.requests[1].body
     assert second["tools"][0]["function"]["name"] == "add"
     assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "5"}
@@ -317,7 +317,7 @@ def test_a_reply_the_server_ended_with_finish_reason_error_is_retried_not_taken_
         replies = [m.message for m in facts(agent, "assistant/message") if not m.interrupted]
     assert [e.reason.kind for e in ends] == ["error", "completed"]
     assert ends[0].reason.error.code == "SERVER"
-    assert replies == [AssistantMessage(content=[TextBlock(text="whole reply")])]
+    assert replies == [AssistantMessage(content=(TextBlock(text="whole reply"),))]
     # The error offered to listeners carries no SDK exception (it holds the key).
     assert [(e.__cause__, e.__context__) for e in offered] == [(None, None)]
 
@@ -356,6 +356,6 @@ def test_a_max_tokens_finish_with_nothing_visible_ends_the_turn_max_tokens_witho
     assert [s.reason.kind for s in settled] == ["max-tokens", "completed"]
     assert retries == []
     assert [m.finish_reason for m in messages] == ["max-tokens", "stop"]
-    assert messages[0].message == AssistantMessage(content=[])
+    assert messages[0].message == AssistantMessage(content=())
     assert len(wire.requests) == 2
     assert check_invariants(events) == []

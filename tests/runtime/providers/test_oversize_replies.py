@@ -152,7 +152,7 @@ def test_a_reply_whose_text_fits_the_event_limit_is_logged_however_many_deltas_i
     (message,) = [e.data for e in events if e.type == "assistant/message"]
     assert message.message.content[0].text == text
     chunks = {e.seq: e.data.chunk for e in events if e.type == "assistant/chunk"}
-    assert message.source_event_seqs == sorted(chunks)  # it cites every chunk event
+    assert message.source_event_seqs == tuple(sorted(chunks))  # it cites every chunk event
     assert "".join(c.text for c in chunks.values() if c.kind == "text") == text
     assert len(chunks) < len(text) // 10  # the deltas were gathered
     with Runtime.open(tmp_path / "store", max_event_bytes=SMALL) as rt:  # read back whole
