@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Final, Literal
@@ -118,17 +119,40 @@ _CITED_SHARE: Final = 32
 _SEQ_BYTES: Final = 12  # what one citation takes at most: a seq's digits and a comma
 
 
-def _checked(messages: Sequence[UserMessage]) -> tuple[UserMessage, ...]:
+def _checked(
+    messages: Sequence[UserMessage],
+    owed: Counter[str],
+    was_inboxed: Callable[[str], bool],
+    pending: Callable[[str], bool],
+) -> tuple[UserMessage, ...]:
     """A pre-step listener's rewritten batch, each field type checked (msgspec does not
     check at construction, and an ill-typed fact would be logged but never read back), as
     typed messages decoded afresh (a content block given as a dict is logged as what it
     reads back as; nothing the listener still holds is shared with the log), each message
-    once (a message is entered into the history once per claim)."""
+    once (a message is entered into the history once per claim).
+
+    A message that went through the inbox (``was_inboxed``) enters only as claimed in
+    this turn and not entered yet (``owed``, counted down here): one still pending would
+    be entered unclaimed (and run again once claimed), one claimed before entered twice.
+    A message of the listener's own (an id the inbox never held) may enter freely."""
     batch = _MESSAGES.decode(_ENCODER.encode(tuple(messages)))  # raises on a wrong type
     ids = [message.id for message in batch]
     if len(set(ids)) < len(ids):
         twice = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"the batch holds message {twice!r} more than once")
+    for message_id in ids:
+        if owed[message_id] > 0:
+            owed[message_id] -= 1
+        elif pending(message_id):
+            raise ValueError(
+                f"message {message_id!r} is still pending in the inbox: it enters once claimed"
+            )
+        elif was_inboxed(message_id):
+            raise ValueError(
+                f"message {message_id!r} was not claimed in this turn (it went through the "
+                "inbox before: entered in an earlier step or turn, or discarded); a message "
+                "enters the history once per claim"
+            )
     return batch
 
 
@@ -432,6 +456,9 @@ class TurnMachine:
     ) -> tuple[TurnEndReason, Retry | None]:
         step = 0
         proposal = batch  # claimed for the next step: immutable, handed out as it is
+        # Claimed in this turn and not entered (yet), only ever by a pre-step listener's
+        # rewritten batch (else a step enters exactly what was claimed): None until then.
+        owed: Counter[str] | None = None
         quiet = self.quiet
         try:
             if delay > 0:  # a retry turn's wait before its first step
@@ -476,7 +503,12 @@ class TurnMachine:
                     if decision.messages is proposal:  # the claimed batch, as it is
                         messages = proposal
                     else:
-                        messages = _checked(decision.messages)
+                        if owed is None:
+                            owed = Counter()
+                        owed.update(message.id for message in proposal)
+                        messages = _checked(
+                            decision.messages, owed, self.session.was_inboxed, self.inbox.holds
+                        )
                 except (TypeError, ValueError, msgspec.MsgspecError) as err:
                     failure = LlmFailure(
                         message=f"agent/pre-step returned an invalid batch of UserMessages: {err}"

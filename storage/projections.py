@@ -291,20 +291,38 @@ class InboxProjection:
 
     Splices with ``seq < seed_length`` belong to a seeded prefix (a fork's parent) and
     are not replayed: a fork child does not inherit its parent's pending inbox.
+
+    It also knows every id that ever went through the inbox (seeded splices included,
+    as the invariant checker counts them): such a message is entered into the history
+    only as claimed, once per claim (the checker's ``inbox-entry`` rule).
     """
 
-    __slots__ = ("_lanes", "_seed_length")
+    __slots__ = ("_inboxed", "_lanes", "_seed_length")
 
     def __init__(self, *, seed_length: int = 0) -> None:
         self._seed_length = seed_length
         self._lanes: dict[str, list[UserMessage]] = {"next-turn": [], "next-step": []}
+        self._inboxed: set[str] = set()
 
     def apply(self, event: Event) -> None:
-        if event.type != "agent/inbox/spliced" or event.seq < self._seed_length:
+        if event.type != "agent/inbox/spliced":
             return
         data: AgentInboxSpliced = event.data
+        inserted = data.inserted
+        if inserted:
+            if len(inserted) == 1:
+                self._inboxed.add(inserted[0].id)
+            else:
+                self._inboxed.update(message.id for message in inserted)
+        if event.seq < self._seed_length:
+            return
         lane = self._lanes[data.target]
-        lane[data.start : data.start + data.removed_count] = data.inserted
+        lane[data.start : data.start + data.removed_count] = inserted
+
+    def was_inboxed(self, message_id: str) -> bool:
+        """Whether a message ``message_id`` was ever inserted (pending now, claimed or
+        discarded since)."""
+        return message_id in self._inboxed
 
     def pending(self) -> tuple[list[UserMessage], list[UserMessage]]:
         """``(next_turn, next_step)``, as new lists."""

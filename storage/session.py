@@ -872,6 +872,12 @@ class Session:
         with self._lock:
             return self._turns.snapshot()
 
+    def was_inboxed(self, message_id: str) -> bool:
+        """Whether a message ``message_id`` ever went through this session's inbox
+        (pending now, claimed or discarded since; a seeded prefix's too)."""
+        with self._lock:
+            return self._inbox.was_inboxed(message_id)
+
     def pending_inbox(self) -> tuple[list[UserMessage], list[UserMessage]]:
         """``(next_turn, next_step)`` pending messages, replayed from inbox splices."""
         with self._lock:

@@ -138,6 +138,111 @@ def test_a_pre_step_batch_that_holds_a_message_twice_ends_the_turn_as_error(rt: 
     # the rt fixture checks the log when the test ends
 
 
+def test_a_pre_step_batch_entering_a_message_the_inbox_still_holds_ends_the_turn_as_error(
+    rt: Runtime,
+) -> None:
+    # Before, "X" was entered unclaimed, stayed pending and ran again in turn 2: the
+    # history held it twice and the checker rejected the log.
+    pending = UserMessage(id="X", content=[TextBlock(text="pulled forward")])
+
+    def pull(event: Any, next_: Any) -> Any:
+        if event.turn == 1:
+            return Enter(messages=[*event.messages, pending])
+        return next_()
+
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.on("agent/pre-step", pull)
+    agent.followup("first", id="A")
+    agent.followup("second", id="X")
+    assert agent.wait_idle(WAIT)
+    end = next(e.data for e in agent.session.events() if e.type == "turn/end")
+    assert end.reason.kind == "error"
+    assert "'X'" in end.reason.error.message and "still pending" in end.reason.error.message
+    assert user_texts(agent) == []
+    assert agent.inbox.ids() == ["X"]  # it stays pending, to run once claimed
+    agent.followup("third", id="B")
+    assert agent.wait_idle(WAIT)
+    assert user_texts(agent) == ["second", "third"]
+    assert check_invariants(agent.session.events()) == []
+
+
+@pytest.mark.parametrize("before", ["entered", "discarded"])
+def test_a_pre_step_batch_entering_a_message_that_went_through_the_inbox_before_ends_the_turn_as_error(
+    rt: Runtime, before: str
+) -> None:
+    # Before, the message was entered again ("entered twice") or a discarded one entered
+    # without a claim ("entered unclaimed"): the checker rejected the log.
+    kept: list[UserMessage] = []
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.on("agent/inbox/inserted", lambda e: e.message.id == "A" and kept.append(e.message))
+    if before == "entered":
+        agent.followup("first", id="A")
+        assert agent.wait_idle(WAIT)
+    else:
+        agent.inject("first", id="A")
+        assert agent.remove("A").id == "A"
+    assert len(kept) == 1
+    agent.on(
+        "agent/pre-step",
+        lambda event, next_: Enter(messages=[*event.messages, kept[0]]),
+    )
+    agent.followup("second", id="B")
+    assert agent.wait_idle(WAIT)
+    end = [e.data for e in agent.session.events() if e.type == "turn/end"][-1]
+    assert end.reason.kind == "error"
+    assert "'A'" in end.reason.error.message and "not claimed" in end.reason.error.message
+    assert user_texts(agent) == (["first"] if before == "entered" else [])
+    assert check_invariants(agent.session.events()) == []
+
+
+def test_a_claimed_message_a_pre_step_listener_held_back_may_enter_a_later_step_of_its_turn(
+    rt: Runtime,
+) -> None:
+    # The log's rule is "entered once per claim in its turn", not "in its step".
+    held: list[UserMessage] = []
+
+    def defer(event: Any, next_: Any) -> Any:
+        if event.step == 1:
+            held.extend(m for m in event.messages if m.id == "S")
+            return Enter(messages=[m for m in event.messages if m.id != "S"])
+        if event.step == 2:
+            return Enter(messages=[*event.messages, *held])
+        return next_()
+
+    @tool
+    def noop() -> str:
+        """Do nothing."""
+        return "done"
+
+    agent = rt.spawn(
+        model=ScriptedModel([[ToolCall(name="noop", arguments={})], "ok"]), tools=[noop]
+    )
+    agent.on("agent/pre-step", defer)
+    agent.inject("steered", id="S")
+    agent.followup("go", id="G")
+    assert agent.wait_idle(WAIT)
+    end = next(e.data for e in agent.session.events() if e.type == "turn/end")
+    assert end.reason.kind == "completed"
+    assert user_texts(agent) == ["go", "steered"]
+    assert check_invariants(agent.session.events()) == []
+
+
+def test_a_plugin_message_of_its_own_id_may_enter_every_turn(rt: Runtime) -> None:
+    # Only messages that went through the inbox are entered once per claim.
+    def remind(event: Any, next_: Any) -> Any:
+        note = UserMessage(id="reminder", content=[TextBlock(text="be brief")], source="plugin")
+        return Enter(messages=[*event.messages, note])
+
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.on("agent/pre-step", remind)
+    agent.followup("one")
+    assert agent.wait_idle(WAIT)
+    agent.followup("two")
+    assert agent.wait_idle(WAIT)
+    assert user_texts(agent) == ["one", "be brief", "two", "be brief"]
+    assert check_invariants(agent.session.events()) == []
+
+
 def test_a_content_block_given_as_a_dict_by_pre_step_is_entered_as_the_block_it_reads_back_as(
     rt: Runtime,
 ) -> None:
