@@ -246,9 +246,12 @@ class Runtime:
         self._released = False  # close() let go of the store: nothing can be read
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
-        # A new agent is announced by its own actor (see _announce), not the registry.
+        # The registry announces nothing: a new agent is announced by its own actor (see
+        # _announce), a disposal by the runtime's death watch or the disposer (_on_death,
+        # _forget), never on the registry's worker, which their listeners may ask.
         self._registry: ActorRef[RegistryActor] = RegistryActor.start(
-            on_disposed=self._announce_disposed,
+            on_created=_announced_elsewhere,
+            on_disposed=_announced_elsewhere,
             dispatcher=self.dispatcher,
         )
         if retry_policy is _DEFAULT_POLICY:
@@ -1093,6 +1096,10 @@ class Runtime:
             self._registry.stop(timeout=remaining(extended(until)))
         except Timeout:
             log.warning("the agent registry did not stop within %s s; left to stop", timeout)
+
+
+def _announced_elsewhere(*_: object) -> None:
+    """The registry's announcement callbacks: the runtime announces agents itself."""
 
 
 def _close_at_exit(ref: weakref.ref[Runtime]) -> Callable[[], None]:
