@@ -58,18 +58,9 @@ class Assembler:
         self._next_power = 10
 
     def add(self, chunk: StreamChunk, seq: int) -> None:
-        """Take ``chunk``, logged as the chunk event ``seq``: :meth:`cite` then
-        :meth:`take`, inline (once per delta of every reply)."""
-        self.chunk_seqs.append(seq)
-        while seq >= self._next_power:
-            self._digits += 1
-            self._next_power *= 10
-        self.cited += self._digits + 1
-        take = _TAKERS.get(chunk.__class__)
-        if take is None:
-            self._take(chunk)  # a subclass of a chunk type: the general dispatch
-        else:
-            take(self, chunk)
+        """Take ``chunk``, logged as the chunk event ``seq``."""
+        self.cite(seq)
+        self.take(chunk)
 
     def cite(self, seq: int) -> None:
         """Cite the chunk event ``seq``, whose chunk :meth:`take` took."""
