@@ -924,6 +924,7 @@ class Runtime:
         waits for that first. Called on a dispatcher or I/O thread (from a listener or a
         tool) it covers only what was appended: the agents it would wait for may need
         that thread. Raises ``TimeoutError`` after ``timeout`` seconds."""
+        timeout = check_timeout(timeout)
         self._check_open()
         until = deadline(timeout)
         self._await_told(timeout)
@@ -1008,6 +1009,7 @@ class Runtime:
         Not from the runtime's own threads (a sync listener or hook, an async one, a tool
         body, the scheduler): it would wait for the agents that thread runs. That raises
         ``RuntimeError``, and the runtime stays open."""
+        timeout = check_timeout(timeout)
         if in_runtime_thread():
             raise RuntimeError(
                 "rt.close() was called on a dispatcher or I/O thread (from a listener, a "

@@ -15,31 +15,17 @@ handled within one slice; elsewhere (threads never run signal handlers) it is a 
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Final
 
 from actors import waiting_on_actors
+from storage.timeouts import check_timeout
 
 __all__ = ["SLICE_S", "check_timeout", "wait"]
 
 SLICE_S: Final = 0.1
 """The longest a Ctrl-C that just missed a wait's system call goes unhandled."""
-
-
-def check_timeout(timeout: object) -> float | None:
-    """A verb's ``timeout``, checked before the verb does anything: None (wait as long
-    as it takes) or a number of seconds >= 0; ``inf`` is None (a wait that long
-    overflows the platform's clock). ``TypeError`` for anything that is not a number
-    (a bool, a str, NaN), ``ValueError`` for a negative one."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
-        raise TypeError(f"timeout is a number of seconds or None, got {timeout!r}")
-    if timeout < 0:
-        raise ValueError(f"timeout is a number of seconds >= 0 or None, got {timeout!r}")
-    return None if timeout == math.inf else timeout
 
 
 def wait(event: threading.Event, timeout: float | None = None) -> bool:

@@ -42,6 +42,7 @@ from storage.events import Event, IgnoredRecord, SessionEndSeed
 from storage.lmdb_env import SCHEMA_VERSION, LmdbEnv, SessionRow
 from storage.projections import derive_messages, fork_prefix
 from storage.session import Record, Session, SessionHeader, epoch_ms
+from storage.timeouts import check_timeout
 from storage.writer import FlushCallback, LogWriter
 
 __all__ = ["SCHEMA_VERSION", "InvalidSessionIdError", "SessionStats", "Store", "StoreStatistics"]
@@ -441,6 +442,7 @@ class Store:
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything appended (to any session) before the call is durable."""
+        timeout = check_timeout(timeout)
         self._check_open()
         self._sink.flush(timeout)
 

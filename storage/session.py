@@ -56,6 +56,7 @@ from storage.projections import (
     TurnTracker,
     repair_plan,
 )
+from storage.timeouts import check_timeout
 
 __all__ = [
     "TAIL_BOUND",
@@ -746,6 +747,7 @@ class Session:
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything appended before the call is durable."""
+        timeout = check_timeout(timeout)
         mark = self._last_seq
         self._sink.flush(timeout)
         self.acknowledge(mark)

@@ -1,5 +1,6 @@
 """Scenario tests of the verbs' ``timeout`` argument: every verb checks it with one
-checker (``runtime.waiting.check_timeout``) before it does anything."""
+checker (``storage.timeouts.check_timeout``) before it does anything: before, ``nan``
+made ``rt.close`` give up on every agent at once and ``flush`` time out at once."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ VERBS: dict[str, Callable[[Runtime, Agent, Any], object]] = {
     "wait_idle": lambda rt, agent, t: agent.wait_idle(t),
     "passivate_idle": lambda rt, agent, t: rt.passivate_idle(t),
     "remove": lambda rt, agent, t: agent.remove("pending", timeout=t),
+    "flush": lambda rt, agent, t: rt.flush(t),
+    "session.flush": lambda rt, agent, t: agent.session.flush(t),
+    "close": lambda rt, agent, t: rt.close(t),  # refused: the runtime stays open
 }
 BAD: dict[str, tuple[object, type[Exception]]] = {
     "'5'": ("5", TypeError),
