@@ -30,6 +30,7 @@ from storage.events import (
     AgentInboxSpliced,
     CancelCause,
     ContentBlock,
+    DisposedCause,
     Event,
     ImageBlock,
     InboxLane,
@@ -571,13 +572,21 @@ class Agent:
         """Clear the inbox durably (unless ``keep_inbox``) and abort the active turn.
 
         ``cause`` (default ``UserCause()``) is logged in the turn's ``turn/end``: one
-        that is not ``UserCause()``, ``ParentCause()``, ``HookCause(reason=str)`` or
-        ``DisposedCause()``, or a reason over ``MAX_CAUSE_REASON_CHARS`` (16,384)
-        characters, raises :class:`InvalidMessageError` here and nothing is done."""
+        that is not ``UserCause()``, ``ParentCause()`` or ``HookCause(reason=str)``, or a
+        reason over ``MAX_CAUSE_REASON_CHARS`` (16,384) characters, raises
+        :class:`InvalidMessageError` here and nothing is done. ``DisposedCause()`` is
+        :meth:`dispose`'s own (it also ends the agent): give it there, not here."""
         if type(keep_inbox) is not bool:
             raise TypeError(f"keep_inbox is a bool, got {keep_inbox!r}")
         # Checked here, in the caller's thread: the cause is logged in the turn's turn/end.
         cause = UserCause() if cause is None else checked_cause(cause)
+        if isinstance(cause, DisposedCause):
+            # The actor takes a disposed cause as its disposal: it would start no turn
+            # again, while the handle, never disposed, went on taking sends.
+            raise InvalidMessageError(
+                "DisposedCause() is the cause of agent.dispose(); call dispose() to end the "
+                "agent, or cancel with UserCause(), ParentCause() or HookCause(reason=...)"
+            )
         self._check_runtime()
         with self._exclusive():
             self._live()  # a passivated agent's pending inbox is cleared durably too

@@ -27,6 +27,9 @@ BAD_CAUSES: dict[str, object] = {
     "a look-alike": SimpleNamespace(kind="user"),
     "a str": "user",
     "a dict": {"kind": "hook", "reason": "x"},
+    # dispose()'s own cause: before, the actor took it as its disposal and never started
+    # a turn again, while the handle (never disposed) went on taking sends
+    "DisposedCause()": DisposedCause(),
 }
 
 
