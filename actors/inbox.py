@@ -55,7 +55,11 @@ class Inbox:
         listened: Callable[[str], bool] | None = None,
     ) -> None:
         self._append = append_fact
-        self._emit = emit
+        self._emit_to = emit
+        # How deep the owner is in emitting this inbox's live events (their listeners
+        # run inside): a send from there is queued, not inserted inline, so that events
+        # keep the log's order and chained sends do not nest (see Agent._send_here).
+        self.emitting = 0
         # ``listened(name)`` False: no listener could see an event of ``name``, so its
         # payload is not built (e.g. ``Bus.maybe_listened``); None: always emit.
         self._listened: Callable[[str], bool] = listened or _always
@@ -70,6 +74,13 @@ class Inbox:
         # The thread handling one of the owning actor's messages right now, if any: a
         # listener running there may edit the inbox inline instead of asking the actor.
         self.owner: int | None = None
+
+    def _emit(self, name: str, payload: Any) -> None:
+        self.emitting += 1
+        try:
+            self._emit_to(name, payload)
+        finally:
+            self.emitting -= 1
 
     # ------------------------------------------------------------------ any thread
 

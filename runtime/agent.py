@@ -278,8 +278,9 @@ class Agent:
         if self._disposing:
             self._check_open("a wake" if wake else "a message")
         if self._on_own_thread() and not self._announcing:
-            session = self._session
-            if session is not None and not session.notifying_here():
+            session, inbox = self._session, self._inbox
+            quiet = inbox is not None and not inbox.emitting  # not in its inbox's events
+            if quiet and session is not None and not session.notifying_here():
                 return self._send_here(message, lane, wake)
         with self._exclusive():
             if self._disposing:  # again: a disposal tells its messages under this lock
@@ -303,7 +304,8 @@ class Agent:
         the id it just sent); only the wake is told, to be handled in order (from a
         ``session/event`` listener, which may not append, the whole send is; from an
         ``agent/created`` or ``agent/session-start`` listener too, so that the agent's
-        work comes after both). A wake into
+        work comes after both, and from an ``agent/inbox/*`` listener, so that live
+        events keep the log's order and a chain of such sends does not nest). A wake into
         an aborted turn that is still unwinding goes to ``next-turn`` (as the actor does
         for a wake told while it unwinds)."""
         inbox = self._inbox
@@ -315,7 +317,8 @@ class Agent:
         try:
             inbox.insert(lane, message)
         except BaseException:
-            inbox.release(message.id)
+            if inbox.find(message.id) is None:  # not inserted (else it stays, as logged)
+                inbox.release(message.id)
             raise
         if wake:
             self._tell_live(

@@ -22,6 +22,7 @@ import pytest
 from actors.errors import AgentStateError
 from runtime import Agent, RequestConfig, Runtime, ScriptedModel, ToolCall, tool
 from storage import ReentrantAppendError, check_invariants
+from storage.events import TextBlock, UserMessage
 
 from .conftest import WAIT, Recorder
 
@@ -429,6 +430,47 @@ def test_a_send_then_an_edit_from_the_agents_own_listener_apply_in_the_order_the
     assert entered == ["first", "kept"]
     statuses = [e for e in agent.session.events() if e.type == "turn/end"]
     assert len(statuses) == 2
+    assert check_invariants(agent.session.events()) == []
+
+
+def test_sends_from_the_agents_own_inbox_listeners_are_queued_in_log_order_and_never_nest(
+    rt: Runtime,
+) -> None:
+    # A send from an agent/inbox/* listener is queued, not inserted at once: inserted at
+    # once, its agent/inbox/inserted came before the rest of the splice's live events,
+    # and a chain of such sends nested until RecursionError (~140 deep), the sends
+    # that raised being logged and run all the same.
+    agent = rt.spawn(model=ScriptedModel.echo())
+    chain = 400
+    sent: list[str] = []
+    errors: list[BaseException] = []
+
+    def chained(event: Any) -> None:
+        if event.message.id.startswith("c") and len(sent) < chain:
+            try:
+                sent.append(agent.inject("more", id=f"c{len(sent) + 1}"))
+            except BaseException as err:
+                errors.append(err)
+                raise
+
+    agent.on("agent/inbox/inserted", chained)
+    live: list[str] = []
+    agent.on(
+        "agent/inbox/discarded",
+        lambda event: agent.inject("Z", id="Z") if event.message.id == "A" else None,
+    )
+    for name in ("inserted", "discarded"):
+        agent.on(f"agent/inbox/{name}", lambda e, n=name: live.append(f"{n} {e.message.id}"))
+    agent.inject("start", id="c0")
+    agent.inject("A", id="A")
+    agent.replace("A", UserMessage(id="A2", content=[TextBlock(text="A2")]))
+    agent.followup("go")
+    assert agent.wait_idle(WAIT)
+    assert errors == [] and len(sent) == chain
+    inbox_live = [entry for entry in live if entry.split()[1] in ("A", "A2", "Z")]
+    assert inbox_live == ["inserted A", "discarded A", "inserted A2", "inserted Z"]
+    entered = [m.id for m in agent.session.messages() if m.role == "user"]
+    assert set(sent) <= set(entered)
     assert check_invariants(agent.session.events()) == []
 
 
