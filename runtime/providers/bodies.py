@@ -61,23 +61,31 @@ async def open_body(
     kind = (content_type or "").partition(";")[0].strip().lower()
     if kind == "text/event-stream":
         return body
+    bound = event_bound(max_reply_bytes)
+    limit = max_reply_bytes or DEFAULT_MAX_EVENT_BYTES
     head = b""
-    async for part in body:  # up to the first byte that is not white space
-        head += part
-        if head.strip():
+    skipped = 0  # the white space before it, in parts of nothing else (dropped, counted)
+    async for part in body:  # up to the first part with a byte that is not white space
+        if part.strip():
+            head = part
             break
+        skipped += len(part)
+        if skipped > bound:
+            raise JsonReplyTooLargeError(skipped, bound, limit)
     first = head.lstrip()
     if not first or first.startswith(_SSE_FIELDS):
         return _chain(head, body)  # a stream mislabelled (or empty: it ends unfinished)
     if not (kind == "application/json" or kind.endswith("+json") or first[:1] in b"{["):
         raise NotAStreamError(kind, _start(first))
-    bound = event_bound(max_reply_bytes)
     data = bytearray(first)
+    read = skipped + len(head)
+    if read > bound:  # a reply the log could not take, however it is escaped
+        raise JsonReplyTooLargeError(read, bound, limit)
     async for part in body:
         data += part
-        if len(data) > bound:  # a reply the log could not take, however it is escaped
-            limit = max_reply_bytes or DEFAULT_MAX_EVENT_BYTES
-            raise JsonReplyTooLargeError(len(data), bound, limit)
+        read += len(part)
+        if read > bound:
+            raise JsonReplyTooLargeError(read, bound, limit)
     try:
         value = msgspec.json.decode(data)
     except msgspec.DecodeError:

@@ -219,3 +219,34 @@ def test_a_json_reply_over_8_mib_is_refused_by_the_log_limit_not_as_neither_erro
     assert [e.error for e in errors] == [end.reason.error]
     assert len(wire.requests) == 1  # not retried
     assert check_invariants(events) == []
+
+
+def _parts(*parts: bytes) -> Any:
+    async def body() -> Any:
+        for part in parts:
+            yield part
+
+    return body()
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        lambda big: (b'{"x": "' + b"a" * big + b'"}',),  # in one part
+        lambda big: (b" " * (big // 2), b" " * (big // 2), b"  {}"),  # white space first
+    ],
+    ids=["one part", "white space"],
+)
+def test_a_json_body_over_the_bound_is_refused_however_its_bytes_arrive(parts: Any) -> None:
+    # Before, a body that came in one part was never measured, and white space before
+    # the JSON was gathered without a bound (re-stripped at each part: quadratic, on
+    # the I/O loop every agent shares).
+    import asyncio
+
+    from runtime.providers.bodies import open_body
+    from runtime.providers.failures import JsonReplyTooLargeError
+
+    limit = 4096
+    big = event_bound(limit) + 8
+    with pytest.raises(JsonReplyTooLargeError, match="too large"):
+        asyncio.run(open_body("application/json", _parts(*parts(big)), limit))
