@@ -82,7 +82,7 @@ from .live import (
 from .model import ModelError, ModelRequest, checked_failure
 from .streams import StreamHandle
 from .toolphase import ToolPhase, unanswerable
-from .tools import described
+from .tools import described, shown
 
 __all__ = ["Durability", "TurnMachine"]
 
@@ -214,15 +214,6 @@ def _bounded(failure: LlmFailure) -> LlmFailure:
     if message == failure.message:
         return failure
     return msgspec.structs.replace(failure, message=message)
-
-
-def _shown(value: object, limit: int = 200) -> str:
-    """``repr(value)``, cut to about ``limit`` characters (a listener's return value)."""
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - a hostile __repr__
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def _listener_failure(name: str, err: BaseException) -> LlmFailure:
@@ -624,7 +615,7 @@ class TurnMachine:
                 return Errored(error=failure), decision
             problem = f"agent/request-error returned a Retry whose {bad_delay}"
         elif decision is not None:
-            problem = f"agent/request-error must return a Retry or None, got {_shown(decision)}"
+            problem = f"agent/request-error must return a Retry or None, got {shown(decision)}"
         if problem is not None:
             if decision is not None:
                 log.error("%s; the turn ends as error without a retry", problem)
@@ -681,7 +672,7 @@ class TurnMachine:
                 messages=self.session.derive_messages(),
                 system=self.system,
                 tools=specs,
-                max_reply_bytes=self.session.codec.max_event_bytes,
+                max_reply_bytes=self._max_event_bytes,
             )
             if self.meters:  # the request counts now, or the turn ends at its limit
                 limited = self._take_request()
@@ -755,16 +746,21 @@ class TurnMachine:
             assembler.cite(append(AssistantChunk(turn=turn, step=step, chunk=chunk)).seq)
 
     def _log_held_quietly(
-        self, held: HeldChunks | None, assembler: Assembler, turn: int, step: int
+        self,
+        held: HeldChunks | None,
+        assembler: Assembler,
+        turn: int,
+        step: int,
+        reply: str = "failed",
     ) -> None:
-        """:meth:`_log_held` for a failed stream: what it streamed is logged if it can be
-        (as every chunk taken was before the failure); the failure is what the turn
-        reports."""
+        """:meth:`_log_held` for a stream that failed or was cancelled: what it streamed
+        is logged if it can be (as every chunk taken before was); the failure, or the
+        interrupted prefix, is what the turn goes on with."""
         if held:
             try:
                 self._log_held(held, assembler, turn, step)
             except InvalidEventError:
-                log.exception("the failed reply's last chunks cannot be logged")
+                log.exception("the %s reply's last chunks cannot be logged", reply)
 
     async def _exchange(
         self, turn: int, step: int, request: ModelRequest, signal: TurnSignal
@@ -802,11 +798,8 @@ class TurnMachine:
             if held:
                 self._log_held(held, assembler, turn, step)
         except TurnAborted:
-            if held:  # taken before the cancel: part of the visible prefix
-                try:
-                    self._log_held(held, assembler, turn, step)
-                except InvalidEventError:
-                    log.exception("the interrupted reply's last chunks cannot be logged")
+            # taken before the cancel: part of the visible prefix
+            self._log_held_quietly(held, assembler, turn, step, "interrupted")
             visible = assembler.visible()
             if visible:
                 try:
