@@ -436,9 +436,7 @@ class AgentActor(PooledActor):
                 # an error, a block or an abort the chain would stop with this wake
                 # pending. It runs once the chain has converged, as on an idle agent.
                 machine.latched_wake = True
-        if message.inserted:
-            pass  # in the inbox already: only the wake is left
-        else:
+        if not message.inserted:  # (else in the inbox already: only the wake is left)
             self._insert_told(lane, message.message)
         if wake and self._coro is None and not self._disposing:
             self._coro = self.machine.drain()  # start a drain

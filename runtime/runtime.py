@@ -609,10 +609,7 @@ class Runtime:
     def _unstart(self, agent_id: str, ref: ActorRef[Any]) -> None:
         """Stop the actor of a start that failed (or that a close gave up on) and take
         it out of the registry; nothing is announced (it never was)."""
-        remove = ProxyCall(attr_path=("remove",), args=(agent_id,), kwargs={"announce": False})
-        try:
-            self._registry.tell(remove)  # which stops it
-        except ActorDeadError:  # a close stopped the registry
+        if not self._unregister(agent_id, stop=True):  # a close stopped the registry
             with contextlib.suppress(ActorDeadError, DispatcherShutdownError):
                 ref.stop(block=False)
 
@@ -803,7 +800,7 @@ class Runtime:
             handle.crash = death.error
             with handle._dispose_lock:
                 handle._disposing = True
-        self._tell_registry_forget(agent_id)
+        self._unregister(agent_id, stop=False)
         self._announce_disposed(agent_id)
 
     def _meters_for(self, agent_id: str, limits: UsageLimits | None) -> list[UsageMeter]:
@@ -870,14 +867,11 @@ class Runtime:
         ref = self._refs.get(handle.id)
         if ref is None or not ref.is_alive():
             return False
-        registry = self._registry
 
         def stop() -> None:
-            with contextlib.suppress(ActorDeadError):  # a close that gave up on the agent
-                remove = ProxyCall(
-                    attr_path=("remove",), args=(handle.id,), kwargs={"announce": False}
-                )
-                registry.tell(remove)  # the death is announced by _on_death
+            # The registry stops it (unless a close that gave up on the agent stopped the
+            # registry); _on_death announces the disposal.
+            self._unregister(handle.id, stop=True)
 
         ref.tell(Cancel(cause=DisposedCause(), keep_inbox=keep_inbox))
         ref.tell(AwaitIdle(callback=stop))
@@ -889,15 +883,21 @@ class Runtime:
         of that event may use the agent). Told, not asked: a spawn or resume of the id
         from a listener reaches the registry after the removal (one mailbox, in order),
         and nothing waits for the registry (a close must not)."""
-        self._tell_registry_forget(handle.id)
+        self._unregister(handle.id, stop=False)
         self._announce_disposed(handle.id)
 
-    def _tell_registry_forget(self, agent_id: str) -> None:
-        forget = ProxyCall(
-            attr_path=("remove",), args=(agent_id,), kwargs={"stop": False, "announce": False}
+    def _unregister(self, agent_id: str, *, stop: bool) -> bool:
+        """Tell the registry to forget the agent (``stop``: and stop its actor), announcing
+        nothing (the runtime announces disposals itself). False if the registry is gone
+        (after a close)."""
+        remove = ProxyCall(
+            attr_path=("remove",), args=(agent_id,), kwargs={"stop": stop, "announce": False}
         )
-        with contextlib.suppress(ActorDeadError):  # after a close: the registry is gone
-            self._registry.tell(forget)
+        try:
+            self._registry.tell(remove)
+        except ActorDeadError:
+            return False
+        return True
 
     def get(self, agent_id: str) -> Agent:
         """The live agent with this id; ``KeyError`` if none."""
