@@ -11,7 +11,8 @@ refused synchronously, in the caller's thread).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import msgspec
@@ -56,9 +57,10 @@ class Inbox:
     ) -> None:
         self._append = append_fact
         self._emit_to = emit
-        # How deep the owner is in emitting this inbox's live events (their listeners
-        # run inside): a send from there is queued, not inserted inline, so that events
-        # keep the log's order and chained sends do not nest (see Agent._send_here).
+        # How deep the owner is in emitting live events whose listeners' sends must be
+        # queued, not inserted inline (see Agent._send_here): this inbox's own (so that
+        # events keep the log's order and chained sends do not nest), and the agent's
+        # announcement (so that its work comes after it). See :meth:`queueing_sends`.
         self.emitting = 0
         # ``listened(name)`` False: no listener could see an event of ``name``, so its
         # payload is not built (e.g. ``Bus.maybe_listened``); None: always emit.
@@ -75,8 +77,18 @@ class Inbox:
         # listener running there may edit the inbox inline instead of asking the actor.
         self.owner: int | None = None
 
-    def _emit(self, name: str, payload: Any) -> None:
+    @contextmanager
+    def queueing_sends(self) -> Iterator[None]:
+        """While the owner emits live events inside it, its listeners' sends are queued
+        to the owner rather than inserted at once."""
         self.emitting += 1
+        try:
+            yield
+        finally:
+            self.emitting -= 1
+
+    def _emit(self, name: str, payload: Any) -> None:
+        self.emitting += 1  # queueing_sends, inline (once per event a listener sees)
         try:
             self._emit_to(name, payload)
         finally:

@@ -128,7 +128,6 @@ class Agent:
         self._disposing = False
         self._disposed = threading.Event()
         self._announcer: int | None = None  # the thread emitting its agent/disposed
-        self._announcing = False  # its agent/created and agent/session-start are emitted
         self._passivating = False  # a passivation stops its actor (no disposal: _on_death)
         self.crash: BaseException | None = None
         """Why the agent's actor died unexpectedly, if it did (``rt.resume`` restarts it)."""
@@ -277,9 +276,9 @@ class Agent:
         message = self._message(value, message_id, source)
         if self._disposing:
             self._check_open("a wake" if wake else "a message")
-        if self._on_own_thread() and not self._announcing:
+        if self._on_own_thread():
             session, inbox = self._session, self._inbox
-            quiet = inbox is not None and not inbox.emitting  # not in its inbox's events
+            quiet = inbox is not None and not inbox.emitting  # see Inbox.queueing_sends
             if quiet and session is not None and not session.notifying_here():
                 return self._send_here(message, lane, wake)
         with self._exclusive():

@@ -635,13 +635,10 @@ class Runtime:
                 self._resuming.pop(agent_id, None)  # _agents keeps a second resume out
         if claimed:  # by a close() that gave up waiting for this start: it ends here
             raise RuntimeClosedError
-        handle._announcing = True  # what their listeners send is handled after both
-        try:
+        with parts.inbox.queueing_sends():  # what their listeners send comes after both
             self.bus.emit("agent/created", AgentCreated(agent=handle), scope=agent_id)
             start = AgentSessionStart(agent=handle, source=source)
             self.bus.emit("agent/session-start", start, scope=agent_id)
-        finally:
-            handle._announcing = False
 
     def _assemble(self, handle: Agent, session: Session, spec: _Spec) -> _Parts:
         """Build an agent's inbox, tool phase and turn machine over ``session``."""
