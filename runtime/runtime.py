@@ -582,10 +582,6 @@ class Runtime:
             # actors wait for one.
             with waiting_on_actors():
                 ref = self._registry.ask(create, block=True)
-                with self._lock:
-                    # From here a close() that gave up waiting for this start disposes
-                    # it through its actor, after the announcement (see _dispose_live).
-                    self._refs[agent_id] = ref
                 # The actor's first message: nothing can be sent to it before (the handle
                 # is bound by it), so whatever the listeners send waits behind it.
                 announce = partial(self._announce, handle, session, ref, parts, source)
@@ -595,7 +591,7 @@ class Runtime:
                 self._pending.pop(agent_id, None)
                 if self._agents.get(agent_id) is handle:
                     del self._agents[agent_id]
-                if ref is not None and self._refs.get(agent_id) is ref:
+                if ref is not None and self._refs.get(agent_id) is ref:  # (_go_live's)
                     del self._refs[agent_id]
                 if self._bridged.get(agent_id) is session:
                     del self._bridged[agent_id]
