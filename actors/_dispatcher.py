@@ -38,6 +38,8 @@ __all__ = [
     "mark_thread_blocking_pool",
     "mark_thread_io_loop",
     "mark_thread_nonblocking",
+    "offer_rest",
+    "rest_offered",
     "waiting_on_actors",
     "work_for",
     "working_for",
@@ -87,12 +89,35 @@ def in_runtime_thread() -> bool:
     return getattr(role, "nonblocking", False) or getattr(role, "pool", False)
 
 
+def offer_rest(rest: Callable[[], None] | None) -> Callable[[], None] | None:
+    """Say that the caller runs a batch of several actors' work, one after the other
+    (a flush outcome calling back each agent it covers), and that ``rest()`` puts the
+    part of it not begun yet back on the run queue: a wait on this thread
+    (:func:`waiting_on_actors`) first hands that part off, so that an actor waited for
+    does not wait behind the waiter. Returns the previous offer (to restore)."""
+    role = _thread_role
+    previous: Callable[[], None] | None = getattr(role, "rest", None)
+    role.rest = rest
+    return previous
+
+
+def rest_offered() -> Callable[[], None] | None:
+    """The rest offered on this thread (see :func:`offer_rest`); None once a wait took it."""
+    return getattr(_thread_role, "rest", None)
+
+
 @contextmanager
 def waiting_on_actors() -> Iterator[None]:
     """Around a wait that needs other actors to run (an ask, a future's ``get``): on a
     dispatcher's worker, the dispatcher lends a worker for as long as the wait lasts, so
     that a pool of one or two threads whose workers all wait on actors (sync listeners
-    that each spawn an agent, say) still runs them. Anywhere else it does nothing."""
+    that each spawn an agent, say) still runs them. Anywhere else it does nothing.
+    First, the rest of a batch that the thread runs for other actors is handed off
+    (see :func:`offer_rest`): one of them may be the actor waited for."""
+    rest = getattr(_thread_role, "rest", None)
+    if rest is not None:
+        _thread_role.rest = None
+        rest()
     dispatcher: Dispatcher | None = getattr(_thread_role, "dispatcher", None)
     if dispatcher is None:
         yield

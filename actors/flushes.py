@@ -33,7 +33,7 @@ import logging
 import threading
 from typing import Protocol
 
-from actors._dispatcher import Dispatcher, Schedulable
+from actors._dispatcher import Dispatcher, Schedulable, offer_rest, rest_offered
 from actors.errors import DispatcherShutdownError
 from storage.writer import FlushCallback
 
@@ -121,13 +121,14 @@ class _Outcome:
     of members; a batch that long would keep other work waiting and look like a stuck
     worker to a standby one)."""
 
-    __slots__ = ("_dispatcher", "_done", "_members", "error")
+    __slots__ = ("_dispatcher", "_done", "_members", "_rest", "error")
 
     def __init__(self, members: list[_Member], dispatcher: Dispatcher) -> None:
         self._members = members
         self._dispatcher = dispatcher
-        self._done = 0  # members answered so far
+        self._done = 0  # members answered (or being answered) so far
         self.error: BaseException | None = None
+        self._rest = self._hand_off  # one bound method: offered, then compared by identity
 
     def deliver(self, error: BaseException | None) -> None:
         """The log's callback (on its writer thread): hand the outcome to a worker."""
@@ -135,21 +136,39 @@ class _Outcome:
         _run_soon(self._dispatcher, self)
 
     def run_batch(self, throughput: int) -> tuple[int, bool]:
-        """Answer the next ``throughput`` members (every one left for 0)."""
+        """Answer the next ``throughput`` members (every one left for 0). A member's
+        callback runs its agent right here, listeners included: one of them that waits
+        for another actor hands the members after it back to the run queue first
+        (``offer_rest``), and this run ends with that member."""
         error = self.error
         members = self._members
         start = self._done
         end = len(members) if throughput <= 0 else min(len(members), start + throughput)
-        for index in range(start, end):
-            session, mark, callback = members[index]
-            try:
-                if error is None:
-                    session.acknowledge(mark)
-                callback(error)
-            except Exception:  # noqa: BLE001 -- one member's fault must not strand the others
-                _log.exception("a flush group member's callback failed; the failure is contained")
-        self._done = end
+        rest = self._rest
+        outer = offer_rest(rest)
+        try:
+            for index in range(start, end):
+                session, mark, callback = members[index]
+                self._done = index + 1  # before the callback: a hand-off starts after it
+                try:
+                    if error is None:
+                        session.acknowledge(mark)
+                    callback(error)
+                except Exception:  # noqa: BLE001 -- one member's fault must not strand the others
+                    _log.exception(
+                        "a flush group member's callback failed; the failure is contained"
+                    )
+                if rest_offered() is not rest:  # handed off: the rest is another run's
+                    return index + 1 - start, False
+        finally:
+            offer_rest(outer)
         return end - start, end < len(members)
+
+    def _hand_off(self) -> None:
+        """A member's callback is about to wait: the members after it go back on the run
+        queue (see ``run_batch``)."""
+        if self._done < len(self._members):
+            _run_soon(self._dispatcher, self)
 
 
 def _run_soon(dispatcher: Dispatcher, work: Schedulable) -> None:

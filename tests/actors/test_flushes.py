@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors import Dispatcher
+from actors import Dispatcher, waiting_on_actors
 from actors.flushes import FlushCallback, FlushGroup
 from storage import Store, StoreClosedError
 from storage.events import StepStart
@@ -325,3 +325,42 @@ def test_concurrent_joins_are_each_answered_exactly_once(
         assert all(session.resident_events == 0 for session in sessions)  # all acknowledged
     finally:
         dispatcher.shutdown(timeout=WAIT)
+
+
+def test_a_member_that_waits_for_a_later_member_hands_the_rest_of_the_group_off(
+    dispatcher: Dispatcher,
+) -> None:
+    # A member's callback runs its agent inline, listeners included; one that waits for
+    # another agent (inside waiting_on_actors) whose own callback comes later in the same
+    # outcome used to wait behind itself: the rest of the group ran only after it returned.
+    log, journal = Log(), []
+    group = FlushGroup(log, dispatcher)
+    later_ran, waiter_done, order = threading.Event(), threading.Event(), []
+    waited: list[bool] = []
+
+    def waiter(error: BaseException | None) -> None:
+        with waiting_on_actors():
+            waited.append(later_ran.wait(WAIT))
+        order.append("a")
+        waiter_done.set()
+
+    def later(name: str) -> FlushCallback:
+        def called(error: BaseException | None) -> None:
+            order.append(name)
+            if name == "c":
+                later_ran.set()
+
+        return called
+
+    hold = Hold(dispatcher)  # the three join one group
+    group.join(Member("a", 1, journal), waiter)
+    group.join(Member("b", 1, journal), later("b"))
+    group.join(Member("c", 1, journal), later("c"))
+    hold.release.set()
+    log.wait_asked()
+    log.pending[0](None)
+    assert later_ran.wait(WAIT), "the members after a waiting one waited behind it"
+    assert waiter_done.wait(WAIT)
+    assert waited == [True]
+    assert order == ["b", "c", "a"]  # each answered once, the rest in join order
+    assert journal == ["ack a 1", "ack b 1", "ack c 1"]
