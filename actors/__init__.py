@@ -40,6 +40,7 @@ from actors._supervisor import (
     SupervisionEvent,
     Supervisor,
 )
+from actors._waits import WaitTarget, waiting_for
 from actors.bus import Bus, Deferred, Listener, Ready
 from actors.errors import (
     DispatcherShutdownError,
@@ -95,11 +96,13 @@ __all__: list[str] = [
     "Supervisor",
     "SystemClock",
     "TimerHandle",
+    "WaitTarget",
     "Work",
     "blocking",
     "in_io_loop_thread",
     "in_nonblocking_thread",
     "in_runtime_thread",
+    "waiting_for",
     "waiting_on_actors",
     "watch",
     "working_for",

@@ -116,3 +116,9 @@ class InvalidMessageError(AgentStateError, TypeError):
 class EditTimeoutError(AgentStateError, TimeoutError):
     """An inbox edit was queued but not applied within its timeout. It stays queued: the
     agent applies it in order (or refuses it, then its new ids are free again)."""
+
+
+class WaitCycleError(AgentStateError):
+    """A wait for an agent would close a cycle of waits (agent A's listener waits for
+    agent B, whose running code waits for agent A) and so never end; raised before
+    anything waits (see ``actors._waits``)."""

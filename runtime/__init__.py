@@ -2,11 +2,13 @@
 
 from actors.errors import (
     AgentDisposedError,
+    AgentStateError,
     DuplicateMessageError,
     EditTimeoutError,
     InboxFullError,
     InvalidMessageError,
     UnknownMessageError,
+    WaitCycleError,
 )
 from actors.limits import UsageLimits
 from actors.live import Allow, Deny, Enter, Reject, Retry, TurnSignal
@@ -33,6 +35,7 @@ from .tool import FunctionTool, conclude, tool
 __all__ = [
     "Agent",
     "AgentDisposedError",
+    "AgentStateError",
     "Allow",
     "Deny",
     "DisposedCause",
@@ -64,6 +67,7 @@ __all__ = [
     "UsageLimits",
     "UserCause",
     "UserMessage",
+    "WaitCycleError",
     "conclude",
     "tool",
 ]

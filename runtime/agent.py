@@ -16,13 +16,14 @@ import msgspec
 from pykka import ActorDeadError, ActorRef, Future, Timeout
 from pykka._envelope import Envelope
 
-from actors import Mailbox, in_io_loop_thread, waiting_on_actors, working_for
+from actors import Mailbox, WaitTarget, in_io_loop_thread, waiting_for, working_for
 from actors.agent import AwaitIdle, Barrier, Cancel, Edit, Insert, Kill, apply_edit
 from actors.errors import (
     AgentDisposedError,
     AgentStateError,
     EditTimeoutError,
     InvalidMessageError,
+    WaitCycleError,
 )
 from actors.inbox import Inbox, InboxView
 from actors.live import TurnSignal, checked_cause
@@ -440,6 +441,8 @@ class Agent:
                     self._check_open(f"a {edit.op} inserting messages")
                 self._live()
                 assert self._ref is not None
+                assert self._inbox is not None
+                inbox = self._inbox  # (the one that actor owns)
                 edit, inserted = self._reserve(edit, inserted)
                 try:
                     reply = self._ref.ask(edit, block=False)
@@ -447,11 +450,17 @@ class Agent:
                     self._release(inserted)
                     raise
             try:
-                with waiting_on_actors():
+                label = f"agent {self.id} to apply the {edit.op} edit"
+                with waiting_for(inbox, label, idle=False):
                     return reply.get(timeout=timeout)
             except ActorDeadError:
                 self._release(inserted)  # stopped before it reached the edit
                 raise
+            except WaitCycleError as err:
+                raise EditTimeoutError(
+                    f"the {edit.op} edit of agent {self.id}'s inbox cannot be applied while "
+                    f"the caller runs: {err}; it stays queued and is applied in order"
+                ) from err
         except ActorDeadError as err:
             raise AgentDisposedError(f"agent {self.id} is no longer running") from err
         except Timeout as err:
@@ -628,7 +637,7 @@ class Agent:
             self._tell(AwaitIdle(callback=done.set))
         except AgentDisposedError:
             return True
-        return waiting.wait(done, timeout)
+        return waiting.wait(done, timeout, idle=self._idle_wait("to go idle (wait_idle)"))
 
     def dispose(self, timeout: float | None = None) -> bool:
         """Cancel (``disposed``), wait for idle, stop, emit ``agent/disposed``. Idempotent:
@@ -650,7 +659,17 @@ class Agent:
             or self._announcer == threading.get_ident()
         ):
             return self._disposed.is_set()
-        return waiting.wait(self._disposed, timeout)
+        try:
+            return waiting.wait(self._disposed, timeout, idle=self._idle_wait("to be disposed"))
+        except WaitCycleError:
+            # The disposal waits for code that waits for this one: it goes on once the
+            # caller returns, as from the agent's own listener.
+            return self._disposed.is_set()
+
+    def _idle_wait(self, what: str) -> tuple[WaitTarget, str] | None:
+        """What a wait for this agent to go idle registers (``actors.waiting_for``)."""
+        inbox = self._inbox
+        return None if inbox is None else (inbox, f"agent {self.id} {what}")
 
     def _begin_disposal(self, *, keep_inbox: bool) -> None:
         """Start this agent's one disposal, unless one began (``dispose()``, or the

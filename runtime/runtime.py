@@ -33,12 +33,13 @@ from actors import (
     Scheduler,
     in_nonblocking_thread,
     in_runtime_thread,
+    waiting_for,
     waiting_on_actors,
     watch,
 )
 from actors._deadline import deadline, extended, remaining
 from actors.agent import AgentActor, AgentMailbox, Announce, AwaitIdle, Cancel, Quiescent
-from actors.errors import AgentDisposedError, DispatcherShutdownError
+from actors.errors import AgentDisposedError, DispatcherShutdownError, WaitCycleError
 from actors.flushes import FlushGroup
 from actors.inbox import Inbox
 from actors.limits import Admission, UsageLimits, UsageMeter
@@ -579,8 +580,10 @@ class Runtime:
             # Both asks wait for other actors: on a dispatcher worker (a sync listener
             # that spawns) the dispatcher lends a worker meanwhile, or a few such
             # listeners at once would hold every worker while the registry and the new
-            # actors wait for one.
-            with waiting_on_actors():
+            # actors wait for one. The wait is registered before the new actor can run
+            # (a listener of its announcement that waits for the caller's agent is
+            # refused: it would close a cycle; see actors.waiting_for).
+            with waiting_for(parts.inbox, f"agent {agent_id} to start", idle=False):
                 ref = self._registry.ask(create, block=True)
                 # The actor's first message: nothing can be sent to it before (the handle
                 # is bound by it), so whatever the listeners send waits behind it.
@@ -725,10 +728,12 @@ class Runtime:
             if handle._disposing or ref is None or not ref.is_alive():
                 return False
             try:
-                with waiting_on_actors():
+                assert handle._inbox is not None
+                label = f"agent {handle.id} to be passivated"
+                with waiting_for(handle._inbox, label, idle=False):
                     quiescent = ref.ask(Quiescent(), timeout=timeout)
-            except (Timeout, ActorDeadError):  # busy in one handler all that while, or gone
-                return False
+            except (Timeout, ActorDeadError, WaitCycleError):  # busy (in one handler all
+                return False  # that while, or in one that waits for the caller) or gone
             if not quiescent or handle._disposing:  # (a disposal from its own actor meanwhile)
                 return False
             handle._passivating = True  # its death is no disposal (see _on_death)

@@ -1,0 +1,212 @@
+"""Waits between agents: a sync listener (or a tool body) that waits for another agent
+never waits behind itself, and a wait that would close a cycle of waits is refused at
+once instead of hanging (``actors.waiting_for``): ``dispose()`` returns False (its
+disposal goes on once the cycle unwinds), ``wait_idle()`` raises ``WaitCycleError``, an
+inbox edit raises ``EditTimeoutError`` (it stays queued). The first waits of a cycle go
+through and end once the refused one returns. RELIABILITY.md section 7."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime import (
+    Agent,
+    EditTimeoutError,
+    Runtime,
+    ScriptedModel,
+    ToolCall,
+    WaitCycleError,
+    tool,
+)
+
+from .conftest import WAIT, check_store
+
+
+@pytest.fixture(params=[None, 1, 2], ids=lambda t: f"threads={t}")
+def rt(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
+    path = tmp_path / "store"
+    runtime = Runtime.open(path, threads=request.param)
+    try:
+        yield runtime
+    finally:
+        runtime.close(timeout=WAIT)
+        check_store(path)
+
+
+class Outcomes:
+    """What each listener's wait gave (a value or the exception), keyed by a name."""
+
+    def __init__(self, expected: int) -> None:
+        self.seen: dict[str, Any] = {}
+        self._expected = expected
+        self._changed = threading.Condition()
+
+    def record(self, name: str, call: Any) -> None:
+        try:
+            value = call()
+        except Exception as err:  # recorded for the test to look at
+            value = err
+        with self._changed:
+            self.seen[name] = value
+            self._changed.notify_all()
+
+    def all_in(self) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.seen) >= self._expected, WAIT)
+
+
+@pytest.mark.parametrize("verb", ["wait_idle", "dispose"])
+def test_a_listener_waits_for_an_agent_whose_turn_settles_in_the_same_flush(
+    rt: Runtime, verb: str
+) -> None:
+    # Both turns end in one flush group, whose outcome calls each agent back in turn on
+    # one worker: B's used to wait behind A's listener, which waited for B.
+    a = rt.spawn(model=ScriptedModel.echo(), session_id="A")
+    b = rt.spawn(model=ScriptedModel.echo(), session_id="B")
+    outcomes = Outcomes(1)
+
+    def wait_for_b(event: Any) -> None:
+        outcomes.record(verb, lambda: getattr(b, verb)(WAIT))
+
+    a.on("agent/settled", wait_for_b)
+    a.followup("hi")
+    b.followup("hi")
+    assert outcomes.all_in()
+    assert outcomes.seen == {verb: True}
+
+
+def test_two_agents_whose_listeners_dispose_of_each_other_both_end_disposed(
+    rt: Runtime,
+) -> None:
+    agents = {n: rt.spawn(model=ScriptedModel.echo(), session_id=n) for n in "AB"}
+    outcomes = Outcomes(2)
+
+    def dispose_other(event: Any) -> None:
+        other = agents["B" if event.agent.id == "A" else "A"]
+        outcomes.record(event.agent.id, lambda: other.dispose(WAIT))
+
+    rt.on("agent/settled", dispose_other)
+    agents["A"].followup("hi")
+    agents["B"].followup("hi")
+    assert outcomes.all_in()
+    # Whichever waited second would have closed the cycle: it got False at once.
+    assert sorted(outcomes.seen.values()) == [False, True]
+    for agent in agents.values():
+        assert agent.dispose(WAIT)
+        assert agent.disposed
+
+
+def test_a_created_listener_that_disposes_of_the_spawning_agent_lets_the_spawn_return(
+    rt: Runtime,
+) -> None:
+    parent = rt.spawn(model=ScriptedModel.echo(), session_id="parent")
+    outcomes = Outcomes(2)
+
+    def spawn_child(event: Any) -> None:
+        outcomes.record("spawn", lambda: rt.spawn(model=ScriptedModel.echo(), session_id="c"))
+
+    def dispose_parent(event: Any) -> None:
+        if event.agent.id == "c":
+            outcomes.record("dispose", lambda: parent.dispose(WAIT))
+
+    parent.on("agent/settled", spawn_child)
+    rt.on("agent/created", dispose_parent)
+    parent.followup("spawn a child")
+    assert outcomes.all_in()
+    assert outcomes.seen["dispose"] is False  # it waited for the spawn, which waited for it
+    child = outcomes.seen["spawn"]
+    assert isinstance(child, Agent) and child.id == "c"
+    assert parent.dispose(WAIT) and parent.disposed
+    child.followup("still alive")
+    assert child.wait_idle(WAIT)
+
+
+def test_wait_idle_that_would_close_a_cycle_raises_and_the_first_wait_ends(
+    rt: Runtime,
+) -> None:
+    agents = {n: rt.spawn(model=ScriptedModel.echo(), session_id=n) for n in "AB"}
+    outcomes = Outcomes(2)
+
+    def wait_for_other(event: Any) -> None:
+        other = agents["B" if event.agent.id == "A" else "A"]
+        outcomes.record(event.agent.id, lambda: other.wait_idle(WAIT))
+
+    rt.on("agent/settled", wait_for_other)
+    agents["A"].followup("hi")
+    agents["B"].followup("hi")
+    assert outcomes.all_in()
+    refused = [v for v in outcomes.seen.values() if isinstance(v, WaitCycleError)]
+    assert len(refused) == 1 and [v for v in outcomes.seen.values() if v is True]
+    assert "would never end" in str(refused[0])
+    for agent in agents.values():
+        assert agent.wait_idle(WAIT)
+
+
+def test_an_inbox_edit_that_would_close_a_cycle_is_refused_and_applied_later(
+    rt: Runtime,
+) -> None:
+    watcher = rt.spawn(model=ScriptedModel.echo(), session_id="watcher")
+    other = rt.spawn(model=ScriptedModel.echo(), session_id="other")
+    parked = watcher.inject("parked")  # next-step: waits for the watcher's next turn
+    outcomes = Outcomes(2)
+    waiting = threading.Event()
+
+    def wait_for_other(event: Any) -> None:  # on the watcher's actor
+        if event.message.id == parked:
+            return
+        waiting.set()
+        outcomes.record("wait", lambda: other.wait_idle(WAIT))
+
+    def edit_watcher(event: Any) -> None:  # on the other's actor, while the watcher waits
+        assert waiting.wait(WAIT)
+        outcomes.record("edit", lambda: watcher.remove(parked, timeout=WAIT))
+
+    watcher.on("agent/inbox/inserted", wait_for_other)
+    other.on("agent/settled", edit_watcher)
+    other.followup("hi")
+    watcher.followup("wake")
+    assert outcomes.all_in()
+    assert outcomes.seen["wait"] is True
+    assert isinstance(outcomes.seen["edit"], EditTimeoutError)
+    assert "would never end" in str(outcomes.seen["edit"])
+    assert watcher.wait_idle(WAIT)
+    assert parked not in watcher.inbox.ids()  # the queued edit was applied in order
+
+
+def test_a_tool_body_that_waits_for_an_agent_waiting_for_its_own_agent_is_refused(
+    rt: Runtime,
+) -> None:
+    # Through an effect: B's turn waits for its tool body, which waits for A to go
+    # idle, while A's listener waits for B to go idle.
+    outcomes = Outcomes(2)
+    a_waits = threading.Event()
+    agents: dict[str, Agent] = {}
+
+    @tool
+    def wait_for_a() -> str:
+        """Wait for agent A."""
+        assert a_waits.wait(WAIT)
+        outcomes.record("tool", lambda: agents["A"].wait_idle(WAIT))
+        return "done"
+
+    agents["A"] = rt.spawn(model=ScriptedModel.echo(), session_id="A")
+    model = ScriptedModel([[ToolCall(name="wait_for_a", arguments={})], "ok"])
+    agents["B"] = rt.spawn(model=model, tools=[wait_for_a], session_id="B")
+
+    def wait_for_b(event: Any) -> None:
+        a_waits.set()
+        outcomes.record("listener", lambda: agents["B"].wait_idle(WAIT))
+
+    agents["A"].on("agent/settled", wait_for_b)
+    agents["B"].followup("call the tool")
+    agents["A"].followup("hi")
+    assert outcomes.all_in()
+    # Whichever waited second closed the cycle (the tool body, mostly) and was refused.
+    values = list(outcomes.seen.values())
+    assert len([v for v in values if isinstance(v, WaitCycleError)]) == 1 and True in values
+    assert agents["B"].wait_idle(WAIT)
