@@ -2,8 +2,9 @@
 
 Every failure a person can meet ends as one line on stderr, ``corral: error: ...``, and a
 non-zero exit code; the traceback is printed only with the global ``--debug`` flag (or
-``CORRAL_DEBUG=1``). Exit codes: 0 success, 1 error, 2 usage (click), 3 a session log
-breaks its invariants, 130 interrupted (Ctrl-C).
+``CORRAL_DEBUG=1``). A usage error (click's, exit 2) is one such line too, ending with
+``(see corral COMMAND --help)``. Exit codes: 0 success, 1 error, 2 usage, 3 a session
+log breaks its invariants, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -51,6 +52,23 @@ class CliError(click.ClickException):
 
     def show(self, file: Any = None) -> None:
         click.echo(_PREFIX + _one_line(self.format_message()), err=True)
+
+
+class UsageLineError(click.UsageError):
+    """A usage error (exit 2) shown as one line, ``corral: error: <message> (see corral
+    COMMAND --help)``, in place of click's usage, hint and ``Error:`` lines."""
+
+    def show(self, file: Any = None) -> None:
+        hint = f" (see {self.ctx.command_path} --help)" if self.ctx is not None else ""
+        click.echo(_PREFIX + _one_line(self.format_message()) + hint, err=True)
+
+
+def _one_line_usage(err: click.UsageError) -> click.UsageError:
+    """``err`` as a :class:`UsageLineError`; a group called without a command keeps
+    printing its help (click's ``NoArgsIsHelpError``)."""
+    if isinstance(err, (UsageLineError, click.exceptions.NoArgsIsHelpError)):
+        return err
+    return UsageLineError(err.format_message(), ctx=err.ctx)
 
 
 class InvariantsError(CliError):
@@ -140,26 +158,49 @@ def debug_enabled(ctx: click.Context | None) -> bool:
     return bool(root is not None and root.params.get("debug"))
 
 
+def print_traceback(err: BaseException) -> None:
+    """The traceback of ``err`` on stderr (of a script's error, from the script's frames on)."""
+    if isinstance(err, ScriptError):
+        inner = err.error
+        traceback.print_exception(type(inner), inner, err.script_traceback(), file=sys.stderr)
+    else:
+        traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+
+
 def report(err: BaseException, ctx: click.Context | None) -> None:
     """Print ``err`` as one line (and its traceback first, with ``--debug``)."""
     if debug_enabled(ctx):
-        if isinstance(err, ScriptError):
-            inner = err.error
-            traceback.print_exception(type(inner), inner, err.script_traceback(), file=sys.stderr)
-        else:
-            traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+        print_traceback(err)
     click.echo(_PREFIX + describe(err), err=True)
 
 
 class CorralGroup(click.Group):
     """A click group that turns every uncaught exception into one ``corral: error:`` line."""
 
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:  # the root's own options (`corral --bogus`)
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as err:
+            raise _one_line_usage(err) from err
+
     def invoke(self, ctx: click.Context) -> Any:
         if ctx.parent is not None:  # only the root group handles errors
             return super().invoke(ctx)
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except click.UsageError as err:  # a command's options, arguments or name
+            raise _one_line_usage(err) from err
+        except click.exceptions.ClickException as err:
+            if debug_enabled(ctx):
+                print_traceback(err)
+            raise
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except KeyboardInterrupt:
             click.echo("corral: interrupted", err=True)

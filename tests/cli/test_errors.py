@@ -222,3 +222,45 @@ def test_a_number_option_that_is_not_finite_is_a_usage_error(
     assert needle in result.stderr
     assert "Traceback" not in result.stderr
     assert not store.exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize(
+    ("args", "needle", "help_of"),
+    [
+        (["bench", "--agents", "0"], "Invalid value for '--agents'", "corral bench"),
+        (["--bogus"], "No such option '--bogus'", "corral"),
+        (["nosuch"], "No such command 'nosuch'", "corral"),
+        (["log", "shw"], "Did you mean 'show'?", "corral log"),
+        (["log", "show"], "Missing argument 'SESSION'", "corral log show"),
+        (
+            ["log", "tail", "s1", "--interval", "nan"],
+            "'nan' is not a finite number",
+            "corral log tail",
+        ),
+        (["run"], "Missing argument 'SCRIPT'", "corral run"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_commands_help(
+    tmp_path: Path, args: list[str], needle: str, help_of: str
+) -> None:
+    result = corral(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    line = assert_one_error_line(result, needle)
+    assert line.endswith(f"(see {help_of} --help)"), line
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["log", "show", "nosuch", "--store", "store"], ["log", "ls", "--store", "nonexist"]],
+)
+def test_debug_prints_the_traceback_of_an_error_the_cli_detects_itself(
+    tmp_path: Path, args: list[str]
+) -> None:
+    _store_with_session(tmp_path / "store")
+    result = corral("--debug", *args, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "CliError" in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("corral: error: no ") and ("nosuch" in last or "nonexist" in last)
