@@ -31,6 +31,7 @@ from .options import (
     FiniteFloatRange,
     NewFilePath,
     durability_option,
+    refuse_store_file,
     store_option,
     threads_option,
 )
@@ -164,6 +165,45 @@ def _matplotlib(module: str = "matplotlib") -> Any:
     return importlib.import_module(module)
 
 
+# matplotlib's own formats (``FigureCanvasBase.filetypes``), for when it is not installed
+_PLOT_FORMATS: Final = frozenset(
+    {"eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff"}
+    | {"webp"}
+)
+
+
+def _plot_formats() -> frozenset[str]:
+    """The image formats ``savefig`` writes: matplotlib's list when it is installed."""
+    try:
+        backend_bases = _matplotlib("matplotlib.backend_bases")
+    except ImportError:
+        return _PLOT_FORMATS
+    return frozenset(backend_bases.FigureCanvasBase.get_supported_filetypes())
+
+
+def _plot_format(path: Path) -> str:
+    """The format named by ``path``'s suffix; ``png`` without one."""
+    return path.suffix[1:].lower() or "png"
+
+
+class PlotPath(NewFilePath):
+    """``--plot``'s file: also refused up front if its suffix names a format matplotlib
+    does not write (``out.mdb``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        fmt = _plot_format(Path(path))
+        formats = _plot_formats()
+        if fmt not in formats:
+            shown = ", ".join(f".{name}" for name in sorted(formats))
+            self.fail(
+                f"matplotlib does not write .{fmt} files (it writes {shown}; no suffix: png).",
+                param,
+                ctx,
+            )
+        return path
+
+
 def _check_plot_support() -> None:
     try:
         _matplotlib()
@@ -201,7 +241,7 @@ def write_plot(path: Path, report: LoadReport, samples: LoadSamples) -> None:
         )
     fig.suptitle(f"{report.agents:,} agents x {report.turns:,} turns, {report.durability}")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format=_plot_format(path))
     plt.close(fig)
 
 
@@ -285,8 +325,8 @@ def _resolve(model: str) -> Model:
 @click.option(
     "--plot",
     "plot_path",
-    type=NewFilePath(),
-    help="Write a PNG (needs corral[plot]).",
+    type=PlotPath(),
+    help="Write a PNG, or the image format of its suffix (needs corral[plot]).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
 def bench(
@@ -310,7 +350,10 @@ def bench(
     quiet: bool,
 ) -> None:
     """Host N agents for T turns each and report throughput, latency and memory."""
+    if json_path is not None:  # before the run, which may make the store there
+        refuse_store_file(json_path, store, "json_path")
     if plot_path is not None:
+        refuse_store_file(plot_path, store, "plot_path")
         _check_plot_support()
     model = _resolve(model_spec) if model_spec else None
     spec = LoadSpec(

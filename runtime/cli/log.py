@@ -39,7 +39,7 @@ from storage.lmdb_env import SCHEMA_VERSION
 from storage.lmdb_store import Store
 
 from .errors import CliError, InvariantsError
-from .options import STORE_FILES, FiniteFloatRange, store_option
+from .options import STORE_FILES, FiniteFloatRange, refuse_store_file, store_option
 from .transcript import summary, transcript
 
 __all__ = ["log"]
@@ -263,28 +263,20 @@ def tail(
 )
 def export(session: str, store: Path, output: Path) -> None:
     """Export a session as JSONL (a header line, then every stored record)."""
+    to_stdout = str(output) == "-"
+    if not to_stdout:
+        refuse_store_file(output, store, "output")
     with _reading(store) as st:
         _require(st, session)
-        if str(output) == "-":
+        if to_stdout:
             written = st.export_jsonl(session, sys.stdout.buffer)
             sys.stdout.buffer.flush()
             return
-        _refuse_store_file(output, store)
         # owner-only, like the store it comes from (a log may hold private content)
         fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
             written = st.export_jsonl(session, fh)
     click.echo(f"exported {written:,} events of {session} to {output}", err=True)
-
-
-def _refuse_store_file(output: Path, store: Path) -> None:
-    """An export must not overwrite the store's own files: truncating ``data.mdb`` while
-    it is mapped destroys every session in it."""
-    for name in sorted(STORE_FILES):
-        own = store / name
-        same = own.exists() and output.exists() and os.path.samefile(output, own)
-        if same or output.resolve() == own.resolve():
-            raise CliError(f"{output} is the store's own {name}: export to another file")
 
 
 @log.command(name="import")

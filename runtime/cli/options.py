@@ -1,4 +1,5 @@
-"""Options (and the store's file names) shared by several ``corral`` commands."""
+"""Options, the store's file names and the output-path check shared by several ``corral``
+commands."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ __all__ = [
     "FiniteFloatRange",
     "NewFilePath",
     "durability_option",
+    "refuse_store_file",
     "store_option",
     "threads_option",
 ]
@@ -83,3 +85,21 @@ class NewFilePath(click.Path):
         if not os.access(directory, os.W_OK | os.X_OK):
             self.fail(f"directory {str(directory)!r} is not writable.", param, ctx)
         return path
+
+
+def refuse_store_file(output: Path, store: Path, param_name: str) -> None:
+    """Refuse, as a bad value of the command's ``param_name`` (a usage error, exit 2),
+    an output file that is the store directory or one of the store's own files (or a
+    link to one, existing or not yet): writing ``data.mdb`` while it is mapped, or
+    before the store is made there, destroys every session in it."""
+    ctx = click.get_current_context()
+    param = next(p for p in ctx.command.params if p.name == param_name)
+    if output.resolve() == store.resolve():
+        raise click.BadParameter(f"{output} is the store directory.", ctx, param)
+    for name in sorted(STORE_FILES):
+        own = store / name
+        same = own.exists() and output.exists() and os.path.samefile(output, own)
+        if same or output.resolve() == own.resolve():
+            raise click.BadParameter(
+                f"{output} is the store's own {name}: write to another file.", ctx, param
+            )

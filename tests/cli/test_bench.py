@@ -180,3 +180,51 @@ def test_a_report_path_in_a_missing_directory_is_refused_before_the_run(tmp_path
         assert "does not exist" in result.stderr
         assert "Traceback" not in result.stderr
         assert not store.exists()  # nothing ran
+
+
+def test_a_report_path_naming_the_stores_own_files_is_refused_before_the_run(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    made = corral("bench", "--agents", "3", "--turns", "1", "--store", store, "-q")
+    assert made.returncode == 0, made.stderr
+    data_before = (store / "data.mdb").read_bytes()
+    link = tmp_path / "link.png"  # a plot-able suffix: the store check, not the format's
+    link.symlink_to(store / "data.mdb")
+    for option in ("--json", "--plot"):
+        for target, own in (
+            (store / "data.mdb", "is the store's own data.mdb"),
+            (store / "lock.mdb", "is the store's own lock.mdb"),
+            (link, "is the store's own data.mdb"),
+        ):
+            mdb_plot = option == "--plot" and target.suffix == ".mdb"
+            needle = "does not write .mdb files" if mdb_plot else own
+            args = ["bench", "--agents", "1", "--turns", "1", "--store", store, "-q"]
+            result = corral(*args, option, target)
+            assert result.returncode == 2, result.stderr
+            assert_one_error_line(result, f"Invalid value for '{option}'", needle)
+    assert (store / "data.mdb").read_bytes() == data_before  # nothing ran, nothing written
+    checked = corral("log", "check", "--store", store)
+    assert checked.returncode == 0 and "3 sessions OK" in checked.stdout, checked
+
+
+def test_a_report_path_naming_the_store_directory_to_be_made_is_refused_before_the_run(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "new"
+    for option in ("--json", "--plot"):
+        result = corral("bench", "--agents", "1", "--turns", "1", "--store", store, option, store)
+        assert result.returncode == 2, result.stderr
+        assert_one_error_line(result, f"Invalid value for '{option}'", "is the store directory")
+        assert not store.exists()  # nothing ran
+
+
+def test_a_plot_path_of_a_format_matplotlib_does_not_write_is_refused_before_the_run(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    args = ["bench", "--agents", "1", "--turns", "1", "--store", store]
+    result = corral(*args, "--plot", tmp_path / "out.mdb")
+    assert result.returncode == 2, result.stderr
+    assert_one_error_line(result, "Invalid value for '--plot'", "does not write .mdb files", ".png")
+    assert not store.exists()  # nothing ran
