@@ -35,6 +35,7 @@ from .options import (
     store_option,
     threads_option,
 )
+from .transcript import shown
 
 __all__ = ["bench", "wipe_store"]
 
@@ -402,7 +403,7 @@ def _finish(out: Console, report: LoadReport) -> None:
         out.print(f"invariants: {report.sessions_checked:,} sessions OK")
     else:
         for line in report.violations[:20]:
-            out.print(Text(f"  {line}"))
+            out.print(Text(f"  {shown(line)}"))
         more = len(report.violations) - 20
         if more > 0:
             out.print(f"  ... and {more} more (see `corral log check`)")

@@ -40,7 +40,7 @@ from storage.lmdb_store import Store
 
 from .errors import CliError, InvariantsError
 from .options import STORE_FILES, FiniteFloatRange, refuse_store_file, store_option
-from .transcript import summary, transcript
+from .transcript import safe_json, shown, summary, transcript
 
 __all__ = ["log"]
 
@@ -180,22 +180,23 @@ def show(session: str, store: Path, raw: bool, verbose: bool) -> None:
 
 
 def _write_records(st: Store, session: str, out: BinaryIO) -> None:
-    """The stored record lines of a session, without the export header line."""
+    """The stored record lines of a session, without the export header line (DEL and C1
+    controls escaped: the same JSON, safe for a terminal)."""
     buffer = io.BytesIO()
     st.export_jsonl(session, buffer)
     data = buffer.getvalue()
-    out.write(data[data.index(b"\n") + 1 :])
+    out.write(safe_json(data[data.index(b"\n") + 1 :].decode()).encode())
     out.flush()
 
 
 def _print_events(out: Console, events: list[Event], raw: bool) -> None:
     for event in events:
         if raw and type(event.data) is IgnoredRecord:  # not decoded: the stored record
-            out.file.write(event.data.raw.decode() + "\n")
+            out.file.write(safe_json(event.data.raw.decode()) + "\n")
         elif raw:
             import msgspec  # noqa: PLC0415 - only for --raw
 
-            out.file.write(msgspec.json.encode(event).decode() + "\n")
+            out.file.write(safe_json(msgspec.json.encode(event).decode()) + "\n")
         else:
             out.print(summary(event))
     out.file.flush()
@@ -358,7 +359,7 @@ def check(store: Path, allow_open_tail: bool) -> None:
     for failed in result.failed:
         out.print(Text(f"{failed.session_id}:"))
         for violation in failed.violations:
-            out.print(Text(f"  {violation}"))
+            out.print(Text(f"  {shown(violation)}"))  # may quote a logged record
     raise InvariantsError(
         f"invariants: {len(result.failed):,} of {result.sessions:,} sessions break the session "
         "invariants"

@@ -3,11 +3,16 @@
 :func:`summary` is one event as one line of text (styles via rich ``Text``, never
 markup, so logged text is printed as it is); :func:`transcript` indents a whole log by
 turn and step and leaves out the bookkeeping facts unless ``verbose``.
+
+Logged text (model and tool output) is untrusted: :func:`shown` makes it safe for a
+terminal (every control character but tab visible as ``\\xNN``, a newline as ``⏎``) and
+:func:`safe_json` does the same for JSON lines with ``\\uNNNN`` escapes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
@@ -42,7 +47,7 @@ from storage.events import (
     UserMessageData,
 )
 
-__all__ = ["clock", "summary", "transcript"]
+__all__ = ["clock", "safe_json", "shown", "summary", "transcript"]
 
 _QUIET: Final = frozenset({"assistant/chunk", "request/context", "agent/inbox/spliced"})
 _encode: Final = msgspec.json.Encoder()
@@ -62,8 +67,29 @@ def clock(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000).strftime("%H:%M:%S.%f")[:-3]
 
 
+# C0 controls but tab, DEL and the C1 controls (U+0080-U+009F): ESC would let a logged
+# text clear the screen, set the window title (OSC 0) or show a fake link (OSC 8).
+_CONTROLS: Final = {
+    code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if code != 0x09
+}
+_JSON_CONTROLS: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    r"""``text`` safe for a terminal: a newline as `` ⏎ ``, every other control character
+    but tab (C0, DEL, C1) as ``\xNN`` (ESC as ``\x1b``)."""
+    return text.replace("\n", " ⏎ ").translate(_CONTROLS)
+
+
+def safe_json(lines: str) -> str:
+    r"""JSON ``lines`` safe for a terminal, meaning the same: DEL and the C1 controls,
+    which JSON may hold as they are (msgspec writes them so), as ``\u007f``...; C0
+    (but tab, newline, return) too, which valid JSON holds only as escapes already."""
+    return _JSON_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", lines)
+
+
 def _clip(text: str, limit: int | None) -> str:
-    text = text.replace("\n", " ⏎ ")
+    text = shown(text)
     if limit is None or len(text) <= limit:
         return text
     return text[: limit - 1] + "…"
@@ -188,7 +214,7 @@ def summary(event: Event, *, limit: int | None = 200) -> Text:
     """``seq  time  text`` for one event."""
     text, style = _parts(event, limit)
     line = Text(f"{event.seq:>6}  {clock(event.time)}  ", style="dim")
-    line.append(text, style=style)
+    line.append(shown(text), style=style)  # names, ids and codes too, not only clipped text
     return line
 
 
@@ -206,7 +232,7 @@ def transcript(events: Iterable[Event], *, verbose: bool = False) -> Iterator[Te
         line = Text("  " * depth)
         if verbose:
             line.append(f"{event.seq:>5} ", style="dim")
-        line.append(text, style=style)
+        line.append(shown(text), style=style)
         yield line
         if event.type in ("turn/start", "step/start"):
             depth += 1

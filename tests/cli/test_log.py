@@ -373,3 +373,67 @@ def test_ctrl_c_while_tail_follow_prints_its_first_lines_exits_0(tmp_path: Path)
         p.stdout.read()  # let the interrupted process flush what it buffered
         assert p.wait(timeout=30) == 0
         assert "Traceback" not in p.stderr.read()
+
+
+# clears the screen, sets the window title (OSC 0), a fake link (OSC 8), C1 CSI, DEL, NUL, CR
+HOSTILE = (
+    "\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://evil.example\x1b\\click\x1b]8;;\x1b\\"
+    "\x9b31m\x85\x7f\x00\rX\tY"
+)
+TERMINAL_CONTROLS = {chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} - {"\n", "\t"}
+
+
+def _hostile_store(tmp_path: Path) -> Path:
+    """A session whose user message, reply, tool call arguments, tool result, tool error
+    and model failure all hold terminal escape sequences."""
+    from runtime import LlmFailure, RetryPolicy, Runtime, ScriptedModel, ToolCall, tool
+
+    @tool(concurrency_safe=True)
+    def echo(text: str) -> str:
+        """Echo."""
+        if text == "fail":
+            raise ValueError(HOSTILE)
+        return text
+
+    store = tmp_path / "store"
+    model = ScriptedModel(
+        [
+            [ToolCall("echo", {"text": HOSTILE}), ToolCall("echo", {"text": "fail"})],
+            LlmFailure(message=HOSTILE, code="SERVER", status=503),
+            f"reply {HOSTILE}",
+        ]
+    )
+    with Runtime.open(store, retry_policy=RetryPolicy(base_s=0.01, cap_s=0.01)) as rt:
+        agent = rt.spawn(model=model, tools=[echo], session_id="hostile")
+        agent.followup(f"user {HOSTILE}")
+        assert agent.wait_idle(30)
+    return store
+
+
+def test_show_and_tail_print_logged_escape_sequences_visibly_never_raw(tmp_path: Path) -> None:
+    store = _hostile_store(tmp_path)
+    readable = [
+        run_ok(["log", "show", "hostile", "--store", store]),
+        run_ok(["log", "show", "hostile", "-v", "--store", store]),
+        run_ok(["log", "tail", "hostile", "-n", "1000", "--store", store]),
+    ]
+    for out in readable:
+        assert not TERMINAL_CONTROLS & set(out), sorted(TERMINAL_CONTROLS & set(out))
+        assert r"user \x1b[2J\x1b]0;pwned\x07\x1b]8;;http://evil.example\x1b\click" in out
+        assert r"\x9b31m\x85\x7f\x00\x0dX" in out  # and the tab as rich shows it, spaces
+        for where in ("assistant: reply ", "tool result echo: ", "tool error echo ", "retry #1"):
+            line = next(line for line in out.splitlines() if where in line)
+            assert r"\x1b[2J" in line, line
+
+
+def test_raw_json_lines_escape_every_control_character_and_keep_the_logged_text(
+    tmp_path: Path,
+) -> None:
+    store = _hostile_store(tmp_path)
+    for args in (["show", "hostile", "--raw"], ["tail", "hostile", "-n", "1000", "--raw"]):
+        out = run_ok(["log", *args, "--store", store])
+        assert not TERMINAL_CONTROLS & set(out), (args, sorted(TERMINAL_CONTROLS & set(out)))
+        records = [json.loads(line) for line in out.splitlines()]
+        texts = json.dumps(records, ensure_ascii=False)
+        assert json.dumps(f"user {HOSTILE}", ensure_ascii=False)[1:-1] in texts
+        assert json.dumps(f"reply {HOSTILE}", ensure_ascii=False)[1:-1] in texts
