@@ -36,7 +36,7 @@ from storage.errors import (
 )
 from storage.events import Event, IgnoredRecord
 from storage.lmdb_env import SCHEMA_VERSION
-from storage.lmdb_store import Store
+from storage.lmdb_store import InvalidSessionIdError, Store, check_session_id
 
 from .errors import CliError, InvariantsError
 from .options import STORE_FILES, FiniteFloatRange, refuse_store_file, store_option
@@ -280,10 +280,29 @@ def export(session: str, store: Path, output: Path) -> None:
     click.echo(f"exported {written:,} events of {session} to {output}", err=True)
 
 
+def _new_session_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--session-id``, checked before anything is opened (a usage error, exit 2)."""
+    if value is None:
+        return None
+    if not value:
+        raise click.BadParameter(
+            "a session id must not be empty: leave --session-id out to keep the export's id."
+        )
+    try:
+        return check_session_id(value)
+    except InvalidSessionIdError as err:
+        raise click.BadParameter(str(err)) from err
+
+
 @log.command(name="import")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True))
 @store_option
-@click.option("--session-id", default=None, help="Import under this id (default: the export's).")
+@click.option(
+    "--session-id",
+    default=None,
+    callback=_new_session_id,
+    help="Import under this id (default: the export's).",
+)
 def import_(file: Path, store: Path, session_id: str | None) -> None:
     """Import a JSONL export as a new session (every line is validated first)."""
     new_dirs = _missing_dirs(store)

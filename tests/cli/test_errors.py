@@ -264,3 +264,16 @@ def test_debug_prints_the_traceback_of_an_error_the_cli_detects_itself(
     assert "CliError" in result.stderr
     last = result.stderr.splitlines()[-1]
     assert last.startswith("corral: error: no ") and ("nosuch" in last or "nonexist" in last)
+
+
+def test_an_empty_import_session_id_is_a_usage_error_in_cli_words(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    _store_with_session(source)
+    export = tmp_path / "s1.jsonl"
+    assert corral("log", "export", "s1", "-o", export, "--store", source).returncode == 0
+    store = tmp_path / "new"
+    result = corral("log", "import", export, "--session-id", "", "--store", store)
+    assert result.returncode == 2, result.stderr
+    line = assert_one_error_line(result, "must not be empty", "leave --session-id out")
+    assert "None" not in line
+    assert not store.exists()  # refused before the store was made
