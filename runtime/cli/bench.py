@@ -35,7 +35,7 @@ from .options import (
     store_option,
     threads_option,
 )
-from .transcript import shown
+from .transcript import plural, shown
 
 __all__ = ["bench", "wipe_store"]
 
@@ -154,7 +154,8 @@ def render_table(r: LoadReport) -> Table:
         ("retried", f"{r.retried:,}"),
         ("RSS peak", f"{r.rss_peak_mb:,.1f} MB"),
         ("log size on disk", _size(r.log_bytes)),
-        ("wall time", f"{r.wall_s:,.2f} s  (spawn {r.spawn_s:,.2f} s)"),
+        ("spawn time", f"{r.spawn_s:,.2f} s"),
+        ("turns wall time", f"{r.wall_s:,.2f} s"),  # turns/s is settled / this
     ]
     for name, value in rows:
         table.add_row(name, value)
@@ -240,7 +241,7 @@ def write_plot(path: Path, report: LoadReport, samples: LoadSamples) -> None:
             xytext=(2, -12),
             textcoords="offset points",
         )
-    fig.suptitle(f"{report.agents:,} agents x {report.turns:,} turns, {report.durability}")
+    fig.suptitle(f"{_load(report.agents, report.turns)}, {report.durability}")
     fig.tight_layout()
     fig.savefig(path, dpi=100, format=_plot_format(path))
     plt.close(fig)
@@ -371,7 +372,7 @@ def bench(
     if fresh:
         wipe_store(store)
     out, err = _plain_console(), _plain_console(stderr=True)
-    title = f"corral bench: {agents:,} agents x {turns:,} turns ({durability})"
+    title = f"corral bench: {_load(agents, turns)} ({durability})"
     with _Display(err, quiet=quiet, title=title) as display:
         report, samples = run_bench(
             store,
@@ -383,12 +384,13 @@ def bench(
             on_phase=display.phase,
             interval_s=0.25 if display.live else 0.5,
         )
+    # two lines, each within 80 columns (rich wraps a pipe's output there) but a long model
     out.print(
-        Text(
-            f"corral bench: {report.agents:,} agents x {report.turns:,} turns, "
-            f"{report.durability}, {_threads(report.threads, report.standby)}, {report.model}",
-            style="bold",
-        )
+        Text(f"corral bench: {_load(report.agents, report.turns)}, {report.durability}", "bold")
+    )
+    out.print(
+        Text(f"{_threads(report.threads, report.standby)}, model {report.model}", "bold"),
+        soft_wrap=True,
     )
     out.print(render_table(report))
     if json_path is not None:
@@ -400,7 +402,7 @@ def bench(
 
 def _finish(out: Console, report: LoadReport) -> None:
     if report.invariants_ok:
-        out.print(f"invariants: {report.sessions_checked:,} sessions OK")
+        out.print(f"invariants: {plural(report.sessions_checked or 0, 'session')} OK")
     else:
         for line in report.violations[:20]:
             out.print(Text(f"  {shown(line)}"))
@@ -414,8 +416,8 @@ def _finish(out: Console, report: LoadReport) -> None:
         )
     if not report.invariants_ok:
         raise InvariantsError(
-            f"invariants: {len(report.violations):,} violation(s) over "
-            f"{report.sessions_checked or 0:,} sessions"
+            f"invariants: {plural(len(report.violations), 'violation')} over "
+            f"{plural(report.sessions_checked or 0, 'session')}"
         )
 
 
@@ -423,6 +425,11 @@ def _plain_console(*, stderr: bool = False) -> Console:
     """A console printing text as it is: a model string or a violation may hold brackets
     and colons, never markup or emoji codes (styled parts are rich ``Text``)."""
     return Console(stderr=stderr, highlight=False, markup=False, emoji=False)
+
+
+def _load(agents: int, turns: int) -> str:
+    """``1 agent x 1 turn``, ``1,000 agents x 10 turns``."""
+    return f"{plural(agents, 'agent')} x {plural(turns, 'turn')}"
 
 
 def _threads(workers: int, standby: int) -> str:

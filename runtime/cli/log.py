@@ -40,7 +40,7 @@ from storage.lmdb_store import InvalidSessionIdError, Store, check_session_id
 
 from .errors import CliError, InvariantsError
 from .options import STORE_FILES, FiniteFloatRange, refuse_store_file, store_option
-from .transcript import safe_json, shown, summary, transcript
+from .transcript import plural, safe_json, shown, summary, transcript
 
 __all__ = ["log"]
 
@@ -373,7 +373,7 @@ def check(store: Path, allow_open_tail: bool) -> None:
             Text(f"records of ignorable types not known here, checked for their seq only: {kinds}")
         )
     if result.ok:
-        out.print(f"invariants: {result.sessions:,} sessions OK")
+        out.print(f"invariants: {plural(result.sessions, 'session')} OK")
         return
     for failed in result.failed:
         out.print(Text(f"{failed.session_id}:"))

@@ -47,7 +47,7 @@ from storage.events import (
     UserMessageData,
 )
 
-__all__ = ["clock", "safe_json", "shown", "summary", "transcript"]
+__all__ = ["clock", "plural", "safe_json", "shown", "summary", "transcript"]
 
 _QUIET: Final = frozenset({"assistant/chunk", "request/context", "agent/inbox/spliced"})
 _encode: Final = msgspec.json.Encoder()
@@ -86,6 +86,11 @@ def safe_json(lines: str) -> str:
     which JSON may hold as they are (msgspec writes them so), as ``\u007f``...; C0
     (but tab, newline, return) too, which valid JSON holds only as escapes already."""
     return _JSON_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", lines)
+
+
+def plural(count: int, word: str) -> str:
+    """``1 agent``, ``1,000 agents``."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def _clip(text: str, limit: int | None) -> str:

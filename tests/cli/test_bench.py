@@ -228,3 +228,18 @@ def test_a_plot_path_of_a_format_matplotlib_does_not_write_is_refused_before_the
     assert result.returncode == 2, result.stderr
     assert_one_error_line(result, "Invalid value for '--plot'", "does not write .mdb files", ".png")
     assert not store.exists()  # nothing ran
+
+
+def test_one_agent_one_turn_reads_singular_and_every_line_fits_80_columns(
+    tmp_path: Path,
+) -> None:
+    result, report = _bench(tmp_path, "--agents", "1", "--turns", "1", "-q")
+    lines = result.stdout.splitlines()  # type: ignore[attr-defined]
+    assert lines[0] == "corral bench: 1 agent x 1 turn, write-ahead", lines
+    assert lines[1].endswith(", model scripted:load"), lines
+    assert all(len(line) <= 80 for line in lines), lines
+    assert lines[-1] == "invariants: 1 session OK"
+    rows = {line.strip("│ ").split("│")[0].strip(): line for line in lines if "│" in line}
+    assert "wall time" not in rows  # the turns' own time, not the run's: said so
+    assert f"{report['wall_s']:,.2f} s" in rows["turns wall time"]
+    assert f"{report['spawn_s']:,.2f} s" in rows["spawn time"]

@@ -149,7 +149,7 @@ def import_log_with_plugin_records(tmp_path: Path) -> Path:
 def test_check_accounts_for_records_of_ignorable_types_it_does_not_know(tmp_path: Path) -> None:
     store = import_log_with_plugin_records(tmp_path)
     out = run_ok(["log", "check", "--store", store])
-    assert "invariants: 1 sessions OK" in out
+    assert "invariants: 1 session OK" in out
     assert "checked for their seq only: plugin/note (2)" in out
 
 
@@ -343,7 +343,7 @@ def test_exporting_into_the_stores_own_data_file_is_refused_and_the_store_surviv
     link = tmp_path / "link.jsonl"
     link.symlink_to(store / "data.mdb")
     assert_one_error_line(corral("log", "export", "long", "--store", store, "-o", link))
-    assert "invariants: 1 sessions OK" in run_ok(["log", "check", "--store", store])
+    assert "invariants: 1 session OK" in run_ok(["log", "check", "--store", store])
 
 
 def test_ls_into_a_pipe_prints_whole_session_ids(tmp_path: Path) -> None:

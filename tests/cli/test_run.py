@@ -108,7 +108,7 @@ def test_ctrl_c_cancels_running_turns_flushes_and_exits_130(tmp_path: Path) -> N
     )
     shown = run_ok(["log", "show", "slow", "--store", store])
     assert "turn 1 ends: aborted (disposed)" in shown
-    assert "invariants: 1 sessions OK" in run_ok(["log", "check", "--store", store])
+    assert "invariants: 1 session OK" in run_ok(["log", "check", "--store", store])
 
 
 @pytest.mark.parametrize(
@@ -183,7 +183,7 @@ def test_a_second_ctrl_c_while_closing_does_not_stop_the_close(tmp_path: Path) -
     ]
     shown = run_ok(["log", "show", "held", "--store", store])
     assert "released" in shown  # the tool finished during the close and its result is logged
-    assert "invariants: 1 sessions OK" in run_ok(["log", "check", "--store", store])
+    assert "invariants: 1 session OK" in run_ok(["log", "check", "--store", store])
 
 
 def test_a_third_ctrl_c_quits_at_once_leaving_the_turn_for_resume(tmp_path: Path) -> None:
@@ -192,7 +192,7 @@ def test_a_third_ctrl_c_quits_at_once_leaving_the_turn_for_resume(tmp_path: Path
     assert stderr.splitlines()[-1] == "corral: quit without closing the runtime"
     assert corral("log", "check", "--store", store).returncode == 3  # the turn is open
     checked = run_ok(["log", "check", "--allow-open-tail", "--store", store])
-    assert "invariants: 1 sessions OK" in checked
+    assert "invariants: 1 session OK" in checked
 
 
 def test_an_async_main_is_run_and_its_int_is_the_exit_code(tmp_path: Path) -> None:
