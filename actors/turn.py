@@ -250,6 +250,10 @@ class TurnMachine:
         self.default_config = default_config
         self.system = system
         self.durability = durability
+        # Logged on each turn/start unless write-ahead (see TurnStart.durability).
+        self._logged_durability: Literal["turn", "none"] | None = (
+            None if durability == "write-ahead" else durability
+        )
         self.max_steps = max_steps
         self.meters = tuple(meters)
         self.admission = admission
@@ -364,7 +368,9 @@ class TurnMachine:
             if carried is not None:  # it aborts this turn, as a cancel right after a wake
                 signal.abort(carried)
                 carried = None
-            self.session.append_fact(TurnStart(turn=turn, trigger=trigger))
+            self.session.append_fact(
+                TurnStart(turn=turn, trigger=trigger, durability=self._logged_durability)
+            )
             self._last_turn = turn
             self.turn_open = True
             # A retry turn opens at once and waits out its delay open (see _turn), so

@@ -378,6 +378,12 @@ class _SurfaceFact(_Fact, omit_defaults=False, frozen=True):
 class TurnStart(_Fact, frozen=True):
     turn: int
     trigger: Trigger
+    durability: Literal["turn", "none"] | None = None
+    """The durability mode the turn runs under when it is not write-ahead (``None``, the
+    default, is omitted: a write-ahead ``turn/start`` encodes as it always did, and a
+    log written before this field reads as write-ahead). Crash repair reads it: only
+    under write-ahead is a ``tool/call`` durable before its body runs, so only there does
+    a call with no ``tool/call`` fact prove that it did not run."""
 
 
 class TurnEnd(_Fact, frozen=True):

@@ -353,9 +353,13 @@ def repair_plan(events: Sequence[Event]) -> list[tuple[str, msgspec.Struct]]:
     * a call with a durable ``tool/call`` but no ``tool/result`` gets a synthetic error
       result ``TOOL_OUTCOME_UNKNOWN``: ``tool/call`` is appended before the call runs,
       so its body may have started, and had effects, before the crash;
-    * a tool-call block of the assistant message with no ``tool/call`` fact cannot have
-      run: it gets its ``tool/call`` (so every result still follows its call) and then
-      a synthetic error result ``TOOL_NOT_STARTED``.
+    * a tool-call block of the assistant message with no ``tool/call`` fact gets its
+      ``tool/call`` (so every result still follows its call) and then a synthetic error
+      result: ``TOOL_NOT_STARTED`` if the turn ran under write-ahead durability (its
+      ``turn/start`` names no other mode), where every ``tool/call`` is durable before
+      any body runs, so the call cannot have run; else ``TOOL_OUTCOME_UNKNOWN``: under
+      ``turn`` or ``none`` a body runs without waiting for its ``tool/call`` to be
+      durable, and the log cannot tell whether it did.
 
     Then ``step/end`` if a step is open, then ``turn/end {kind: "interrupted"}``.
     """
@@ -369,10 +373,11 @@ def repair_plan(events: Sequence[Event]) -> list[tuple[str, msgspec.Struct]]:
         start = len(events)
         while start > 0 and events[start - 1].type != "step/start":
             start -= 1
+        unlogged = TOOL_NOT_STARTED if _write_ahead(events, start) else TOOL_OUTCOME_UNKNOWN
         next_seq = events[-1].seq + 1
         for call in _unanswered(events[start:]):
             if call.call_seq is None:
-                call_seq, code = next_seq + len(plan), TOOL_NOT_STARTED
+                call_seq, code = next_seq + len(plan), unlogged
                 plan.append(("tool/call", call.data))
             else:
                 call_seq, code = call.call_seq, TOOL_OUTCOME_UNKNOWN
@@ -380,6 +385,17 @@ def repair_plan(events: Sequence[Event]) -> list[tuple[str, msgspec.Struct]]:
         plan.append(("step/end", StepEnd(turn=turn, step=step)))
     plan.append(("turn/end", TurnEnd(turn=turn, reason=Interrupted())))
     return plan
+
+
+def _write_ahead(events: Sequence[Event], before: int) -> bool:
+    """Whether the open turn, whose ``turn/start`` is the last one in ``events[:before]``,
+    ran under write-ahead durability."""
+    for index in range(before - 1, -1, -1):
+        event = events[index]
+        if event.type == "turn/start":
+            data: TurnStart = event.data
+            return data.durability is None
+    return False  # a tail cut after its turn/start (see repair_plan): nothing is proven
 
 
 class _Unanswered(NamedTuple):

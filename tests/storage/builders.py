@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Sequence
+from typing import Literal
 
 import msgspec
 
@@ -144,12 +145,13 @@ class LogBuilder:
 
     # ------------------------------------------------------------------ boundaries
 
-    def turn_start(self, trigger: Trigger | None = None) -> Event:
+    def turn_start(
+        self, trigger: Trigger | None = None, *, durability: Literal["turn", "none"] | None = None
+    ) -> Event:
         self.turn += 1
         self.step = 0
-        return self.add(
-            "turn/start", TurnStart(turn=self.turn, trigger=trigger or MessageTrigger())
-        )
+        data = TurnStart(turn=self.turn, trigger=trigger or MessageTrigger(), durability=durability)
+        return self.add("turn/start", data)
 
     def turn_end(self, reason: TurnEndReason | None = None) -> Event:
         return self.add("turn/end", TurnEnd(turn=self.turn, reason=reason or Completed()))
@@ -316,10 +318,16 @@ def tool_turn(
     return log
 
 
-def open_turn_with_pending_call(log: LogBuilder, text: str = "run three tools") -> LogBuilder:
+def open_turn_with_pending_call(
+    log: LogBuilder,
+    text: str = "run three tools",
+    *,
+    durability: Literal["turn", "none"] | None = None,
+) -> LogBuilder:
     """A turn cut off mid tool dispatch: the reply asks for calls a, b and c; ``a`` was
-    logged and answered, ``b`` logged but unanswered, ``c`` never logged."""
-    log.turn_start()
+    logged and answered, ``b`` logged but unanswered, ``c`` never logged. ``durability``:
+    the mode its ``turn/start`` names (``None``: write-ahead)."""
+    log.turn_start(durability=durability)
     log.step_start()
     log.user(text)
     log.assistant(calls=[("a", "echo", "{}"), ("b", "write", "{}"), ("c", "echo", "{}")])

@@ -271,6 +271,18 @@ def test_the_record_is_the_envelope_with_camel_case_data() -> None:
     assert payload == b'{"type":"step/start","seq":3,"time":1000,"data":{"turn":1,"step":2}}'
 
 
+def test_a_turn_start_names_its_durability_only_when_it_is_not_write_ahead() -> None:
+    c = codec()
+    write_ahead = Event("turn/start", 0, 1, TurnStart(turn=1, trigger=MessageTrigger()))
+    old = b'{"type":"turn/start","seq":0,"time":1,"data":{"turn":1,"trigger":{"kind":"message"}}}'
+    assert c.encode(write_ahead) == old  # as before the field existed
+    assert c.decode(old, session_id="s") == write_ahead  # an old log reads as write-ahead
+    turn = Event("turn/start", 0, 1, TurnStart(turn=1, trigger=MessageTrigger(), durability="turn"))
+    payload = c.encode(turn)
+    assert msgspec.json.decode(payload)["data"]["durability"] == "turn"
+    assert c.decode(payload, session_id="s") == turn
+
+
 def test_ignorable_types_are_marked_in_their_records() -> None:
     payload = codec().encode(Event("plugin/trace", 0, 1, {"x": 1}))
     assert msgspec.json.decode(payload)["ignorable"] is True

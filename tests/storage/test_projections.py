@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 import pytest
 
@@ -200,6 +202,60 @@ def test_repair_answers_logged_calls_as_unknown_and_unlogged_ones_as_not_started
     for kind, data in plan:
         log.add(kind, data)
     assert_invariants(log.events)
+
+
+def repaired_codes(plan: list[tuple[str, msgspec.Struct]]) -> dict[str, str]:
+    return {
+        data.message.call_id: data.error.code
+        for _, data in plan
+        if isinstance(data, ToolResultData) and data.error
+    }
+
+
+@pytest.mark.parametrize("durability", ["turn", "none"])
+def test_repair_of_a_turn_not_run_write_ahead_never_says_an_unlogged_call_did_not_run(
+    durability: Literal["turn", "none"],
+) -> None:
+    # Under "turn" or "none" a tool body runs without waiting for its tool/call to be
+    # durable: a crash can keep the reply's tool-call blocks and lose the tool/call facts
+    # of bodies that ran (a payment made). The log cannot prove such a call did not run.
+    log = LogBuilder()
+    completed_turn(log)
+    log.turn_start(durability=durability)
+    log.step_start()
+    log.user("pay twice")
+    log.assistant(calls=[("p1", "pay", '{"k": 1}'), ("p2", "pay", '{"k": 2}')])
+    plan = repair_plan(log.events)
+    assert [kind for kind, _ in plan] == [
+        "tool/call",
+        "tool/result",
+        "tool/call",
+        "tool/result",
+        "step/end",
+        "turn/end",
+    ]
+    assert repaired_codes(plan) == {"p1": TOOL_OUTCOME_UNKNOWN, "p2": TOOL_OUTCOME_UNKNOWN}
+    for kind, data in plan:
+        log.add(kind, data)
+    assert_invariants(log.events)
+    # A call logged and unanswered, one never logged: both unknown.
+    mixed = LogBuilder()
+    open_turn_with_pending_call(mixed, durability=durability)
+    assert repaired_codes(repair_plan(mixed.events)) == {
+        "b": TOOL_OUTCOME_UNKNOWN,
+        "c": TOOL_OUTCOME_UNKNOWN,
+    }
+
+
+def test_the_durability_of_the_open_turn_decides_not_that_of_an_earlier_one() -> None:
+    log = LogBuilder()
+    log.turn_start(durability="none")  # an earlier run of the session, not write-ahead
+    log.turn_end()
+    open_turn_with_pending_call(log)  # resumed under write-ahead, crashed again
+    assert repaired_codes(repair_plan(log.events)) == {
+        "b": TOOL_OUTCOME_UNKNOWN,
+        "c": TOOL_NOT_STARTED,
+    }
 
 
 def test_repair_of_a_tail_gives_the_same_plan_as_of_the_whole_log() -> None:
