@@ -32,6 +32,14 @@ kill can only tear the last line (which acknowledges nothing):
 the first one's turn), calls ``rt.flush()``, prints ``flushed <id>/<message id> ...``
 (the second followups) and SIGKILLs itself: each of them must be in its agent's log.
 
+``held-calls`` runs one agent (``payer``, durability ``--durability``) whose model calls the
+``pay`` tool three times (``k`` 0, 1, 2). The log writer commits the reply (a
+``session/event`` listener flushes the store as it is appended) and then never commits
+a batch holding a ``tool/call``: it prints ``held`` and stops there, as a writer the kill
+finds behind the turn. A ``pay`` body prints ``ran <k>`` and then waits for good. Under
+write-ahead no body may run (the turn waits for its ``tool/call`` facts to be durable);
+under ``turn`` or ``none`` all three run while their ``tool/call`` facts are not durable.
+
 ``import`` opens the store with :class:`~storage.lmdb_store.Store` and imports the export
 ``JSONL`` again and again as sessions ``imp<run>-<i>``: it prints ``importing <id>``
 before ``store.import_jsonl`` and ``imported <id>`` once the flush after it returned.
@@ -54,6 +62,7 @@ from runtime import LlmFailure, RetryPolicy, Runtime, ScriptedModel, ToolCall, t
 from runtime.scripted import ScriptItem
 from storage.events import ToolMessage
 from storage.lmdb_store import Store
+from storage.writer import LogWriter
 
 FAST_RETRY = RetryPolicy(max_retries=8, base_s=0.001, cap_s=0.004)
 SERVER = LlmFailure(message="scripted server failure", code="SERVER", status=503)
@@ -158,6 +167,39 @@ def run_sends(opts: argparse.Namespace, out: Out) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def run_held_calls(opts: argparse.Namespace, out: Out) -> None:
+    route = LogWriter._route
+    forever = threading.Event()
+
+    def holding(writer: LogWriter, runs: Any) -> Any:
+        if any(p.startswith(b'{"type":"tool/call"') for _, _, records in runs for p in records):
+            out.line("held")
+            forever.wait()
+        return route(writer, runs)
+
+    LogWriter._route = holding  # type: ignore[method-assign,assignment]
+
+    @tool(concurrency_safe=True)
+    def pay(k: int) -> str:
+        """Pay (a side effect that must not happen twice)."""
+        out.line(f"ran {k}")
+        forever.wait()
+        return "paid"
+
+    rt = Runtime.open(opts.store, durability=opts.durability)
+    script: list[ScriptItem] = [[ToolCall(name="pay", arguments={"k": k}) for k in range(3)]]
+    agent = rt.spawn(model=ScriptedModel(script), tools=[pay], session_id="payer")
+
+    def reply_durable(event: Any) -> None:
+        if event.event.type == "assistant/message":
+            rt.store.flush()  # the reply is durable before its tool/call facts are appended
+
+    agent.on("session/event", reply_durable)
+    agent.followup("pay three times")
+    out.line("sent")
+    forever.wait()
+
+
 def run_imports(opts: argparse.Namespace, out: Out) -> None:
     store = Store.open(opts.store)
     out.line("ready")
@@ -184,6 +226,9 @@ def main() -> None:
     sends = modes.add_parser("sends")
     sends.add_argument("store")
     sends.add_argument("--agents", type=int, default=300)
+    held = modes.add_parser("held-calls")
+    held.add_argument("store")
+    held.add_argument("--durability", default="write-ahead")
     imports = modes.add_parser("import")
     imports.add_argument("store")
     imports.add_argument("jsonl")
@@ -196,6 +241,8 @@ def main() -> None:
         run_load(opts, out)
     elif opts.mode == "sends":
         run_sends(opts, out)
+    elif opts.mode == "held-calls":
+        run_held_calls(opts, out)
     else:
         run_imports(opts, out)
 
