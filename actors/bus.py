@@ -4,7 +4,9 @@ Listeners are plain functions or ``async def``. Sync listeners run inline in the
 caller's thread; async listeners run on the I/O side's loop and never block a
 dispatcher thread. A listener registered with ``scope=<agent id>`` only sees events
 emitted with that scope; global listeners see every event of their name.
-Registration order is kept across global and scoped listeners.
+Registration order is kept across global and scoped listeners, except that a listener
+registered with ``last=True`` comes after every listener registered without it (in a
+waterfall: innermost, right above the default), whenever it was registered.
 
 ``serial`` and ``waterfall`` return :class:`Ready` when every listener involved is
 sync (the chain already ran inline), or :class:`Deferred` when one is async: the
@@ -20,6 +22,7 @@ import asyncio
 import inspect
 import logging
 import threading
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -89,6 +92,19 @@ class _Chain:
 
 _EMPTY = _Chain(())
 
+# Added to the seq of a ``last=True`` entry: chains are ordered by seq, so such an entry
+# comes after every other one, the ones registered after it included.
+_LAST: Final = 1 << 62
+
+
+def _with(chain: _Chain, entry: _Entry) -> _Chain:
+    """``chain`` with ``entry`` in its seq order (at the end, unless ``last`` entries are)."""
+    entries = chain.entries
+    if not entries or entries[-1].seq < entry.seq:
+        return _Chain((*entries, entry))
+    index = bisect_right(entries, entry.seq, key=_seq)
+    return _Chain((*entries[:index], entry, *entries[index:]))
+
 
 class _Topic:
     """The listeners of one event name.
@@ -113,10 +129,9 @@ class _Topic:
 
     def add(self, entry: _Entry) -> None:
         if entry.scope is None:
-            self.everyone = _Chain((*self.everyone.entries, entry))
+            self.everyone = _with(self.everyone, entry)
         else:
-            mine = self.scoped.get(entry.scope, _EMPTY)
-            self.scoped[entry.scope] = _Chain((*mine.entries, entry))
+            self.scoped[entry.scope] = _with(self.scoped.get(entry.scope, _EMPTY), entry)
         self.version += 1
 
     def remove(self, entry: _Entry) -> None:
@@ -248,9 +263,17 @@ class Bus:
 
     # -- registration ----------------------------------------------------------------
 
-    def on(self, name: str, listener: Listener, *, scope: str | None = None) -> Callable[[], None]:
-        """Register ``listener`` for ``name``; returns an idempotent disposer."""
-        entry = _Entry(next(self._seq), listener, scope)
+    def on(
+        self, name: str, listener: Listener, *, scope: str | None = None, last: bool = False
+    ) -> Callable[[], None]:
+        """Register ``listener`` for ``name``; returns an idempotent disposer.
+
+        ``last``: after every listener registered without it, those registered later
+        included (in a waterfall: the innermost, called when every other one called
+        ``next``); among themselves such listeners keep their registration order. For a
+        default that every other listener may override, e.g. the runtime's retry policy.
+        """
+        entry = _Entry(next(self._seq) + (_LAST if last else 0), listener, scope)
         with self._lock:
             topic = self._topics.get(name)
             if topic is None:

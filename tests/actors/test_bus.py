@@ -203,6 +203,36 @@ def test_a_waterfall_runs_middleware_outermost_first(bus: Bus) -> None:
     assert calls == ["outer in", "inner", "outer out"]
 
 
+def test_a_last_listener_is_innermost_whatever_the_registration_order(bus: Bus) -> None:
+    def named(name: str) -> Callable[[str, Callable[[], str]], str]:
+        return lambda _event, next_: f"{name}({next_()})"
+
+    bus.on("w", named("default-policy"), last=True)  # registered first, as a runtime does
+    bus.on("w", named("late"), last=True)  # two last ones keep their order
+    bus.on("w", named("global"))
+    bus.on("w", named("mine"), scope="a")
+    bus.on("w", named("global2"))
+    assert bus.waterfall("w", "ev", lambda: "d") == Ready(
+        "global(global2(default-policy(late(d))))"
+    )
+    assert bus.waterfall("w", "ev", lambda: "d", scope="a") == Ready(
+        "global(mine(global2(default-policy(late(d)))))"
+    )
+    scoped_last = bus.on("w", named("mine-last"), scope="a", last=True)
+    assert bus.waterfall("w", "ev", lambda: "d", scope="a") == Ready(
+        "global(mine(global2(default-policy(late(mine-last(d))))))"
+    )
+    scoped_last()
+    assert bus.waterfall("w", "ev", lambda: "d", scope="a") == Ready(
+        "global(mine(global2(default-policy(late(d)))))"
+    )
+    calls: list[str] = []
+    bus.on("e", lambda _e: calls.append("last"), last=True)
+    bus.on("e", lambda _e: calls.append("first"))
+    bus.emit("e", None)
+    assert calls == ["first", "last"]
+
+
 def test_a_listener_that_does_not_call_next_short_circuits_the_rest(bus: Bus) -> None:
     defaults: list[str] = []
     bus.on("w", lambda _e, _next: "blocked")
