@@ -28,9 +28,13 @@ class RetryPolicy:
 
     Every runtime registers ``RetryPolicy()`` unless told otherwise: give another with
     ``Runtime.open(retry_policy=RetryPolicy(max_retries=2))``, or none with
-    ``retry_policy=None``. A policy added with ``rt.on("agent/request-error", policy)``
-    runs *besides* the runtime's own; a failure it does not retry (it calls ``next``)
-    still reaches the default one, so a stricter policy must replace it, not join it."""
+    ``retry_policy=None``. The runtime's policy is the innermost listener, whenever the
+    others were added: a listener added with ``rt.on("agent/request-error", ...)`` or
+    ``agent.on(...)`` sees every failure first and may own its recovery (return a
+    ``Retry``, or ``None`` for no retry, without calling ``next``); a failure it passes
+    on (it calls ``next``) reaches the runtime's policy, which decides. So a listener
+    that only observes calls ``next()`` and returns what it gives; a stricter policy may
+    join the runtime's (deciding what it must, passing the rest on) or replace it."""
 
     def __init__(
         self,

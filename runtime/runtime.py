@@ -258,7 +258,10 @@ class Runtime:
         if retry_policy is _DEFAULT_POLICY:
             retry_policy = RetryPolicy()
         if retry_policy is not None:
-            self.bus.on("agent/request-error", retry_policy)
+            # Innermost, whenever the others are added: every rt.on / agent.on listener
+            # sees a failure first and may own its recovery; the policy decides what they
+            # pass on with next().
+            self.bus.on("agent/request-error", retry_policy, last=True)
         # A script that ends without close() still closes: sends not handled yet are
         # logged (pending, for a resume), running turns end aborted, everything flushed.
         self._close_at_exit = _close_at_exit(weakref.ref(self))
@@ -290,7 +293,8 @@ class Runtime:
         - ``threads``: dispatcher workers; ``None`` is one worker plus a standby that
           steps in while the worker is stuck in a blocking handler.
         - ``retry_policy``: the ``agent/request-error`` listener deciding retries
-          (default ``RetryPolicy()``; ``None`` for no retries).
+          (default ``RetryPolicy()``; ``None`` for no retries); the innermost one, so
+          listeners added with ``on`` see each failure first.
         - ``max_steps`` per turn, ``inbox_limit`` per agent (``InboxFullError`` past
           it), ``limits`` (``UsageLimits`` of the whole runtime), ``agent_limits`` (of
           each agent), ``max_running_turns`` (more wait in a FIFO queue): ``None`` is

@@ -104,6 +104,69 @@ def test_without_a_retry_listener_a_failure_is_terminal(store_path: Path) -> Non
         assert len(turn_events(agent, "turn/start")) == 1
 
 
+RATE_LIMIT = LlmFailure(message="slow down", code="RATE_LIMIT", status=429)
+
+
+@pytest.mark.parametrize("scope", ["runtime", "agent"])
+def test_a_listener_sees_a_failure_before_the_default_policy_and_its_own_retry_is_used(
+    store_path: Path, scope: str
+) -> None:
+    # The runtime's policy is registered first, in Runtime.open; a user listener added
+    # later still runs before it (CONTRACT 5: a listener that owns recovery returns a
+    # retry and stops delegating).
+    seen: list[tuple[int, str, str]] = []
+
+    def own_recovery(event: Any, next_: Any) -> Any:
+        last = event.agent.session.events()[-1].type
+        seen.append((event.turn, event.failure.code, last))
+        return Retry(delay_s=0)
+
+    with Runtime.open(store_path) as rt:  # the default RetryPolicy: 0.5 s backoff
+        agent = rt.spawn(model=FailingThenOk([RATE_LIMIT]))
+        (rt if scope == "runtime" else agent).on("agent/request-error", own_recovery)
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
+        assert seen == [(1, "RATE_LIMIT", "step/end")]  # the failed step closed first
+        assert [(r.attempt, r.delay_s) for r in turn_events(agent, "llm/retry")] == [(1, 0.0)]
+        assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error", "completed"]
+        types = [e.type for e in agent.session.events()]
+        retried = types.index("llm/retry")
+        assert types[retried - 1 : retried + 3] == [
+            "step/end",
+            "llm/retry",
+            "turn/end",
+            "turn/start",
+        ]
+    check_store(store_path)
+
+
+@pytest.mark.parametrize("scope", ["runtime", "agent"])
+def test_a_listener_that_calls_next_gets_the_default_policys_decision(
+    store_path: Path, scope: str
+) -> None:
+    decisions: list[tuple[str, Any]] = []
+
+    def observe(event: Any, next_: Any) -> Any:
+        decision = next_()
+        decisions.append((event.failure.code, decision))
+        return decision
+
+    auth = LlmFailure(message="bad key", code="AUTH", status=401)
+    policy = RetryPolicy(base_s=0.001, cap_s=0.002)
+    with Runtime.open(store_path, retry_policy=policy) as rt:
+        agent = rt.spawn(model=FailingThenOk([RATE_LIMIT, auth]))
+        (rt if scope == "runtime" else agent).on("agent/request-error", observe)
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
+        (retry,) = turn_events(agent, "llm/retry")
+        assert [code for code, _ in decisions] == ["RATE_LIMIT", "AUTH"]
+        assert decisions[0][1] == Retry(delay_s=retry.delay_s)  # the policy's backoff
+        assert 0 < retry.delay_s <= 0.002
+        assert decisions[1][1] is None  # AUTH: the policy does not retry
+        assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error", "error"]
+    check_store(store_path)
+
+
 def test_prior_failures_list_the_failures_already_retried_in_the_chain(store_path: Path) -> None:
     seen: list[int] = []
 
