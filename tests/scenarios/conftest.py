@@ -105,6 +105,18 @@ def rt(store_path: Path) -> Iterator[Runtime]:
         check_store(store_path)
 
 
+@pytest.fixture(params=[None, 1, 2], ids=lambda t: f"threads={t}")
+def threaded_rt(request: pytest.FixtureRequest, store_path: Path) -> Iterator[Runtime]:
+    """A runtime on each dispatcher size where waits between agents differ: one worker
+    and a standby one (``threads=None``), one worker, two workers."""
+    runtime = Runtime.open(store_path, threads=request.param)
+    try:
+        yield runtime
+    finally:
+        runtime.close(timeout=WAIT)
+        check_store(store_path)
+
+
 def check_store(path: Path) -> None:
     """Run the invariant checker over every session of the store at ``path`` (records
     of plugin types it does not know taken for their seqs)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +20,12 @@ from runtime import Agent, Runtime, ScriptedModel
 
 from .conftest import WAIT, HeldActor, check_store
 
-THREADS = [None, 1, 2]
 LONG = 3 * WAIT  # what a wait for itself would wait: past every WAIT of the test
 
 
-@pytest.fixture(params=THREADS, ids=lambda t: f"threads={t}")
-def rt(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
-    path = tmp_path / "store"
-    runtime = Runtime.open(path, threads=request.param)
-    try:
-        yield runtime
-    finally:
-        runtime.close(timeout=WAIT)
-        check_store(path)
+@pytest.fixture
+def rt(threaded_rt: Runtime) -> Runtime:
+    return threaded_rt
 
 
 def test_sync_settled_listeners_that_each_spawn_an_agent_at_once_keep_the_runtime_going(

@@ -8,8 +8,6 @@ through and end once the refused one returns. RELIABILITY.md section 7."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,18 +22,12 @@ from runtime import (
     tool,
 )
 
-from .conftest import WAIT, check_store
+from .conftest import WAIT
 
 
-@pytest.fixture(params=[None, 1, 2], ids=lambda t: f"threads={t}")
-def rt(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Runtime]:
-    path = tmp_path / "store"
-    runtime = Runtime.open(path, threads=request.param)
-    try:
-        yield runtime
-    finally:
-        runtime.close(timeout=WAIT)
-        check_store(path)
+@pytest.fixture
+def rt(threaded_rt: Runtime) -> Runtime:
+    return threaded_rt
 
 
 class Outcomes:
