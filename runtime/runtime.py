@@ -72,6 +72,19 @@ __all__ = ["Runtime"]
 log = logging.getLogger("corral.runtime")
 _DURABILITY = ("write-ahead", "turn", "none")
 _DEFAULT_POLICY: Any = object()
+_CLOSE_STAGES: tuple[str, ...] = (
+    "starts",  # wait for spawns under way; the agents to stop
+    "agents",  # their disposals (inboxes kept), waited for
+    "stragglers",  # the actors of those that did not end, stopped
+    "registry",
+    "scheduler",
+    "models",
+    "io",
+    "dispatcher",
+    "store",
+    "gc",
+)
+"""The stages of :meth:`Runtime.close`, in order."""
 
 
 def _resolve_model(model: Model | str) -> Model:
@@ -244,6 +257,9 @@ class Runtime:
         self._bridged: dict[str, Session] = {}  # agent id -> the session it bridges
         self._scoped: dict[str, set[Callable[[], None]]] = {}  # agent id -> its disposers
         self._closed = False  # close() began: nothing new starts
+        self._closing = False  # a close() is running its stages
+        self._close_left = list(_CLOSE_STAGES)  # what no close() has done yet
+        self._closing_agents: list[Agent] = []  # the agents close() stops
         self._released = False  # close() let go of the store: nothing can be read
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
@@ -1008,6 +1024,11 @@ class Runtime:
         runtime's own machinery (an actor's stop, cancelled tasks, a thread's exit) still
         gets a moment (``GRACE_S``, 0.1 s) to end.
 
+        A stage that fails (or is interrupted) does not stop the ones after it: the
+        first error is raised once every stage ran, and the next ``close()`` runs the
+        stages that failed (a close that ended cleanly leaves nothing: the next one
+        returns at once).
+
         Not from the runtime's own threads (a sync listener or hook, an async one, a tool
         body, the scheduler): it would wait for the agents that thread runs. That raises
         ``RuntimeError``, and the runtime stays open."""
@@ -1021,42 +1042,101 @@ class Runtime:
             )
         until = deadline(timeout)
         with self._lock:
-            if self._closed:
-                return
+            if self._closing or (self._closed and not self._close_left):
+                return  # another close() is under way, or one closed everything
             self._closed = True
-            atexit.unregister(self._close_at_exit)
-            if not self._started.wait_for(lambda: not self._starting, remaining(until)):
-                log.warning("an agent was still starting after %s s; closing anyway", timeout)
-            agents = list(self._agents.values())
-            # A start still under way (given up on above) is claimed: it ends without
-            # announcing its agent (its spawn raises RuntimeClosedError), which then
-            # never ran, so it has nothing to dispose (see _announce and _start).
-            for handle in self._pending.values():
-                handle._disposing = True
-                handle._disposed.set()
-            self._pending.clear()
+            self._closing = True
+            left = list(self._close_left)
+        # Every stage runs, whatever the ones before it raised (the first error is
+        # raised at the end): a stage that failed (or was interrupted) is left for the
+        # next close(), which runs only what is left.
+        failed: BaseException | None = None
+        try:
+            for stage in left:
+                try:
+                    self._close_stage(stage, until, timeout)
+                except BaseException as err:  # raised once every stage ran
+                    if failed is None:
+                        failed = err
+                    else:
+                        log.exception("closing the runtime (%s) failed too", stage)
+                else:
+                    self._close_left.remove(stage)
+        finally:
+            with self._lock:
+                self._closing = False
+                if not self._close_left:
+                    atexit.unregister(self._close_at_exit)  # (kept to finish a failed close)
+        if failed is not None:
+            raise failed
+
+    def _close_stage(self, stage: str, until: float | None, timeout: float | None) -> None:
+        """One stage of :meth:`close`, in the order of :data:`_CLOSE_STAGES`."""
+        if stage == "starts":
+            with self._lock:
+                try:
+                    if not self._started.wait_for(lambda: not self._starting, remaining(until)):
+                        log.warning(
+                            "an agent was still starting after %s s; closing anyway", timeout
+                        )
+                finally:  # (a Ctrl-C in the wait too: the later stages need the agents)
+                    self._closing_agents = list(self._agents.values())
+                    # A start still under way (given up on above) is claimed: it ends
+                    # without announcing its agent (its spawn raises RuntimeClosedError),
+                    # which then never ran, so it has nothing to dispose (see _announce
+                    # and _start).
+                    for handle in self._pending.values():
+                        handle._disposing = True
+                        handle._disposed.set()
+                    self._pending.clear()
+        elif stage == "agents":
+            self._dispose_for_close(until)
+        elif stage == "stragglers":
+            stuck = [h for h in self._closing_agents if not h._disposed.is_set()]
+            self._stop_now(stuck, until, timeout)
+        elif stage == "registry":
+            self._stop_registry(until, timeout)
+        elif stage == "scheduler":
+            self.scheduler.close(remaining(extended(until)))
+        elif stage == "models":
+            self._close_models(until)
+        elif stage == "io":
+            self.io.close(remaining(until))
+        elif stage == "dispatcher":
+            if not self.dispatcher.shutdown(remaining(extended(until))):
+                log.warning(
+                    "a dispatcher thread was still running a handler (a blocked sync "
+                    "listener, say) after %s s; it ends when that returns",
+                    timeout,
+                )
+        elif stage == "store":
+            self._released = True
+            if self._owns_store:
+                self.store.close()
+        elif stage == "gc":
+            if self._tuned_gc:
+                gctune.release_gc_tuning()
+        else:  # pragma: no cover - _CLOSE_STAGES names them all
+            raise AssertionError(stage)
+
+    def _dispose_for_close(self, until: float | None) -> None:
+        """Begin every agent's disposal (inbox kept) and wait for them by ``until``; the
+        stage after stops those that did not end. One agent's failure to begin does
+        not keep the others from theirs (the first is raised after the wait)."""
+        agents = self._closing_agents
+        failed: Exception | None = None
         for handle in agents:
-            handle._begin_disposal(keep_inbox=True)
+            try:
+                handle._begin_disposal(keep_inbox=True)
+            except Exception as err:  # noqa: BLE001 - raised below, once all were asked
+                failed = failed or err
         # In slices on the main thread (runtime.waiting): a Ctrl-C that lands just before
         # the wait's system call is handled within one, not once every turn has ended
         # (corral run's handler says the close goes on, or quits at the next press).
-        stuck = [h for h in agents if not waiting.wait(h._disposed, remaining(until))]
-        self._stop_now(stuck, until, timeout)
-        self._stop_registry(until, timeout)
-        self.scheduler.close(remaining(extended(until)))
-        self._close_models(until)
-        self.io.close(remaining(until))
-        if not self.dispatcher.shutdown(remaining(extended(until))):
-            log.warning(
-                "a dispatcher thread was still running a handler (a blocked sync listener, "
-                "say) after %s s; it ends when that returns",
-                timeout,
-            )
-        self._released = True
-        if self._owns_store:
-            self.store.close()
-        if self._tuned_gc:
-            gctune.release_gc_tuning()
+        for handle in agents:
+            waiting.wait(handle._disposed, remaining(until))
+        if failed is not None:
+            raise failed
 
     def _stop_now(self, stuck: list[Agent], until: float | None, timeout: float | None) -> None:
         """Stop the actors of agents whose disposal did not end in time (a tool body

@@ -70,6 +70,7 @@ import os
 import select
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -807,6 +808,8 @@ class LogWriter:
 
 
 _MAX_GATES: Final = 128
+_MAX_POLL_MS: Final = 2**31 - 1
+"""The longest ``select.poll`` waits in one call."""
 
 
 class _GateCount:
@@ -850,8 +853,13 @@ class _PipeGate:
         if timeout is not None and timeout >= 0:
             poller = select.poll()
             poller.register(self._read, select.POLLIN)
-            if not poller.poll(math.ceil(timeout * 1000)):
-                return False
+            # poll() takes a C int of milliseconds (~24.8 days): a longer wait polls
+            # again until its deadline (a flush(timeout) may take up to TIMEOUT_MAX).
+            until = time.monotonic() + timeout
+            while not poller.poll(min(_MAX_POLL_MS, math.ceil(timeout * 1000))):
+                timeout = until - time.monotonic()
+                if timeout <= 0:
+                    return False
         os.read(self._read, 1)
         return True
 

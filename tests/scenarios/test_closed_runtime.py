@@ -4,6 +4,7 @@ handles refuses with one error, ``RuntimeClosedError``, that says so."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,4 +99,44 @@ def test_an_agent_disposed_listener_that_close_triggers_may_still_read_the_sessi
     assert read == [2]
     with pytest.raises(RuntimeClosedError):
         _ = agent.session  # once close returned, it is refused
+    check_store(store_path)
+
+
+def _corral_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("corral"))
+
+
+def test_a_close_that_fails_part_way_closes_the_rest_and_a_second_close_finishes_it(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, a close whose registry stop raised (an OverflowError of a huge timeout)
+    # had stopped the agents but left the dispatcher, the I/O loop, the log writer and
+    # the store open; a second close() did nothing, and the store could never be
+    # opened again in the process.
+    before = _corral_threads()
+    rt = Runtime.open(store_path)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    stop_registry = rt._stop_registry
+    calls = []
+
+    def fails_once(until: float | None, timeout: float | None) -> None:
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise OverflowError("the registry's stop failed")
+        stop_registry(until, timeout)
+
+    monkeypatch.setattr(rt, "_stop_registry", fails_once)
+    with pytest.raises(OverflowError, match="registry's stop failed"):
+        rt.close()
+    assert agent.disposed
+    assert rt._registry.is_alive()  # the stage that failed
+    with Runtime.open(store_path):  # every stage after it ran: the store was let go of
+        pass
+    assert _corral_threads() == before
+    rt.close()  # finishes what is left: the failed stage, again (the dispatcher the
+    assert len(calls) == 2  # registry ran on is gone by then: it is left, with a warning)
+    rt.close()  # and then has nothing left to do
+    assert len(calls) == 2
     check_store(store_path)
