@@ -292,8 +292,24 @@ class Dispatcher:
             )
             for i in self._standby
         ]
-        for thread in self._threads:
-            thread.start()
+        started = 0
+        try:
+            for thread in self._threads:
+                thread.start()
+                started += 1
+        except BaseException:  # (can't start new thread): none of them is left running
+            self._stop_started(started)
+            raise
+
+    def _stop_started(self, started: int) -> None:
+        """Stop the first ``started`` workers (of a dispatcher whose next worker failed
+        to start); they have taken no work yet."""
+        with self._lock:
+            self._closed = True
+        for _ in range(min(started, len(self._threads) - len(self._standby))):
+            self._run_queue.put(_SHUTDOWN)  # standby workers see _closed within stall_s
+        for thread in self._threads[:started]:
+            thread.join()
 
     @classmethod
     def default(cls) -> Dispatcher:

@@ -300,7 +300,12 @@ class IoSide:
         self._thread = threading.Thread(
             target=self._run_loop, args=(ready,), name=f"{name}-loop", daemon=True
         )
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # (can't start new thread): let go of the loop's descriptors
+            self.loop.close()
+            self.blocking_pool.shutdown(wait=False)
+            raise
         ready.wait()
 
     def __enter__(self) -> IoSide:

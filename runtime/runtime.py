@@ -85,6 +85,8 @@ _CLOSE_STAGES: tuple[str, ...] = (
     "gc",
 )
 """The stages of :meth:`Runtime.close`, in order."""
+_UNDO_S = 5.0
+"""What each part of a runtime whose open failed gets to stop (it ran nothing yet)."""
 
 
 def _resolve_model(model: Model | str) -> Model:
@@ -224,16 +226,6 @@ class Runtime:
         self._admission = None if max_running_turns is None else Admission(max_running_turns)
         self._owns_store = owns_store
         self._tuned_gc = tune_gc
-        if tune_gc:
-            gctune.tune_gc()
-        self.dispatcher = _dispatcher(threads)
-        self.io = IoSide(
-            blocking_workers=blocking_workers, dead_letters=self.dispatcher.dead_letters
-        )
-        self.scheduler = Scheduler(dead_letters=self.dispatcher.dead_letters)
-        self.bus = Bus(self.io)
-        # The agents' durability waits: one log flush per round of the run queue.
-        self._flushes = FlushGroup(store, self.dispatcher)
         self._lock = threading.Lock()
         self._agents: dict[str, Agent] = {}
         self._starting = 0  # spawns, resumes and forks under way: see _starting_agent()
@@ -263,14 +255,33 @@ class Runtime:
         self._released = False  # close() let go of the store: nothing can be read
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
-        # The registry announces nothing: a new agent is announced by its own actor (see
-        # _announce), a disposal by the runtime's death watch or the disposer (_on_death,
-        # _forget), never on the registry's worker, which their listeners may ask.
-        self._registry: ActorRef[RegistryActor] = RegistryActor.start(
-            on_created=_announced_elsewhere,
-            on_disposed=_announced_elsewhere,
-            dispatcher=self.dispatcher,
-        )
+        # What is started here is stopped again if a later part fails to start (out of
+        # threads, say): a failed open leaves nothing running and the GC as it was.
+        with contextlib.ExitStack() as undo:
+            if tune_gc:
+                gctune.tune_gc()
+                undo.callback(gctune.release_gc_tuning)
+            self.dispatcher = _dispatcher(threads)
+            undo.callback(self.dispatcher.shutdown, _UNDO_S)
+            self.io = IoSide(
+                blocking_workers=blocking_workers, dead_letters=self.dispatcher.dead_letters
+            )
+            undo.callback(self.io.close, _UNDO_S)
+            self.scheduler = Scheduler(dead_letters=self.dispatcher.dead_letters)
+            undo.callback(self.scheduler.close, _UNDO_S)
+            self.bus = Bus(self.io)
+            # The agents' durability waits: one log flush per round of the run queue.
+            self._flushes = FlushGroup(store, self.dispatcher)
+            # The registry announces nothing: a new agent is announced by its own actor
+            # (see _announce), a disposal by the runtime's death watch or the disposer
+            # (_on_death, _forget), never on the registry's worker, which their listeners
+            # may ask.
+            self._registry: ActorRef[RegistryActor] = RegistryActor.start(
+                on_created=_announced_elsewhere,
+                on_disposed=_announced_elsewhere,
+                dispatcher=self.dispatcher,
+            )
+            undo.pop_all()  # opened: close() stops it all from here
         if retry_policy is _DEFAULT_POLICY:
             retry_policy = RetryPolicy()
         if retry_policy is not None:

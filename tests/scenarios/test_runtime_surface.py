@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import subprocess
@@ -502,3 +503,32 @@ def test_rt_close_from_a_listener_is_refused_and_the_runtime_goes_on(
         agent.followup("two")  # still open
         assert agent.wait_idle(WAIT)
     check_store(store_path)
+
+
+@pytest.mark.parametrize("nth", [1, 2, 4, 5], ids=lambda n: f"thread {n} fails")
+def test_an_open_that_fails_to_start_a_thread_leaves_nothing_running(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, nth: int
+) -> None:
+    # Before, Runtime.open(threads=1000000) failed with "can't start new thread" leaving
+    # every thread it had started alive (22,639) and the GC thresholds raised for good.
+    # The threads an open starts, in order: the log writer, the dispatcher's workers (3
+    # here), the I/O loop.
+    before, thresholds = set(threading.enumerate()), gc.get_threshold()
+    start, calls = threading.Thread.start, [0]
+
+    def start_or_fail(thread: threading.Thread) -> None:
+        calls[0] += 1
+        if calls[0] == nth:
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_or_fail)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        Runtime.open(store_path, threads=3)
+    monkeypatch.undo()
+    assert set(threading.enumerate()) == before
+    assert gc.get_threshold() == thresholds
+    with Runtime.open(store_path, threads=3) as rt:  # nothing was left open or locked
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
