@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from itertools import count
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, Final, Literal, NamedTuple, cast
 
+import msgspec
 from pykka import ActorDeadError, ActorRef, Timeout
 from pykka.messages import ProxyCall
 
@@ -55,8 +56,9 @@ from actors.protocols import implements
 from actors.toolphase import ToolPhase
 from actors.tools import Tool
 from actors.turn import Durability, TurnMachine
-from storage.errors import UnknownSessionError
-from storage.events import DisposedCause, RequestConfig
+from storage.codec import Codec
+from storage.errors import EventTooLargeError, InvalidEventError, UnknownSessionError
+from storage.events import DisposedCause, Event, RequestConfig, RequestHeader, ToolSpec
 from storage.lmdb_store import Store, check_session_id
 from storage.session import Session
 
@@ -94,16 +96,81 @@ def _resolve_model(model: Model | str) -> Model:
         from .providers.resolve import resolve_model  # noqa: PLC0415 - optional vendor SDKs
 
         return resolve_model(model)
+    if isinstance(model, type):
+        raise TypeError(
+            f"model must be a Model instance, got the class {model.__name__}: make one "
+            f"(e.g. {model.__name__}(...))"
+        )
     if not implements(model, Model):
         raise TypeError(
             f"model must be a Model (e.g. ScriptedModel) or a model string, got {model!r}"
         )
+    for field in ("provider", "name"):
+        value = getattr(model, field)
+        if type(value) is not str:
+            raise TypeError(
+                f"model {model!r}: its {field} must be a str (it is logged in every "
+                f"request/header), got {type(value).__name__}"
+            )
     return model
 
 
 def _check_system(system: object) -> None:
-    if system is not None and not isinstance(system, str):
+    if system is not None and type(system) is not str:  # a str subclass cannot be logged
         raise TypeError(f"system must be a str or None, got {type(system).__name__}")
+    if system is not None:
+        try:
+            system.encode()
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"system cannot be logged: it is not UTF-8 text ({err.reason} at index "
+                f"{err.start}: a lone surrogate)"
+            ) from None
+
+
+_SPEC: Final = msgspec.json.Decoder(ToolSpec)
+_ENCODER: Final = msgspec.json.Encoder()
+_LARGE: Final = 2**40
+"""A turn, step and seq number no session reaches, for the size of a header-to-be."""
+
+
+def _check_header(
+    codec: Codec, model: Model, tools: dict[str, Tool], system: str | None
+) -> None:
+    """Check that the ``request/header`` every request of the agent starts by logging
+    (its model's ids, ``system`` and the tools' specs) can be logged, before anything is
+    written: else every turn of the agent would end ``error`` at its first request.
+    ``TypeError`` for a tool spec that is not well typed (a hand-written ``Tool``'s
+    ``description=123``), ``ValueError`` for a header that is not lossless JSON or over
+    the store's ``max_event_bytes``. (For a resume or fork without ``system``, the
+    logged system prompt is not counted: it was logged before.)"""
+    specs: list[ToolSpec] = []
+    for name, item in tools.items():
+        try:
+            specs.append(_SPEC.decode(_ENCODER.encode(item.spec)))
+        except (TypeError, ValueError, msgspec.MsgspecError) as err:
+            raise TypeError(
+                f"tool {name!r} cannot be logged: its spec (in every request/header) "
+                f"is not well typed: {err}"
+            ) from None
+    config = RequestConfig(provider=model.provider, model=model.name)
+    header = RequestHeader(
+        turn=_LARGE, step=_LARGE, config=config, system=system, tools=tuple(specs)
+    )
+    try:
+        codec.prepare("request/header", header)
+        codec.encode(Event("request/header", _LARGE, _LARGE, header))
+    except EventTooLargeError:
+        size = len(_ENCODER.encode(header))
+        raise ValueError(
+            f"the agent's request/header (its system prompt, {len(system or '')} "
+            f"characters, and the specs of its {len(specs)} tools) would be about {size} "
+            f"bytes, over the store's max_event_bytes ({codec.max_event_bytes}): every "
+            "request would fail; shorten them, or open the runtime with a larger "
+            "max_event_bytes"
+        ) from None
+    except InvalidEventError as err:
+        raise ValueError(f"the agent's request/header cannot be logged: {err}") from None
 
 
 def _logged_system(session: Session) -> str | None:
@@ -116,7 +183,8 @@ def _logged_system(session: Session) -> str | None:
 def _check_agent_options(system: object, limits: object) -> None:
     """The options every way of starting an agent takes, checked before anything is
     written (a bad one would otherwise crash the agent at its first turn, or be logged
-    where no reader could read it back)."""
+    where no reader could read it back); :func:`_check_header` checks, once the model
+    and tools are resolved, the header they make with ``system``."""
     _check_system(system)
     _check_limits("limits", limits)
 
@@ -456,6 +524,7 @@ class Runtime:
         self._check_open()
         _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
+        _check_header(self.store.codec, resolved, tool_map, system)
         with self._starting_agent():
             session = self.store.create_session(session_id)
             return self._start(session, resolved, tool_map, system, limits, "startup")
@@ -480,6 +549,7 @@ class Runtime:
         check_session_id(session_id)
         _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
+        _check_header(self.store.codec, resolved, tool_map, system)
         with self._starting_agent(resuming=session_id):
             opened = self._open_logged(session_id, self.store.open_session, session_id)
             return self._start_logged(opened, resolved, tool_map, system, limits, "resume")
@@ -507,6 +577,7 @@ class Runtime:
             )
         _check_agent_options(system, limits)
         resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
+        _check_header(self.store.codec, resolved, tool_map, system)
         with self._starting_agent():
             opened = self._open_logged(source_id, self.store.fork, source_id, boundary, session_id)
             return self._start_logged(opened, resolved, tool_map, system, limits, "startup")

@@ -55,7 +55,7 @@ from storage import (
     UnknownSessionError,
     lmdb_env,
 )
-from storage.events import FinishChunk, TextDelta, ToolCallDelta, Usage, UsageChunk
+from storage.events import FinishChunk, TextDelta, ToolCallDelta, ToolSpec, Usage, UsageChunk
 from storage.lmdb_env import SCHEMA_VERSION, decode_row, encode_row, event_key
 
 from .conftest import FAST_RETRY, WAIT, check_whole_store, corral, one_error_line, python
@@ -672,6 +672,70 @@ def test_every_public_verb_refuses_wrong_types_with_a_typed_error_and_writes_not
     assert {h.id for h in rt.store.sessions()} == sessions, "a refused spawn left a session"
     assert_alive(rt, agent)
     # the rt fixture reads every session back from the store when the test ends
+
+
+class _StrSub(str):
+    pass
+
+
+class _HandWrittenTool:
+    """A hand-written ``Tool`` whose spec is not well typed (msgspec does not check
+    a struct's field types at construction)."""
+
+    spec = ToolSpec(name="hand", description=123)  # type: ignore[arg-type]
+    concurrency_safe = False
+    timeout_s = None
+    is_async = False
+
+    def prepare(self, arguments: Any) -> Any:
+        return arguments
+
+    def run(self, prepared: Any) -> Any:
+        return "ok"
+
+
+class _NumberNamed(ScriptedModel):
+    """A model whose name is not a str (``ScriptedModel(name=5)`` is refused itself)."""
+
+    @property
+    def name(self) -> Any:
+        return 5
+
+
+UNLOGGABLE_SETTINGS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
+    "system lone surrogate": ({"system": "\ud800"}, ValueError, "not UTF-8"),
+    "system str subclass": ({"system": _StrSub("x")}, TypeError, "must be a str"),
+    "system 5 MiB": ({"system": "s" * (5 << 20)}, ValueError, "over the store's max_event_bytes"),
+    "tool spec description=123": ({"tools": [_HandWrittenTool()]}, TypeError, "'hand'"),
+    "model name=5": ({"model": _NumberNamed.echo()}, TypeError, "its name must be a str"),
+    "model class": ({"model": ScriptedModel}, TypeError, "got the class ScriptedModel"),
+}
+
+
+@pytest.mark.parametrize("verb", ["spawn", "resume", "fork"])
+@pytest.mark.parametrize("case", list(UNLOGGABLE_SETTINGS))
+def test_agent_settings_that_cannot_be_logged_are_refused_before_anything_is_written(
+    rt: Runtime, case: str, verb: str
+) -> None:
+    # Before, each was accepted, and every turn of the agent then ended error at its
+    # first request: its request/header could not be logged.
+    settings, expected, match = UNLOGGABLE_SETTINGS[case]
+    settings = {"model": ScriptedModel.echo(), **settings}
+    source = run_turn(rt, ScriptedModel.echo())
+    assert source.dispose(WAIT)
+    sessions = {h.id for h in rt.store.sessions()}
+    last = rt.store.open_session(source.id).last_seq
+    with pytest.raises(expected, match=match):
+        if verb == "spawn":
+            rt.spawn(**settings)
+        elif verb == "resume":
+            rt.resume(source.id, **settings)
+        else:
+            rt.fork(source.id, last, **settings)
+    assert {h.id for h in rt.store.sessions()} == sessions, "a refused start left a session"
+    resumed = rt.resume(source.id, model=ScriptedModel.echo())
+    assert resumed.session.last_seq == last, "a refused start wrote to the session"
+    assert_alive(rt, resumed)
 
 
 @pytest.mark.parametrize(
