@@ -134,9 +134,7 @@ _LARGE: Final = 2**40
 """A turn, step and seq number no session reaches, for the size of a header-to-be."""
 
 
-def _check_header(
-    codec: Codec, model: Model, tools: dict[str, Tool], system: str | None
-) -> None:
+def _check_header(codec: Codec, model: Model, tools: dict[str, Tool], system: str | None) -> None:
     """Check that the ``request/header`` every request of the agent starts by logging
     (its model's ids, ``system`` and the tools' specs) can be logged, before anything is
     written: else every turn of the agent would end ``error`` at its first request.

@@ -16,6 +16,8 @@ import msgspec
 
 from actors.tools import ToolArgumentError, ToolReturn
 from storage.events import ToolSpec
+from storage.lossless import lossless_problem
+from storage.timeouts import check_timeout
 
 __all__ = ["FunctionTool", "check_tool_name", "conclude", "tool"]
 
@@ -52,6 +54,64 @@ def _inline_refs(schema: Any, defs: dict[str, Any]) -> Any:
     return schema
 
 
+def _checked_flag(label: str, concurrency_safe: object) -> bool:
+    if type(concurrency_safe) is not bool:
+        raise TypeError(
+            f"tool {label}: concurrency_safe must be True or False, got {concurrency_safe!r}"
+        )
+    return concurrency_safe
+
+
+def _checked_timeout(label: str, timeout: object) -> float | None:
+    """A tool's ``timeout``, by the verbs' rules (``check_timeout``: None or a number of
+    seconds; ``inf``, or one too long for the platform, is None: no limit), and > 0:
+    a body cannot run in no time."""
+    try:
+        checked = check_timeout(timeout)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"tool {label}: {err}") from None
+    if checked is not None and checked <= 0:
+        raise ValueError(f"tool {label}: timeout must be > 0 seconds or None, got {timeout!r}")
+    return checked
+
+
+def _type_hints(label: str, fn: Callable[..., Any]) -> dict[str, Any]:
+    if isinstance(fn, classmethod):
+        raise TypeError(
+            f"tool {label}: a classmethod in its class body; decorate it bound, once the "
+            f"class exists (tool(TheClass.{label}))"
+        )
+    try:
+        return get_type_hints(fn)
+    except TypeError as err:
+        if inspect.isfunction(fn) or inspect.ismethod(fn) or inspect.isbuiltin(fn):
+            raise
+        raise TypeError(
+            f"tool {label}: a {type(fn).__name__} object is not a function, so its "
+            "parameters cannot be described to a model; decorate a typed function that "
+            "calls it instead (for a callable object, its bound method will do: "
+            "tool(obj.__call__, name=...))"
+        ) from err
+
+
+def _refuse_unbound_method(
+    label: str, fn: Callable[..., Any], parameters: list[inspect.Parameter]
+) -> None:
+    """``@tool`` on a method in its class body: its ``self`` (or ``cls``) would be
+    described to the model as an argument to give."""
+    if not parameters or parameters[0].name not in ("self", "cls"):
+        return
+    qualname = getattr(fn, "__qualname__", "").split(".")
+    if len(qualname) < 2 or qualname[-2] == "<locals>":  # a function, not a method
+        return
+    raise TypeError(
+        f"tool {label}: {'.'.join(qualname)} is a method: its {parameters[0].name!r} "
+        "would be described to the model as an argument; decorate the bound method "
+        f"instead (tool(obj.{qualname[-1]}), once the object exists), or make it a "
+        "@staticmethod"
+    )
+
+
 class FunctionTool:
     """A tool backed by a Python function."""
 
@@ -64,21 +124,30 @@ class FunctionTool:
         concurrency_safe: bool = False,
         timeout: float | None = None,
     ) -> None:
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        label = name if isinstance(name, str) else getattr(fn, "__name__", type(fn).__name__)
         self.fn = fn
         self._is_async = inspect.iscoroutinefunction(fn)
-        self._concurrency_safe = concurrency_safe
-        self._timeout = timeout
-        hints = get_type_hints(fn)
+        self._concurrency_safe = _checked_flag(label, concurrency_safe)
+        self._timeout = _checked_timeout(label, timeout)
+        if description is not None and type(description) is not str:
+            raise TypeError(
+                f"tool {label}: description must be a str or None, got {type(description).__name__}"
+            )
+        hints = _type_hints(label, fn)
         fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
         positional: list[str] = []  # positional-only parameters, passed by position
-        for param in inspect.signature(fn).parameters.values():
+        parameters = list(inspect.signature(fn).parameters.values())
+        _refuse_unbound_method(label, fn, parameters)
+        for param in parameters:
             if param.kind is param.POSITIONAL_ONLY:
                 positional.append(param.name)
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TypeError(f"tool {label}: *args/**kwargs cannot be described to a model")
+            if param.name.startswith("__"):
                 raise TypeError(
-                    f"tool {fn.__name__}: *args/**kwargs cannot be described to a model"
+                    f"tool {label}: parameter {param.name!r} cannot be described to a model "
+                    "(a name starting with '__' is mangled in a class: msgspec refuses it); "
+                    "rename it"
                 )
             annotation = hints.get(param.name, Any)
             if param.default is inspect.Parameter.empty:
@@ -89,11 +158,20 @@ class FunctionTool:
         tool_name = check_tool_name(name or getattr(fn, "__name__", repr(fn)))
         self._args = msgspec.defstruct(f"{tool_name}_arguments", fields, forbid_unknown_fields=True)
         schema = msgspec.json.schema(self._args)
-        parameters = _inline_refs(schema, schema.get("$defs", {}))
-        parameters.pop("title", None)
+        parameters_schema = _inline_refs(schema, schema.get("$defs", {}))
+        parameters_schema.pop("title", None)
+        problem = lossless_problem(parameters_schema)
+        if problem is not None:
+            raise ValueError(
+                f"tool {tool_name}: its parameters' JSON schema cannot be sent or logged "
+                f"as it is: {problem} (a NaN or infinite default would reach the model as "
+                "null): give a finite default, or None"
+            )
         doc = inspect.getdoc(fn) or ""
         self._spec = ToolSpec(
-            name=tool_name, description=description or doc.split("\n\n")[0], parameters=parameters
+            name=tool_name,
+            description=description or doc.split("\n\n")[0],
+            parameters=parameters_schema,
         )
 
     def __repr__(self) -> str:

@@ -19,7 +19,15 @@ import msgspec
 
 from storage.errors import InvalidEventError
 
-__all__ = ["MAX_JSON_DEPTH", "Check", "check_plain_json", "describe", "run_check", "struct_check"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "Check",
+    "check_plain_json",
+    "describe",
+    "lossless_problem",
+    "run_check",
+    "struct_check",
+]
 
 MAX_JSON_DEPTH: Final = 256
 """Deepest nesting of dicts and lists accepted inside event data."""
@@ -49,8 +57,8 @@ class _Bad(Exception):
         self.parts: list[str | int] = []
 
 
-def _format_path(parts: list[str | int]) -> str:
-    out = ["$.data"]
+def _format_path(parts: list[str | int], root: str = "$.data") -> str:
+    out = [root]
     for part in reversed(parts):
         if isinstance(part, int):
             out.append(f"[{part}]")
@@ -119,6 +127,20 @@ def _walk(value: object, depth: int, active: set[int]) -> None:
 
 def check_plain_json(value: object) -> None:
     _walk(value, 0, set())
+
+
+def lossless_problem(value: object, root: str = "$") -> str | None:
+    """What keeps ``value`` from being lossless JSON, its path written from ``root``
+    (``"at $.x[0]: expected a finite number, found NaN; JSON has no NaN or
+    Infinity"``), or None if it is lossless: for data checked before it reaches an
+    event (a tool's schema, a scripted tool call's arguments)."""
+    try:
+        check_plain_json(value)
+    except _Bad as err:
+        hint = f"; {err.hint}" if err.hint else ""
+        where = _format_path(err.parts, root)
+        return f"at {where}: expected {err.expected}, found {err.found}{hint}"
+    return None
 
 
 def _check_float(value: object) -> None:

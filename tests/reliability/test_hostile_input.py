@@ -12,6 +12,7 @@ process (LMDB reads pages through a memory map) runs in a child interpreter.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -672,6 +673,124 @@ def test_every_public_verb_refuses_wrong_types_with_a_typed_error_and_writes_not
     assert {h.id for h in rt.store.sessions()} == sessions, "a refused spawn left a session"
     assert_alive(rt, agent)
     # the rt fixture reads every session back from the store when the test ends
+
+
+def _typed(x: int) -> int:
+    """Return x."""
+    return x
+
+
+BAD_TOOL_OPTIONS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
+    "timeout=nan": ({"timeout": math.nan}, TypeError, "timeout is a number of seconds"),
+    "timeout=True": ({"timeout": True}, TypeError, "timeout is a number of seconds"),
+    "timeout='5'": ({"timeout": "5"}, TypeError, "timeout is a number of seconds"),
+    "timeout=-1": ({"timeout": -1}, ValueError, "timeout is a number of seconds >= 0"),
+    "timeout=0": ({"timeout": 0}, ValueError, "timeout must be > 0 seconds"),
+    "concurrency_safe='no'": (
+        {"concurrency_safe": "no"},
+        TypeError,
+        "concurrency_safe must be True or False",
+    ),
+    "concurrency_safe=1": (
+        {"concurrency_safe": 1},
+        TypeError,
+        "concurrency_safe must be True or False",
+    ),
+    "description=123": ({"description": 123}, TypeError, "description must be a str"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TOOL_OPTIONS))
+def test_a_tool_option_of_the_wrong_type_or_value_is_refused_when_the_tool_is_made(
+    case: str,
+) -> None:
+    # Before, timeout=nan made every call time out at once, True was taken as 1 s, '5'
+    # raised a bare TypeError from a comparison, concurrency_safe="no" was taken as
+    # true, and description=123 made every request fail to log its header.
+    options, expected, match = BAD_TOOL_OPTIONS[case]
+    with pytest.raises(expected, match=f"tool _typed: {match}"):
+        tool(**options)(_typed)
+
+
+@pytest.mark.parametrize("timeout", [math.inf, 1e300], ids=["inf", "1e300"])
+def test_an_infinite_tool_timeout_is_no_limit(rt: Runtime, timeout: float) -> None:
+    made = tool(timeout=timeout)(_typed)
+    assert made.timeout_s is None
+    call = ToolCall(name="_typed", arguments={"x": 1})
+    agent = run_turn(rt, ScriptedModel([[call], "done"]), [made])
+    (result,) = facts(agent, "tool/result")
+    assert result.error is None
+    assert result.message.content[0].text == "1"
+
+
+class _Calc:
+    base = 10
+
+    def add(self, x: int) -> int:
+        """Add to base."""
+        return self.base + x
+
+    @staticmethod
+    def double(x: int) -> int:
+        """Double x."""
+        return 2 * x
+
+    def __call__(self, x: int) -> int:
+        return x
+
+
+def _dunder(x: int, __y: int = 0) -> int:
+    return x
+
+
+def _nan_default(x: float = math.nan) -> float:
+    return x
+
+
+def _inf_default(x: float = -math.inf) -> float:
+    return x
+
+
+UNDESCRIBABLE: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
+    "a method in its class body": (
+        lambda: tool(_Calc.add),
+        TypeError,
+        r"tool add: _Calc.add is a method: its 'self' .*tool\(obj.add\)",
+    ),
+    "a parameter named __y": (lambda: tool(_dunder), TypeError, "tool _dunder: .*'__y'.* rename"),
+    "a functools.partial": (
+        lambda: tool(functools.partial(_typed, x=1)),
+        TypeError,
+        "tool partial: .*decorate a typed function that calls it",
+    ),
+    "a callable object": (
+        lambda: tool(_Calc()),
+        TypeError,
+        "tool _Calc: .*decorate a typed function that calls it",
+    ),
+    "a NaN default": (lambda: tool(_nan_default), ValueError, "tool _nan_default: .*NaN"),
+    "a -Infinity default": (lambda: tool(_inf_default), ValueError, "finite default"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNDESCRIBABLE))
+def test_a_function_a_model_cannot_be_told_about_is_refused_naming_the_tool_and_the_fix(
+    case: str,
+) -> None:
+    # Before, a method decorated in its class body advertised `self` to the model, a
+    # NaN default was advertised in the schema but logged as null, and __y, a partial
+    # or a callable object failed with msgspec's or typing's own words.
+    make, expected, match = UNDESCRIBABLE[case]
+    with pytest.raises(expected, match=match):
+        make()
+
+
+def test_a_bound_method_and_a_staticmethod_make_tools_that_run(rt: Runtime) -> None:
+    add, double = tool(_Calc().add), tool(_Calc.double)
+    assert add.spec.parameters["required"] == ["x"] == double.spec.parameters["required"]
+    calls = [ToolCall(name="add", arguments={"x": 1}), ToolCall(name="double", arguments={"x": 4})]
+    agent = run_turn(rt, ScriptedModel([calls, "done"]), [add, double])
+    assert [r.message.content[0].text for r in facts(agent, "tool/result")] == ["11", "8"]
 
 
 class _StrSub(str):
