@@ -201,6 +201,11 @@ def _check_count(name: str, value: object, *, optional: bool = True) -> None:
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
+def _check_flag(name: str, value: object) -> None:
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def _resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
     out: dict[str, Tool] = {}
     if isinstance(tools, str | bytes):
@@ -268,6 +273,7 @@ class Runtime:
     ) -> None:
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
+        _check_flag("tune_gc", tune_gc)
         _check_count("threads", threads)
         _check_count("blocking_workers", blocking_workers, optional=False)
         _check_count("max_steps", max_steps)
@@ -401,6 +407,9 @@ class Runtime:
         """
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
+        _check_count("max_event_bytes", max_event_bytes, optional=False)
+        _check_count("map_size", map_size, optional=False)
+        _check_flag("tune_gc", tune_gc)
         store = Store.open(
             path, durability=durability, max_event_bytes=max_event_bytes, map_size=map_size
         )

@@ -10,6 +10,7 @@ event loop timers (never a sleeping thread); without it, it answers inline.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -29,6 +30,7 @@ from storage.events import (
     UsageChunk,
     UserMessage,
 )
+from storage.lossless import lossless_problem
 
 __all__ = ["Latency", "ScriptItem", "ScriptedModel", "ToolCall"]
 
@@ -105,6 +107,22 @@ def _check_call(call: object, where: str) -> None:
         _encoder.encode(call.arguments)
     except (TypeError, ValueError, OverflowError) as err:
         raise TypeError(f"{where}: arguments cannot be encoded as JSON: {err}") from None
+    problem = lossless_problem(call.arguments, "$.arguments")
+    if problem is not None:  # msgspec writes NaN as null: the model would send another value
+        raise ValueError(f"{where}: arguments are not lossless JSON: {problem}")
+
+
+def _check_latency(latency: object, what: str) -> float:
+    """``latency`` if it is a finite number of seconds >= 0; else ``TypeError`` (not a
+    number: a str, a bool) or ``ValueError`` (negative, NaN, infinite)."""
+    if isinstance(latency, bool) or not isinstance(latency, int | float):
+        raise TypeError(
+            f"{what} must be a number of seconds >= 0 (or, for latency, a function "
+            f"returning one), got {latency!r}"
+        )
+    if not math.isfinite(latency) or latency < 0:
+        raise ValueError(f"{what} must be a finite number of seconds >= 0, got {latency!r}")
+    return latency
 
 
 class ScriptedModel:
@@ -125,10 +143,14 @@ class ScriptedModel:
     ) -> None:
         if isinstance(replies, str | bytes):
             raise TypeError("replies must be an iterable of items or a function, not one string")
+        if type(chunks) is not int:
+            raise TypeError(f"chunks must be an int (at least 1), got {chunks!r}")
         if chunks < 1:
             raise ValueError(f"chunks must be at least 1, got {chunks}")
-        if not callable(latency) and latency < 0:
-            raise ValueError(f"latency must be >= 0 seconds, got {latency}")
+        if not callable(latency):
+            _check_latency(latency, "latency")
+        if type(name) is not str:
+            raise TypeError(f"name must be a str (it is logged in every request), got {name!r}")
         self._fn: Callable[[ModelRequest], ScriptItem] | None = None
         self._script: Iterator[ScriptItem] | None = None
         if callable(replies):
@@ -217,7 +239,9 @@ class ScriptedModel:
         return out
 
     def _delay(self) -> float:
-        return self._latency() if callable(self._latency) else self._latency
+        if callable(self._latency):
+            return _check_latency(self._latency(), "the latency function's result")
+        return self._latency
 
     def answer_now(self, request: ModelRequest) -> Sequence[StreamChunk] | None:
         """Inline answer when there is no latency to serve."""

@@ -234,7 +234,7 @@ class Codec:
     """Validates event data and encodes/decodes durable records for one store."""
 
     def __init__(self, types: EventTypes, *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
-        if not isinstance(max_event_bytes, int) or max_event_bytes <= 0:
+        if type(max_event_bytes) is not int or max_event_bytes <= 0:
             raise ValueError(f"max_event_bytes must be a positive int, got {max_event_bytes!r}")
         self._types = types
         self._max = max_event_bytes

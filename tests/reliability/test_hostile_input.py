@@ -389,6 +389,53 @@ def test_a_reply_function_returning_a_malformed_item_fails_that_request_only(
     assert_alive(rt, agent)  # the next request gets "fine"
 
 
+BAD_SCRIPTED: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
+    "chunks=1.5": ({"chunks": 1.5}, TypeError, "chunks must be an int"),
+    "chunks='2'": ({"chunks": "2"}, TypeError, "chunks must be an int"),
+    "chunks=True": ({"chunks": True}, TypeError, "chunks must be an int"),
+    "chunks=0": ({"chunks": 0}, ValueError, "chunks must be at least 1"),
+    "latency='0.5'": ({"latency": "0.5"}, TypeError, "latency must be a number"),
+    "latency=True": ({"latency": True}, TypeError, "latency must be a number"),
+    "latency=-1": ({"latency": -1}, ValueError, "latency must be a finite number"),
+    "latency=nan": ({"latency": math.nan}, ValueError, "latency must be a finite number"),
+    "latency=inf": ({"latency": math.inf}, ValueError, "latency must be a finite number"),
+    "name=5": ({"name": 5}, TypeError, "name must be a str"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SCRIPTED))
+def test_a_scripted_model_setting_of_the_wrong_type_or_value_is_refused_when_it_is_built(
+    case: str,
+) -> None:
+    # Before, chunks=1.5 was accepted and every turn ended error; chunks="2" and
+    # latency="0.5" raised bare TypeErrors from a comparison.
+    options, expected, match = BAD_SCRIPTED[case]
+    with pytest.raises(expected, match=match):
+        ScriptedModel(["hello"], **options)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"x": math.nan}, {"x": [1.0, -math.inf]}, {"x": {1: "one"}}],
+    ids=["NaN", "-Infinity in a list", "an int key"],
+)
+def test_scripted_tool_call_arguments_that_are_not_lossless_json_are_refused(
+    rt: Runtime, arguments: dict[str, Any]
+) -> None:
+    # Before, msgspec wrote NaN as null (and 1 as "1"): the call was sent with other
+    # arguments than the script said, silently.
+    call = ToolCall(name="probe", arguments=arguments)
+    with pytest.raises(ValueError, match=r"replies\[0\]\[0\]: arguments are not lossless JSON"):
+        ScriptedModel([[call]])
+    answers = iter([[call], "fine"])  # a reply function's: that request fails, naming it
+    agent = run_turn(rt, ScriptedModel(lambda request: next(answers)), [probe])
+    (end,) = facts(agent, "turn/end")
+    assert end.reason.kind == "error"
+    assert "arguments are not lossless JSON" in end.reason.error.message
+    assert facts(agent, "tool/call") == []
+    assert_alive(rt, agent)
+
+
 # --------------------------------------------------------------------------- verbs
 
 
@@ -872,6 +919,14 @@ def test_agent_settings_that_cannot_be_logged_are_refused_before_anything_is_wri
         ("agent_limits", {"max_requests": 2}, TypeError),
         ("retry_policy", 5, TypeError),
         ("max_running_turns", 0, ValueError),
+        ("map_size", -1, ValueError),
+        ("map_size", 0, ValueError),
+        ("map_size", 1.5, ValueError),
+        ("map_size", "1", ValueError),
+        ("max_event_bytes", True, ValueError),
+        ("max_event_bytes", 0, ValueError),
+        ("tune_gc", "no", TypeError),
+        ("tune_gc", None, TypeError),
     ],
 )
 def test_runtime_options_of_the_wrong_type_are_refused_when_the_runtime_opens(
