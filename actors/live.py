@@ -31,6 +31,7 @@ __all__ = [
     "AGENT_EVENTS",
     "MAX_CAUSE_REASON_CHARS",
     "MAX_RETRY_DELAY_S",
+    "WATERFALL_EVENTS",
     "AgentCreated",
     "AgentDisposed",
     "AgentError",
@@ -411,3 +412,16 @@ AGENT_EVENTS: Final = frozenset(
     }
 )
 """Every live event name the runtime emits (a typo in ``on()`` is refused)."""
+
+WATERFALL_EVENTS: Final = frozenset(
+    {
+        "agent/pre-step",
+        "agent/request",
+        "agent/request-error",
+        "tools/pre-execute",
+        "tools/execute",
+        "tools/post-execute",
+    }
+)
+"""The live events whose listeners are middleware, called ``(event, next)``; those of
+every other event are called ``(event)``."""

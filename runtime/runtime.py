@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import inspect
 import logging
 import os
 import sys
@@ -46,6 +47,7 @@ from actors.inbox import Inbox
 from actors.limits import Admission, UsageLimits, UsageMeter
 from actors.live import (
     AGENT_EVENTS,
+    WATERFALL_EVENTS,
     AgentCreated,
     AgentDisposed,
     AgentSessionStart,
@@ -201,6 +203,25 @@ def _check_count(name: str, value: object, *, optional: bool = True) -> None:
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
+def _check_arity(name: str, listener: Callable[..., Any]) -> None:
+    """``TypeError`` if ``listener`` cannot be called as a listener of ``name`` is:
+    ``(event, next)`` for a waterfall, ``(event)`` otherwise (it would fail on every
+    event, and a waterfall's failure ends every turn ``error``). A callable whose
+    signature cannot be read (some builtins) is accepted."""
+    try:
+        signature = inspect.signature(listener)
+    except (TypeError, ValueError):
+        return
+    waterfall = name in WATERFALL_EVENTS
+    try:
+        signature.bind(*((None, None) if waterfall else (None,)))
+    except TypeError:
+        called = "listener(event, next), as middleware" if waterfall else "listener(event)"
+        raise TypeError(
+            f"a listener of {name!r} is called {called}; {listener!r} takes {signature}"
+        ) from None
+
+
 def _check_flag(name: str, value: object) -> None:
     if type(value) is not bool:
         raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -289,6 +310,8 @@ class Runtime:
                 "retry_policy must be an agent/request-error listener (e.g. RetryPolicy()) "
                 f"or None, got {retry_policy!r}"
             )
+        if retry_policy is not None and retry_policy is not _DEFAULT_POLICY:
+            _check_arity("agent/request-error", retry_policy)
         self.store = store
         self.durability: Durability = durability
         self.max_steps = max_steps
@@ -456,6 +479,7 @@ class Runtime:
         if name not in AGENT_EVENTS:
             known = ", ".join(sorted(AGENT_EVENTS))
             raise ValueError(f"unknown live event {name!r}; known: {known}")
+        _check_arity(name, listener)
         session_event = name == "session/event"
         scope = None if owner is None else owner.id
         with self._lock:  # atomic with the disposal's sweep of the agent's listeners

@@ -176,8 +176,10 @@ class Recorder:
         self.entries: list[tuple[str, Any]] = []
         self.disposers = [source.on(name, self._recorder(name)) for name in names]
 
-    def _recorder(self, name: str) -> Callable[[Any], None]:
-        def record(event: Any) -> None:
+    def _recorder(self, name: str) -> Callable[..., None]:
+        # (event) for emitted events, (event, next) for waterfalls: it records and, for
+        # a waterfall, decides nothing
+        def record(event: Any, _next: Any = None) -> None:
             with self._changed:
                 self.entries.append((name, event))
                 self._changed.notify_all()

@@ -162,3 +162,68 @@ def test_async_listeners_the_bus_cannot_recognise_as_async_still_run_and_the_tur
     assert sorted(ran[2:]) == ["settled: decorated", "settled: lambda", "settled: partial"]
     assert timeline.wait_for("agent/settled")[0].reason.kind == "completed"
     assert timeline.of("agent/error") == []
+
+
+WATERFALLS = [
+    "agent/pre-step",
+    "agent/request",
+    "agent/request-error",
+    "tools/pre-execute",
+    "tools/execute",
+    "tools/post-execute",
+]
+CALLED_WITH_THE_EVENT = ["agent/settled", "agent/status", "agent/turn-stopping", "session/event"]
+
+
+def _one_arg(event: Any) -> None:
+    pass
+
+
+def _two_args(event: Any, next_: Any) -> Any:
+    return next_()
+
+
+@pytest.mark.parametrize("where", ["rt.on", "agent.on"])
+@pytest.mark.parametrize(
+    ("name", "listener"),
+    [(n, _one_arg) for n in WATERFALLS] + [(n, _two_args) for n in CALLED_WITH_THE_EVENT],
+    ids=[f"{n} (event)" for n in WATERFALLS]
+    + [f"{n} (event, next)" for n in CALLED_WITH_THE_EVENT],
+)
+def test_a_listener_that_cannot_take_its_events_arguments_is_refused_by_on(
+    rt: Runtime, name: str, listener: Any, where: str
+) -> None:
+    # Before, it was accepted: a one-argument listener of a waterfall made every turn
+    # end error, a two-argument one of an emitted event failed on every event.
+    agent = rt.spawn(model=ScriptedModel.echo())
+    source: Any = rt if where == "rt.on" else agent
+    with pytest.raises(TypeError, match=f"a listener of '{name}' is called listener"):
+        source.on(name, listener)
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    (end,) = [e.data for e in agent.session.events() if e.type == "turn/end"]
+    assert end.reason.kind == "completed"
+
+
+@pytest.mark.parametrize(
+    "listener",
+    [
+        lambda event, next_=None: next_() if next_ is not None else None,
+        lambda *args: args[1]() if len(args) > 1 else None,
+        print,  # a builtin whose signature cannot be read: accepted as before
+    ],
+    ids=["an optional next", "*args", "a builtin"],
+)
+def test_a_listener_that_can_take_either_shape_is_accepted_on_every_event(
+    rt: Runtime, listener: Any
+) -> None:
+    for name in ("agent/pre-step", "agent/settled"):
+        dispose = rt.on(name, listener)
+        dispose()
+
+
+def test_a_retry_policy_that_is_not_middleware_is_refused_when_the_runtime_opens(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(TypeError, match="'agent/request-error' is called listener"):
+        Runtime.open(tmp_path / "store", retry_policy=_one_arg)
