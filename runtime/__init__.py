@@ -14,6 +14,7 @@ from actors.limits import UsageLimits
 from actors.live import Allow, Deny, Enter, Reject, Retry, TurnSignal
 from actors.model import Model, ModelError, ModelRequest
 from actors.tools import Tool, ToolReturn
+from storage.errors import ReentrantAppendError, StoreClosedError
 from storage.events import (
     DisposedCause,
     HookCause,
@@ -51,6 +52,7 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "ParentCause",
+    "ReentrantAppendError",
     "Reject",
     "RequestConfig",
     "Retry",
@@ -58,6 +60,7 @@ __all__ = [
     "Runtime",
     "RuntimeClosedError",
     "ScriptedModel",
+    "StoreClosedError",
     "TextBlock",
     "Tool",
     "ToolCall",

@@ -140,3 +140,15 @@ def test_a_close_that_fails_part_way_closes_the_rest_and_a_second_close_finishes
     rt.close()  # and then has nothing left to do
     assert len(calls) == 2
     check_store(store_path)
+
+
+def test_the_store_errors_the_readme_names_are_exported_from_runtime() -> None:
+    # Before, the README named StoreClosedError and ReentrantAppendError, which only
+    # storage exported: `from runtime import StoreClosedError` failed.
+    import runtime  # noqa: PLC0415
+    import storage  # noqa: PLC0415
+
+    assert runtime.StoreClosedError is storage.StoreClosedError
+    assert runtime.ReentrantAppendError is storage.ReentrantAppendError
+    assert {"StoreClosedError", "ReentrantAppendError"} <= set(runtime.__all__)
+    assert issubclass(RuntimeClosedError, runtime.StoreClosedError)
