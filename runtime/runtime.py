@@ -23,7 +23,7 @@ from itertools import count
 from typing import Any, Final, Literal, NamedTuple, cast
 
 import msgspec
-from pykka import ActorDeadError, ActorRef, Timeout
+from pykka import ActorDeadError, ActorRef, ActorRegistry, Timeout
 from pykka.messages import ProxyCall
 
 from actors import (
@@ -1289,6 +1289,13 @@ class Runtime:
                 log.debug("stopping agent %s", handle.id, exc_info=True)
 
     def _stop_registry(self, until: float | None, timeout: float | None) -> None:
+        if self.dispatcher.is_shut_down:
+            # A close() finishing what a failed one left: the registry's stop can never
+            # be handled now. It runs nothing (every agent is stopped or abandoned): pykka
+            # forgets it, as it does an actor whose start failed (PooledActor).
+            ActorRegistry.unregister(self._registry)
+            self._registry.actor_stopped.set()
+            return
         try:
             self._registry.stop(timeout=remaining(extended(until)))
         except Timeout:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pykka import ActorRegistry
 
 from runtime import Agent, AgentDisposedError, Runtime, RuntimeClosedError, ScriptedModel
 from storage.errors import StoreClosedError
@@ -135,8 +136,10 @@ def test_a_close_that_fails_part_way_closes_the_rest_and_a_second_close_finishes
     with Runtime.open(store_path):  # every stage after it ran: the store was let go of
         pass
     assert _corral_threads() == before
-    rt.close()  # finishes what is left: the failed stage, again (the dispatcher the
-    assert len(calls) == 2  # registry ran on is gone by then: it is left, with a warning)
+    rt.close()  # finishes what is left: the failed stage, again
+    assert len(calls) == 2
+    assert not rt._registry.is_alive()
+    assert rt._registry not in ActorRegistry.get_all()
     rt.close()  # and then has nothing left to do
     assert len(calls) == 2
     check_store(store_path)
