@@ -22,7 +22,7 @@ from actors._ioside import (
     blocking,
 )
 from actors._mailbox import ActorDeath, DeathWatcher, Mailbox, MailboxStatistics, Overflow
-from actors._pooled import PooledActor, StoppedEvent, watch
+from actors._pooled import PooledActor, StoppedEvent, forget, watch
 from actors._registry import ActorCreated, ActorDisposed, RegistryActor
 from actors._scheduler import (
     Clock,
@@ -99,6 +99,7 @@ __all__: list[str] = [
     "WaitTarget",
     "Work",
     "blocking",
+    "forget",
     "in_io_loop_thread",
     "in_nonblocking_thread",
     "in_runtime_thread",

@@ -35,6 +35,7 @@ __all__ = [
     "Overflow",
     "PooledActor",
     "StoppedEvent",
+    "forget",
     "watch",
 ]
 
@@ -161,8 +162,7 @@ class PooledActor(pykka.Actor):
                 run_on_start=runs_on_start,
             )
         except BaseException:
-            ActorRegistry.unregister(self.actor_ref)
-            self.actor_stopped.set()
+            forget(self.actor_ref)
             raise
 
     def _handle_failure(
@@ -222,3 +222,11 @@ def watch(ref: ActorRef[Any], callback: DeathWatcher) -> Callable[[], None]:
     if not isinstance(inbox, Mailbox):
         raise TypeError(f"only PooledActor refs can be watched, not {ref}")
     return inbox.watch(lambda death: callback(ref, death))
+
+
+def forget(ref: ActorRef[Any]) -> None:
+    """Have pykka forget an actor that can never run again (its start failed, or its
+    dispatcher shut down before it could handle its stop): out of ``ActorRegistry``,
+    and stopped as far as ``is_alive()`` and ``stop()`` can tell. Nothing of it runs."""
+    ActorRegistry.unregister(ref)
+    ref.actor_stopped.set()

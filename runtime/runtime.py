@@ -23,7 +23,7 @@ from itertools import count
 from typing import Any, Final, Literal, NamedTuple, cast
 
 import msgspec
-from pykka import ActorDeadError, ActorRef, ActorRegistry, Timeout
+from pykka import ActorDeadError, ActorRef, Timeout
 from pykka.messages import ProxyCall
 
 from actors import (
@@ -33,6 +33,7 @@ from actors import (
     IoSide,
     RegistryActor,
     Scheduler,
+    forget,
     in_nonblocking_thread,
     in_runtime_thread,
     waiting_for,
@@ -330,6 +331,9 @@ class Runtime:
         # Agents being started: registered, not announced yet. Not in _agents (get() and
         # agents() hand out live agents only) until their actor announces them.
         self._pending: dict[str, Agent] = {}
+        # A close() gave up waiting for the starts under way: it claimed those pending,
+        # and one that was not pending yet is refused when it gets there (see _start).
+        self._starts_claimed = False
         self._started = threading.Condition(self._lock)
         self._refs: dict[str, ActorRef[Any]] = {}
         self._models: dict[int, Model] = {}
@@ -705,10 +709,9 @@ class Runtime:
             if session.repair():
                 session.flush()  # repaired durably by the time resume returns
         parts = self._assemble(handle, session, spec)
-        with self._lock:
-            self._pending[agent_id] = handle
         ref: ActorRef[Any] | None = None
         try:
+            self._add_pending(handle)
             create = ProxyCall(attr_path=("create",), args=(agent_id, parts.start), kwargs={})
             # Both asks wait for other actors: on a dispatcher worker (a sync listener
             # that spawns) the dispatcher lends a worker meanwhile, or a few such
@@ -738,12 +741,25 @@ class Runtime:
             raise
         return handle
 
+    def _add_pending(self, handle: Agent) -> None:
+        """``handle``'s start is under way: pending until its actor announces it (see
+        _announce). ``RuntimeClosedError`` if a close() gave up waiting for the starts
+        under way (it claimed those pending then): this one ends here, never announced."""
+        with self._lock:
+            if self._starts_claimed:
+                raise RuntimeClosedError
+            self._pending[handle.id] = handle
+
     def _unstart(self, agent_id: str, ref: ActorRef[Any]) -> None:
         """Stop the actor of a start that failed (or that a close gave up on) and take
         it out of the registry; nothing is announced (it never was)."""
-        if not self._unregister(agent_id, stop=True):  # a close stopped the registry
-            with contextlib.suppress(ActorDeadError, DispatcherShutdownError):
-                ref.stop(block=False)
+        self._unregister(agent_id, stop=False)
+        # Stopped here, not by the registry: a close() may stop the registry, or the
+        # dispatcher, before the registry got to it.
+        with contextlib.suppress(ActorDeadError, DispatcherShutdownError):
+            ref.stop(block=False)
+        if self.dispatcher.is_shut_down:  # (by a close): that stop may have been refused;
+            forget(ref)  # the actor never ran anything but its start: pykka forgets it
 
     def _announce(
         self,
@@ -1202,6 +1218,7 @@ class Runtime:
                         handle._disposing = True
                         handle._disposed.set()
                     self._pending.clear()
+                    self._starts_claimed = True  # and those not pending yet, once they are
         elif stage == "agents":
             self._dispose_for_close(until)
         elif stage == "stragglers":
@@ -1293,8 +1310,7 @@ class Runtime:
             # A close() finishing what a failed one left: the registry's stop can never
             # be handled now. It runs nothing (every agent is stopped or abandoned): pykka
             # forgets it, as it does an actor whose start failed (PooledActor).
-            ActorRegistry.unregister(self._registry)
-            self._registry.actor_stopped.set()
+            forget(self._registry)
             return
         try:
             self._registry.stop(timeout=remaining(extended(until)))

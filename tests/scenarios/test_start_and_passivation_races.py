@@ -8,10 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pykka import ActorRegistry
 
 from runtime import Agent, Runtime, RuntimeClosedError, ScriptedModel
 
 from .conftest import WAIT, HeldActor, check_store
+
+
+def registered() -> set[str]:
+    """The urns of the actors pykka has registered (running, or never stopped)."""
+    return {ref.actor_urn for ref in ActorRegistry.get_all()}
 
 
 @pytest.mark.parametrize("threads", [None, 1, 2], ids=lambda t: f"threads={t}")
@@ -24,6 +30,7 @@ def test_a_close_that_gives_up_on_spawns_under_way_announces_none_of_them_after_
     # of it is announced. (What close(timeout=0) does with the agents it did sweep is
     # its documented best effort: disposals not ended in time are left.)
     path = tmp_path / "store"
+    before = registered()
     rt = Runtime.open(path, threads=threads)
     created: list[tuple[str, bool]] = []
     returned = threading.Event()
@@ -52,6 +59,9 @@ def test_a_close_that_gives_up_on_spawns_under_way_announces_none_of_them_after_
     assert [type(e) for e in errors] == [RuntimeClosedError] * 3
     assert [agent_id for agent_id, late in created if late] == []
     assert sorted(agent_id for agent_id, _ in created) == sorted(a.id for a in started)
+    # A claimed start whose stop came after the dispatcher shut down was left registered
+    # with pykka for good (an actor that could never run again).
+    assert registered() - before == set()
     check_store(path)
 
 
@@ -63,6 +73,7 @@ def test_a_spawn_that_a_close_gave_up_waiting_for_is_never_announced(
     # emitted on close's thread) then frees the worker. Before, the start went on:
     # agent/created for an agent close never disposed, its actor left running.
     path = tmp_path / "store"
+    before = registered()
     rt = Runtime.open(path, threads=1)
     parked = rt.spawn(model=ScriptedModel.echo(), session_id="parked")
     parked.followup("warm up")
@@ -96,6 +107,7 @@ def test_a_spawn_that_a_close_gave_up_waiting_for_is_never_announced(
     spawner.join(WAIT)
     assert [type(o) for o in outcome] == [RuntimeClosedError]
     assert "late" not in created
+    assert registered() - before == set()  # nothing left that could never run again
     check_store(path)
 
 
@@ -128,3 +140,53 @@ def test_a_passivation_whose_stop_outlasts_its_timeout_still_passivates_the_agen
         assert agent.wait_idle(WAIT)
         texts = [m.content[0].text for m in agent.session.messages() if m.role == "user"]
         assert texts == ["warm up", "after"]
+
+
+def test_a_start_not_yet_pending_when_close_gives_up_on_the_starts_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Deterministic: the spawn is held while it builds its agent (before it is pending),
+    # close(timeout=0) gives up on the starts under way, and the spawn goes on before
+    # close stops the registry. Before, it was announced and returned a live agent that
+    # close never disposed (and whose actor pykka kept registered for good).
+    path = tmp_path / "store"
+    before = registered()
+    rt = Runtime.open(path, threads=1)
+    building, go, spawned = threading.Event(), threading.Event(), threading.Event()
+    assemble = rt._assemble
+
+    def held_assemble(*args: Any) -> Any:
+        building.set()
+        assert go.wait(WAIT)
+        return assemble(*args)
+
+    close_stage = rt._close_stage
+
+    def stage(name: str, *args: Any) -> None:
+        close_stage(name, *args)
+        if name == "starts":  # gave up on the starts: let the held one go on now
+            go.set()
+            assert spawned.wait(WAIT)
+
+    monkeypatch.setattr(rt, "_assemble", held_assemble)
+    monkeypatch.setattr(rt, "_close_stage", stage)
+    created: list[str] = []
+    rt.on("agent/created", lambda event: created.append(event.agent.id))
+    outcome: list[object] = []
+
+    def spawn() -> None:
+        try:
+            outcome.append(rt.spawn(model=ScriptedModel.echo(), session_id="held"))
+        except BaseException as err:
+            outcome.append(err)
+        spawned.set()
+
+    spawner = threading.Thread(target=spawn)
+    spawner.start()
+    assert building.wait(WAIT)
+    rt.close(timeout=0)
+    spawner.join(WAIT)
+    assert [type(o) for o in outcome] == [RuntimeClosedError]
+    assert created == []
+    assert registered() - before == set()
+    check_store(path)
