@@ -28,6 +28,8 @@ from storage.errors import (
     UnknownSessionError,
 )
 
+from .transcript import shown
+
 __all__ = [
     "EXIT_ERROR",
     "EXIT_INTERRUPTED",
@@ -110,8 +112,10 @@ class ScriptError(Exception):
 
 
 def _one_line(text: str) -> str:
+    r"""``text`` as one line, safe for a terminal: an error's text may quote a logged
+    value, or a script's error what a provider sent (control characters as ``\xNN``)."""
     lines = [part.strip() for part in str(text).strip().splitlines() if part.strip()]
-    return "; ".join(lines) if lines else "(no message)"
+    return shown("; ".join(lines)) if lines else "(no message)"
 
 
 def _is_lmdb_error(err: BaseException) -> bool:
@@ -171,7 +175,7 @@ def report(err: BaseException, ctx: click.Context | None) -> None:
     """Print ``err`` as one line (and its traceback first, with ``--debug``)."""
     if debug_enabled(ctx):
         print_traceback(err)
-    click.echo(_PREFIX + describe(err), err=True)
+    click.echo(_PREFIX + shown(describe(err)), err=True)  # (each case's own text too)
 
 
 class CorralGroup(click.Group):

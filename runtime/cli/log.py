@@ -368,7 +368,7 @@ def check(store: Path, allow_open_tail: bool) -> None:
         result = check_store(st, allow_open_tail=allow_open_tail)
     out = _out()
     if result.ignored:  # a plugin's records: their seqs are checked, nothing else
-        kinds = ", ".join(f"{name} ({count:,})" for name, count in result.ignored.items())
+        kinds = ", ".join(f"{shown(name)} ({count:,})" for name, count in result.ignored.items())
         out.print(
             Text(f"records of ignorable types not known here, checked for their seq only: {kinds}")
         )

@@ -437,3 +437,47 @@ def test_raw_json_lines_escape_every_control_character_and_keep_the_logged_text(
         texts = json.dumps(records, ensure_ascii=False)
         assert json.dumps(f"user {HOSTILE}", ensure_ascii=False)[1:-1] in texts
         assert json.dumps(f"reply {HOSTILE}", ensure_ascii=False)[1:-1] in texts
+
+
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x9b31m"
+
+
+def test_an_error_line_quoting_a_crafted_value_shows_its_controls_visibly(tmp_path: Path) -> None:
+    # msgspec quotes the bad value of a tag ("Invalid value '...'"): a crafted export's
+    # escape sequences reached the terminal through the one error line.
+    records = [{"type": "turn/start", "data": {"turn": 1, "trigger": {"kind": ESCAPES}}}]
+    crafted = tmp_path / "crafted.jsonl"
+    crafted.write_text(
+        "".join(json.dumps({**r, "seq": s, "time": 1}) + "\n" for s, r in enumerate(records))
+    )
+    result = corral("log", "import", crafted, "--session-id", "x", "--store", tmp_path / "s")
+    line = assert_one_error_line(result, "invalid session log", r"\x1b]0;pwned\x07\x1b[2J")
+    assert not TERMINAL_CONTROLS & set(line)
+
+
+def test_a_scripts_error_line_shows_the_controls_of_its_message_visibly(tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path, "fails.py", f"def main(rt, argv):\n    raise RuntimeError({ESCAPES!r})\n"
+    )
+    result = corral("run", "--store", tmp_path / "s", script)
+    line = assert_one_error_line(result, r"RuntimeError: \x1b]0;pwned\x07\x1b[2J\x9b31m")
+    assert not TERMINAL_CONTROLS & set(line)
+
+
+def test_check_lists_ignorable_types_it_does_not_know_with_their_controls_visible(
+    tmp_path: Path,
+) -> None:
+    records = [
+        {"type": "turn/start", "data": {"turn": 1, "trigger": {"kind": "message"}}},
+        {"type": "turn/end", "data": {"turn": 1, "reason": {"kind": "completed"}}},
+        {"type": f"plugin/{ESCAPES}", "data": {}, "ignorable": True},
+    ]
+    crafted = tmp_path / "plugged.jsonl"
+    crafted.write_text(
+        "".join(json.dumps({**r, "seq": s, "time": 1}) + "\n" for s, r in enumerate(records))
+    )
+    store = tmp_path / "store"
+    run_ok(["log", "import", crafted, "--session-id", "plugged", "--store", store])
+    out = run_ok(["log", "check", "--store", store])
+    assert r"plugin/\x1b]0;pwned\x07\x1b[2J\x9b31m (1)" in out
+    assert not TERMINAL_CONTROLS & set(out)
