@@ -200,8 +200,9 @@ def test_a_record_appended_while_the_writer_takes_the_others_is_written_by_the_n
         outbox = session._outbox
         assert outbox is not None
         records = outbox.records = _AppendWhileTaken()
-        session.append(*_fact(0))
+        # Set before the first append: the writer may take seq 0 as soon as it is there.
         records.late = lambda: session.append(*_fact(1))
+        session.append(*_fact(0))
         writer.flush(WAIT)  # takes seq 0; seq 1 comes in meanwhile: the outbox stays pending
         assert session.last_seq == 1
         writer.flush(WAIT)
