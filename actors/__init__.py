@@ -5,6 +5,7 @@ from actors._dispatcher import (
     DeadLetters,
     Dispatcher,
     DispatcherStatistics,
+    LendingLock,
     in_io_loop_thread,
     in_nonblocking_thread,
     in_runtime_thread,
@@ -40,7 +41,7 @@ from actors._supervisor import (
     SupervisionEvent,
     Supervisor,
 )
-from actors._waits import WaitTarget, waiting_for
+from actors._waits import Idle, WaitTarget, waiting_for
 from actors.bus import Bus, Deferred, Listener, Ready
 from actors.errors import (
     DispatcherShutdownError,
@@ -71,9 +72,11 @@ __all__: list[str] = [
     "EffectCompleted",
     "EffectHandle",
     "EngineError",
+    "Idle",
     "IoSide",
     "IoSideClosedError",
     "IoStatistics",
+    "LendingLock",
     "Listener",
     "ListenerError",
     "Mailbox",

@@ -31,6 +31,7 @@ __all__ = [
     "DeadLetters",
     "Dispatcher",
     "DispatcherStatistics",
+    "LendingLock",
     "Schedulable",
     "in_io_loop_thread",
     "in_nonblocking_thread",
@@ -127,6 +128,37 @@ def waiting_on_actors() -> Iterator[None]:
         yield
     finally:
         dispatcher._take_back()
+
+
+class LendingLock:
+    """A re-entrant lock whose waiter lends its dispatcher worker while it waits (see
+    :func:`waiting_on_actors`): for a lock whose holder may itself wait for actors (an
+    agent's live lock, which a passivation holds while it asks the agent's actor), so
+    that a sync listener blocked on it does not keep the actor waited for from a
+    worker. Uncontended, it costs what an ``RLock`` does."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """``RLock.acquire``, lending the worker while it blocks."""
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        with waiting_on_actors():
+            return self._lock.acquire(True, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *_: object) -> None:
+        self._lock.release()
 
 
 P = ParamSpec("P")

@@ -20,7 +20,7 @@ only the one that closes it is refused, so the others end once it returns.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,7 +28,7 @@ from typing import Protocol
 from ._dispatcher import waiting_on_actors, working_for
 from .errors import WaitCycleError
 
-__all__ = ["WaitTarget", "waiting_for"]
+__all__ = ["Idle", "WaitTarget", "waiting_for"]
 
 
 class WaitTarget(Protocol):
@@ -40,10 +40,21 @@ class WaitTarget(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Idle:
+    """What else holds an agent that a wait needs idle (or disposed): while it runs a
+    turn (``running()``), the threads running its effects, which the turn waits for;
+    while its disposal is announced, the thread running its ``agent/disposed``
+    listeners (``announcer()``), which the disposal waits for."""
+
+    running: Callable[[], bool]
+    announcer: Callable[[], int | None]
+
+
+@dataclass(frozen=True, slots=True)
 class _Wait:
     target: WaitTarget
-    label: str  # the agent waited for, and for what: "agent B's announcement"
-    idle: bool  # the wait needs the agent idle (its effects done), not only its actor
+    label: str  # the agent waited for, and for what: "agent B to go idle"
+    idle: Idle | None  # the wait needs the agent idle, not only its actor to run
     effect_of: object | None  # the working_for() token of the waiting thread
 
 
@@ -52,11 +63,11 @@ _waits: dict[int, _Wait] = {}  # Invariant: thread ident -> its one wait; only u
 
 
 @contextmanager
-def waiting_for(target: WaitTarget, label: str, *, idle: bool) -> Iterator[None]:
-    """Around a wait until ``target``'s actor (``idle``: and its effects) has done
-    something: registered for cycle detection (raises :class:`WaitCycleError` if the
-    wait would close a cycle), and lent a dispatcher worker as
-    :func:`actors.waiting_on_actors` does."""
+def waiting_for(target: WaitTarget, label: str, *, idle: Idle | None = None) -> Iterator[None]:
+    """Around a wait until ``target``'s actor has done something (``idle``: until the
+    agent is idle or disposed, which needs more: see :class:`Idle`): registered for
+    cycle detection (raises :class:`WaitCycleError` if the wait would close a cycle),
+    and lent a dispatcher worker as :func:`actors.waiting_on_actors` does."""
     me = threading.get_ident()
     wait = _Wait(target=target, label=label, idle=idle, effect_of=working_for())
     with _lock:
@@ -89,7 +100,7 @@ def _cycle(me: int, wait: _Wait) -> str | None:
     seen: set[tuple[int, bool]] = set()
 
     def walk(current: _Wait) -> bool:
-        key = (id(current.target), current.idle)
+        key = (id(current.target), current.idle is not None)
         if key in seen:
             return False
         seen.add(key)
@@ -114,10 +125,17 @@ def _cycle(me: int, wait: _Wait) -> str | None:
 
 def _holders(wait: _Wait) -> list[int]:
     """The threads whose current work ``wait.target`` needs done before ``wait`` can
-    end: the one running its actor's handler; for an idle wait, also those running
-    its effects that wait themselves (one that does not will end by itself)."""
+    end: the one running its actor's handler; for an idle wait, also the one
+    announcing its disposal and, while it runs a turn, those running its effects that
+    wait themselves (one that does not ends by itself; an effect the agent no longer
+    waits for, a body past its timeout, holds nothing once the agent is idle)."""
     target = wait.target
     holders = [] if target.owner is None else [target.owner]
-    if wait.idle:
-        holders += [t for t, w in _waits.items() if w.effect_of is target]
+    idle = wait.idle
+    if idle is not None:
+        announcer = idle.announcer()
+        if announcer is not None:
+            holders.append(announcer)
+        if idle.running():
+            holders += [t for t, w in _waits.items() if w.effect_of is target]
     return holders

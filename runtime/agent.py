@@ -16,7 +16,15 @@ import msgspec
 from pykka import ActorDeadError, ActorRef, Future, Timeout
 from pykka._envelope import Envelope
 
-from actors import Mailbox, WaitTarget, in_io_loop_thread, waiting_for, working_for
+from actors import (
+    Idle,
+    LendingLock,
+    Mailbox,
+    WaitTarget,
+    in_io_loop_thread,
+    waiting_for,
+    working_for,
+)
 from actors.agent import AwaitIdle, Barrier, Cancel, Edit, Insert, Kill, apply_edit
 from actors.errors import (
     AgentDisposedError,
@@ -114,7 +122,7 @@ class Agent:
         self._session: Session | None = session
         # Held while sending and while passivating, so a send never reaches an actor
         # that is being stopped; a passivated agent is rehydrated by its next use.
-        self._live_lock = threading.RLock()
+        self._live_lock = LendingLock()  # (a passivation holds it while it asks the actor)
         self._passive = False
         self._inbox: Inbox | None = None
         self._new_id = new_id
@@ -451,7 +459,7 @@ class Agent:
                     raise
             try:
                 label = f"agent {self.id} to apply the {edit.op} edit"
-                with waiting_for(inbox, label, idle=False):
+                with waiting_for(inbox, label):
                     return reply.get(timeout=timeout)
             except ActorDeadError:
                 self._release(inserted)  # stopped before it reached the edit
@@ -666,10 +674,14 @@ class Agent:
             # caller returns, as from the agent's own listener.
             return self._disposed.is_set()
 
-    def _idle_wait(self, what: str) -> tuple[WaitTarget, str] | None:
-        """What a wait for this agent to go idle registers (``actors.waiting_for``)."""
+    def _idle_wait(self, what: str) -> tuple[WaitTarget, str, Idle] | None:
+        """What a wait for this agent to go idle (or be disposed) registers
+        (``actors.waiting_for``)."""
         inbox = self._inbox
-        return None if inbox is None else (inbox, f"agent {self.id} {what}")
+        if inbox is None:
+            return None
+        holds = Idle(running=lambda: self.status == "running", announcer=lambda: self._announcer)
+        return inbox, f"agent {self.id} {what}", holds
 
     def _begin_disposal(self, *, keep_inbox: bool) -> None:
         """Start this agent's one disposal, unless one began (``dispose()``, or the

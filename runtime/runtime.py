@@ -719,7 +719,7 @@ class Runtime:
             # actors wait for one. The wait is registered before the new actor can run
             # (a listener of its announcement that waits for the caller's agent is
             # refused: it would close a cycle; see actors.waiting_for).
-            with waiting_for(parts.inbox, f"agent {agent_id} to start", idle=False):
+            with waiting_for(parts.inbox, f"agent {agent_id} to start"):
                 ref = self._registry.ask(create, block=True)
                 # The actor's first message: nothing can be sent to it before (the handle
                 # is bound by it), so whatever the listeners send waits behind it.
@@ -879,7 +879,7 @@ class Runtime:
             try:
                 assert handle._inbox is not None
                 label = f"agent {handle.id} to be passivated"
-                with waiting_for(handle._inbox, label, idle=False):
+                with waiting_for(handle._inbox, label):
                     quiescent = ref.ask(Quiescent(), timeout=timeout)
             except (Timeout, ActorDeadError, WaitCycleError):  # busy (in one handler all
                 return False  # that while, or in one that waits for the caller) or gone

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Final
 
-from actors import WaitTarget, waiting_for, waiting_on_actors
+from actors import Idle, WaitTarget, waiting_for, waiting_on_actors
 from storage.timeouts import check_timeout
 
 __all__ = ["SLICE_S", "check_timeout", "wait"]
@@ -32,17 +32,18 @@ def wait(
     event: threading.Event,
     timeout: float | None = None,
     *,
-    idle: tuple[WaitTarget, str] | None = None,
+    idle: tuple[WaitTarget, str, Idle] | None = None,
 ) -> bool:
     """``event.wait(timeout)`` (True once set, False on timeout) that a signal handler
     raising on the main thread (Ctrl-C) interrupts within :data:`SLICE_S` seconds. On a
     dispatcher worker (a sync listener disposing of another agent, say) the dispatcher
     lends a worker while it waits (``actors.waiting_on_actors``). ``idle``: the event
-    is set once that agent (its inbox, and a label naming it) is idle; the wait raises
-    ``WaitCycleError`` if it would close a cycle of waits (``actors.waiting_for``)."""
+    is set once that agent (its inbox, a label naming it, what else holds it) is idle
+    or disposed; the wait raises ``WaitCycleError`` if it would close a cycle of waits
+    (``actors.waiting_for``)."""
     if threading.current_thread() is not threading.main_thread():
         # (the main thread runs no actor or effect: no cycle of waits can go through it)
-        waits = waiting_on_actors() if idle is None else waiting_for(*idle, idle=True)
+        waits = waiting_on_actors() if idle is None else waiting_for(*idle[:2], idle=idle[2])
         with waits:
             return event.wait(timeout)
     if timeout is not None and timeout <= SLICE_S:

@@ -8,6 +8,7 @@ through and end once the refused one returns. RELIABILITY.md section 7."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from runtime import (
     tool,
 )
 
-from .conftest import WAIT
+from .conftest import WAIT, check_store
 
 
 @pytest.fixture
@@ -202,3 +203,84 @@ def test_a_tool_body_that_waits_for_an_agent_waiting_for_its_own_agent_is_refuse
     values = list(outcomes.seen.values())
     assert len([v for v in values if isinstance(v, WaitCycleError)]) == 1 and True in values
     assert agents["B"].wait_idle(WAIT)
+
+
+@pytest.mark.parametrize("verb", ["wait_idle", "dispose"])
+def test_an_agent_disposed_listener_waiting_for_the_agent_that_disposes_it_is_refused(
+    rt: Runtime, verb: str
+) -> None:
+    # B's disposal ends once its agent/disposed listeners return: the thread running
+    # them holds B for a wait on its disposal, as its actor's thread holds it otherwise.
+    a = rt.spawn(model=ScriptedModel.echo(), session_id="A")
+    b = rt.spawn(model=ScriptedModel.echo(), session_id="B")
+    outcomes = Outcomes(2)
+
+    def dispose_b(event: Any) -> None:
+        outcomes.record("A disposes B", lambda: b.dispose(WAIT))
+
+    def wait_for_a(event: Any) -> None:
+        outcomes.record(verb, lambda: getattr(a, verb)(WAIT))
+
+    a.on("agent/settled", dispose_b)
+    b.on("agent/disposed", wait_for_a)
+    a.followup("hi")
+    assert outcomes.all_in()
+    assert outcomes.seen["A disposes B"] is True
+    refused = outcomes.seen[verb]
+    assert refused is False if verb == "dispose" else isinstance(refused, WaitCycleError)
+
+
+def test_a_listener_blocked_on_an_agent_being_passivated_lends_its_worker(rt: Runtime) -> None:
+    # X's listener passivates Z, holding Z's live lock while it asks Z's actor; Y's
+    # listener, run by the worker lent for that, sends to Z and blocks on the lock: it
+    # lends a worker too, or nothing was left to run Z's actor (threads=1: passivate
+    # waited its whole timeout, or for good without one).
+    x, y, z = (rt.spawn(model=ScriptedModel.echo(), session_id=n) for n in "XYZ")
+    outcomes = Outcomes(2)
+    x.on("agent/settled", lambda event: outcomes.record("passivate", lambda: z.passivate(None)))
+    y.on("agent/settled", lambda event: outcomes.record("send", lambda: z.followup("hi Z")))
+    x.followup("x")
+    y.followup("y")
+    assert outcomes.all_in()
+    assert isinstance(outcomes.seen["send"], str)  # its MessageId
+    assert isinstance(outcomes.seen["passivate"], bool)
+    assert z.wait_idle(WAIT)
+    assert [m.role for m in z.session.messages()] == ["user", "assistant"]
+
+
+@pytest.mark.parametrize("threads", [None, 2], ids=lambda t: f"threads={t}")
+def test_a_tool_body_past_its_timeout_no_longer_holds_its_idle_agent(
+    store_path: Path, threads: int | None
+) -> None:
+    # A's tool body waits for B and outlives its timeout: A's turn ends without it, A is
+    # idle. A wait for A from B's listener closes no cycle (A waits for nothing B does);
+    # the body's thread used to count as holding A all the same: WaitCycleError.
+    # (Not threads=1: B's listener below waits for A on an Event of its own.)
+    agents: dict[str, Agent] = {}
+    a_idle = threading.Event()
+
+    @tool(timeout=0.2)
+    def wait_for_b() -> str:
+        """Wait for agent B."""
+        return str(agents["B"].wait_idle(WAIT))
+
+    outcomes = Outcomes(1)
+    with Runtime.open(store_path, threads=threads) as rt:
+        model = ScriptedModel([[ToolCall(name="wait_for_b", arguments={})], "done"])
+        agents["A"] = rt.spawn(model=model, tools=[wait_for_b], session_id="A")
+        agents["B"] = rt.spawn(model=ScriptedModel.echo(), session_id="B")
+        agents["A"].on(
+            "agent/status", lambda event: a_idle.set() if event.status == "idle" else None
+        )
+
+        def wait_for_a(event: Any) -> None:
+            agents["A"].followup("go")  # A's tool waits for B, busy here
+            assert a_idle.wait(WAIT)  # its timeout passed: A's turn ended without it
+            outcomes.record("wait", lambda: agents["A"].wait_idle(WAIT))
+
+        agents["B"].on("agent/turn-stopping", wait_for_a)
+        agents["B"].followup("hi")
+        assert outcomes.all_in()
+        assert outcomes.seen == {"wait": True}
+        assert agents["B"].wait_idle(WAIT) and agents["A"].wait_idle(WAIT)
+    check_store(store_path)
