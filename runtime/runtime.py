@@ -143,8 +143,8 @@ def _check_header(codec: Codec, model: Model, tools: dict[str, Tool], system: st
     written: else every turn of the agent would end ``error`` at its first request.
     ``TypeError`` for a tool spec that is not well typed (a hand-written ``Tool``'s
     ``description=123``), ``ValueError`` for a header that is not lossless JSON or over
-    the store's ``max_event_bytes``. (For a resume or fork without ``system``, the
-    logged system prompt is not counted: it was logged before.)"""
+    the store's ``max_event_bytes``. (A resume or fork without ``system`` is checked
+    again once its log's system prompt is known: see ``Runtime._start_logged``.)"""
     specs: list[ToolSpec] = []
     for name, item in tools.items():
         try:
@@ -208,9 +208,11 @@ def _check_arity(name: str, listener: Callable[..., Any]) -> None:
     """``TypeError`` if ``listener`` cannot be called as a listener of ``name`` is:
     ``(event, next)`` for a waterfall, ``(event)`` otherwise (it would fail on every
     event, and a waterfall's failure ends every turn ``error``). A callable whose
-    signature cannot be read (some builtins) is accepted."""
+    signature cannot be read (some builtins) is accepted. The listener's own signature
+    counts, not that of what it wraps (``functools.wraps`` sets ``__wrapped__``: a
+    decorator that makes an observer ``(event)`` into middleware ``(event, next)``)."""
     try:
-        signature = inspect.signature(listener)
+        signature = inspect.signature(listener, follow_wrapped=False)
     except (TypeError, ValueError):
         return
     waterfall = name in WATERFALL_EVENTS
@@ -627,9 +629,19 @@ class Runtime:
         source: Literal["startup", "resume"],
     ) -> Agent:
         """:meth:`_start` over a session with a log (resumed or forked): ``system``
-        defaults to the system prompt the log last recorded."""
+        defaults to the system prompt the log last recorded, whose header with these
+        tools is checked here (before a resume writes anything; a fork has seeded its
+        session, which the error names)."""
         if system is None:
             system = _logged_system(session)
+            try:
+                _check_header(self.store.codec, model, tools, system)
+            except (TypeError, ValueError) as err:
+                what = "forked into" if source == "startup" else "resumed from"
+                raise type(err)(
+                    f"{err} (the system prompt {what} session {session.id!r}'s log; give "
+                    "a shorter system=, or fewer tools)"
+                ) from None
         return self._start(session, model, tools, system, limits, source)
 
     def _open_logged(

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import numbers
 import random
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from decimal import Decimal
 from typing import Any, TypeAlias
 
 import msgspec
@@ -113,16 +115,18 @@ def _check_call(call: object, where: str) -> None:
 
 
 def _check_latency(latency: object, what: str) -> float:
-    """``latency`` if it is a finite number of seconds >= 0; else ``TypeError`` (not a
-    number: a str, a bool) or ``ValueError`` (negative, NaN, infinite)."""
-    if isinstance(latency, bool) or not isinstance(latency, int | float):
+    """``latency`` as a float if it is a finite real number of seconds >= 0 (an int,
+    a float, a ``Fraction``, a ``Decimal``); else ``TypeError`` (not a number: a str, a
+    bool) or ``ValueError`` (negative, NaN, infinite)."""
+    if isinstance(latency, bool) or not isinstance(latency, numbers.Real | Decimal):
         raise TypeError(
             f"{what} must be a number of seconds >= 0 (or, for latency, a function "
             f"returning one), got {latency!r}"
         )
-    if not math.isfinite(latency) or latency < 0:
+    seconds = float(latency)
+    if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"{what} must be a finite number of seconds >= 0, got {latency!r}")
-    return latency
+    return seconds
 
 
 class ScriptedModel:
@@ -148,7 +152,7 @@ class ScriptedModel:
         if chunks < 1:
             raise ValueError(f"chunks must be at least 1, got {chunks}")
         if not callable(latency):
-            _check_latency(latency, "latency")
+            latency = _check_latency(latency, "latency")
         if type(name) is not str:
             raise TypeError(f"name must be a str (it is logged in every request), got {name!r}")
         self._fn: Callable[[ModelRequest], ScriptItem] | None = None

@@ -23,6 +23,8 @@ import struct
 import subprocess
 import sys
 from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -412,6 +414,18 @@ def test_a_scripted_model_setting_of_the_wrong_type_or_value_is_refused_when_it_
     options, expected, match = BAD_SCRIPTED[case]
     with pytest.raises(expected, match=match):
         ScriptedModel(["hello"], **options)
+
+
+@pytest.mark.parametrize(
+    "latency",
+    [Fraction(1, 50), Decimal("0.02"), lambda: Fraction(1, 50)],
+    ids=["a Fraction", "a Decimal", "a function returning a Fraction"],
+)
+def test_a_scripted_latency_may_be_any_real_number_of_seconds(rt: Runtime, latency: Any) -> None:
+    # The check of the wrong types refused a Fraction, which worked before it.
+    agent = run_turn(rt, ScriptedModel.echo(latency=latency))
+    (end,) = facts(agent, "turn/end")
+    assert end.reason.kind == "completed"
 
 
 @pytest.mark.parametrize(
@@ -902,6 +916,35 @@ def test_agent_settings_that_cannot_be_logged_are_refused_before_anything_is_wri
     resumed = rt.resume(source.id, model=ScriptedModel.echo())
     assert resumed.session.last_seq == last, "a refused start wrote to the session"
     assert_alive(rt, resumed)
+
+
+@pytest.mark.parametrize("verb", ["resume", "fork"])
+def test_a_logged_system_prompt_that_no_longer_fits_with_the_tools_given_is_refused(
+    tmp_path: Path, verb: str
+) -> None:
+    # The header check at the start counted the system= given, not the one the log
+    # recorded: a resume (or fork) without system= adding a tool was accepted, and
+    # every turn then ended error ("request/header ... over the limit").
+    with Runtime.open(tmp_path / "store", max_event_bytes=4096) as rt:
+        source = rt.spawn(model=ScriptedModel.echo(), system="s" * 3_900)
+        source.followup("go")  # its first request logs the system prompt
+        assert source.wait_idle(WAIT) and source.dispose(WAIT)
+        last = source.session.last_seq
+        start: Callable[[], Agent] = (
+            (lambda: rt.resume(source.id, model=ScriptedModel.echo(), tools=[probe]))
+            if verb == "resume"
+            else (lambda: rt.fork(source.id, last, model=ScriptedModel.echo(), tools=[probe]))
+        )
+        with pytest.raises(ValueError, match=r"system prompt (resumed from|forked into)"):
+            start()
+        again = rt.resume(source.id, model=ScriptedModel.echo(), tools=[probe], system="short")
+        again.followup("and now")
+        assert again.wait_idle(WAIT)
+        assert [e.data.reason.kind for e in again.session.events() if e.type == "turn/end"] == [
+            "completed",
+            "completed",
+        ]
+    check_whole_store(tmp_path / "store")
 
 
 @pytest.mark.parametrize(

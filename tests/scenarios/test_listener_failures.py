@@ -227,3 +227,27 @@ def test_a_retry_policy_that_is_not_middleware_is_refused_when_the_runtime_opens
 ) -> None:
     with pytest.raises(TypeError, match="'agent/request-error' is called listener"):
         Runtime.open(tmp_path / "store", retry_policy=_one_arg)
+
+
+def test_a_decorator_that_makes_an_observer_into_middleware_is_accepted(rt: Runtime) -> None:
+    # functools.wraps gives the wrapper its observer's __wrapped__: on() read the
+    # observer's (event) signature and refused the (event, next) wrapper.
+    seen: list[int] = []
+
+    def as_middleware(observe: Callable[[Any], None]) -> Callable[[Any, Any], Any]:
+        @functools.wraps(observe)
+        def middleware(event: Any, next_: Any) -> Any:
+            observe(event)
+            return next_()
+
+        return middleware
+
+    @as_middleware
+    def log_request(event: Any) -> None:
+        seen.append(event.turn)
+
+    rt.on("agent/request", log_request)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    assert seen == [1]
