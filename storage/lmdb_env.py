@@ -607,12 +607,12 @@ class LmdbEnv:
         compact(txn, dbs, [(rows[k][0], encode_row(rows[k][1], seq)) for k, seq in last.items()])
 
     def close(self) -> None:
-        """Close the environment once no reader is inside a transaction. Idempotent."""
+        """Close the environment once no reader is inside a transaction, and let go of
+        the writer lock. Idempotent, and a close interrupted half-way (a Ctrl-C) is
+        finished by the next one: ``env.close()`` is idempotent, as is the unlock."""
         with self.resize_lock.resizing():
-            if self._closed:
-                return
-            self._closed = True
             self.env.close()
+            self._closed = True
         self._unlock()
 
     @contextmanager

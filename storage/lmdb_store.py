@@ -144,7 +144,9 @@ class Store:
         self._db = lmdb_env
         self._clock = clock
         self._lock = threading.Lock()
-        self._closed = False
+        self._closed = False  # close() began: every other method refuses
+        self._released = False  # a close() let go of the writer and the environment
+        self._releasing = False  # a close() is letting go of them
         self._headers: dict[str, SessionHeader] = {}  # writable stores: every session
         self._writer: LogWriter | None = None
         self._sink: LogWriter | _ReadOnlySink = _ReadOnlySink()
@@ -154,9 +156,13 @@ class Store:
         rows = lmdb_env.rows()
         self._next_key = lmdb_env.next_session_key()
         self._writer = self._sink = LogWriter(lmdb_env, sync_on_flush=durability == "none")
-        for row in rows:
-            self._headers[row.header.id] = row.header
-            self._writer.track(row.header, next_seq=row.last_seq + 1, new=False)
+        try:
+            for row in rows:
+                self._headers[row.header.id] = row.header
+                self._writer.track(row.header, next_seq=row.last_seq + 1, new=False)
+        except BaseException:  # (a Ctrl-C): open (which closes the environment) stops it
+            self._writer.close()
+            raise
 
     @classmethod
     def open(
@@ -201,19 +207,31 @@ class Store:
     def close(self) -> None:
         """Flush, stop the writer thread and close the environment. Idempotent; any
         later call of another method raises :class:`StoreClosedError`. Raises the
-        writer's failure, if it failed, after closing."""
+        writer's failure, if it failed, after closing.
+
+        A close that was interrupted (a Ctrl-C while it waits for the last flush, say)
+        is finished by the next call, which lets go of the writer thread, the
+        environment and the writer lock (the store can be opened again); only a close
+        that got that far is done. A call while another thread's close runs returns."""
         with self._lock:
-            if self._closed:
+            if self._released or self._releasing:
                 return
             self._closed = True
-        failure: StorageError | None = None
-        if self._writer is not None:
-            try:
-                self._writer.flush()
-            except StorageError as err:
-                failure = err
-            self._writer.close()
-        self._db.close()  # waits for readers in progress
+            self._releasing = True
+        try:
+            failure: StorageError | None = None
+            if self._writer is not None:
+                if not self._writer.closed:
+                    try:
+                        self._writer.flush()
+                    except StorageError as err:
+                        failure = err
+                self._writer.close()
+            self._db.close()  # waits for readers in progress; lets go of the writer lock
+            self._released = True
+        finally:
+            with self._lock:
+                self._releasing = False
         if failure is not None:
             raise failure
 

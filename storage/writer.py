@@ -495,17 +495,23 @@ class LogWriter:
     def close(self, timeout: float | None = None) -> None:
         """Refuse new work, commit what is queued (resolving its flushes), stop the thread.
 
-        Idempotent. Later ``submit``/``flush`` calls raise ``StoreClosedError``.
+        Idempotent; a close interrupted in its wait for the thread (a Ctrl-C) waits
+        again when called again. Later ``submit``/``flush`` calls raise
+        ``StoreClosedError``.
         """
         self._refuse_on_writer_thread("close()")
         with self._lock:
-            if self._state == _CLOSED:
-                return
-            self._state = _CLOSED
-            self._stopping = True
-            self._stop_outboxes()  # the last batch takes what they hold; nothing more
-            self._wake.notify()
+            if self._state != _CLOSED:
+                self._state = _CLOSED
+                self._stopping = True
+                self._stop_outboxes()  # the last batch takes what they hold; nothing more
+                self._wake.notify()
         self._thread.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` began (it refuses new work from then on)."""
+        return self._state == _CLOSED
 
     def statistics(self) -> WriterStatistics:
         return WriterStatistics(

@@ -14,6 +14,7 @@ from pykka import ActorRegistry
 
 from runtime import Agent, AgentDisposedError, Runtime, RuntimeClosedError, ScriptedModel
 from storage.errors import StoreClosedError
+from storage.writer import LogWriter
 
 from .conftest import WAIT, check_store
 
@@ -142,6 +143,39 @@ def test_a_close_that_fails_part_way_closes_the_rest_and_a_second_close_finishes
     assert rt._registry not in ActorRegistry.get_all()
     rt.close()  # and then has nothing left to do
     assert len(calls) == 2
+    check_store(store_path)
+
+
+def test_a_ctrl_c_in_the_store_stage_is_finished_by_a_second_close(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, a Ctrl-C while close() waited for the log's last flush left the store
+    # marked closed but its writer thread, environment and writer lock held: the
+    # second close() reported success and the store could not be opened again in
+    # the process.
+    before = _corral_threads()
+    rt = Runtime.open(store_path)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    flush = LogWriter.flush
+    main = threading.main_thread()
+
+    def interrupted(self: LogWriter, timeout: float | None = None) -> None:
+        if threading.current_thread() is main and "store" in rt._close_left and rt._closing:
+            raise KeyboardInterrupt  # what SIGINT does in the flush's wait
+        flush(self, timeout)
+
+    monkeypatch.setattr(LogWriter, "flush", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rt.close()
+    assert rt._close_left == ["store"]
+    monkeypatch.setattr(LogWriter, "flush", flush)
+    rt.close()
+    assert rt._close_left == []
+    assert _corral_threads() == before
+    with Runtime.open(store_path):  # the store was let go of
+        pass
     check_store(store_path)
 
 

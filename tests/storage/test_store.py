@@ -32,6 +32,7 @@ from storage import (
     UnknownSessionError,
     assert_invariants,
 )
+from storage import lmdb_env as lmdb_env_module
 from storage import writer as writer_module
 from storage.events import Completed, MessageTrigger, SessionEndSeed, TurnEnd, TurnStart
 from storage.lmdb_env import (
@@ -627,6 +628,46 @@ def test_a_closed_store_refuses_every_call_and_its_sessions_refuse_appends(
     with pytest.raises(StoreClosedError):
         session.append("turn/start", TurnStart(turn=1, trigger=MessageTrigger()))
     assert session.last_seq == -1
+
+
+@pytest.mark.parametrize("where", ["flush", "writer close", "env close"])
+def test_a_close_interrupted_by_ctrl_c_is_finished_by_the_next_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # Before, close() marked the store closed before it waited for the last flush: a
+    # Ctrl-C in that wait (or in the wait for the writer thread, or between closing
+    # the environment and its unlock) left the writer thread, the environment and the
+    # writer lock held for the rest of the process, and a second close() returned at
+    # once ("already open for writing by this process" on every later open).
+    store = Store.open(tmp_path / "s")
+    log = two_turns(store)
+    targets = {
+        "flush": (writer_module.LogWriter, "flush"),
+        "writer close": (writer_module.LogWriter, "close"),
+        "env close": (lmdb_env_module.LmdbEnv, "_unlock"),
+    }
+    owner, name = targets[where]
+    original = getattr(owner, name)
+    calls = []
+
+    def interrupted(self: object, *args: object) -> None:
+        calls.append(name)
+        if len(calls) == 1:
+            original(self, *args)  # it did its work (the flush, the close) ...
+            raise KeyboardInterrupt  # ... and the Ctrl-C lands as it returns
+        original(self, *args)
+
+    monkeypatch.setattr(owner, name, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.close()
+    with pytest.raises(StoreClosedError):  # closed from the first close on
+        store.flush()
+    store.close()  # finishes letting go
+    assert len(calls) == 2
+    assert store._writer is not None and not store._writer._thread.is_alive()
+    store.close()  # and is then done
+    with Store.open(tmp_path / "s") as again:  # the writer lock was let go of
+        assert again.read("agent-1") == log.events
 
 
 def test_a_read_only_store_reads_but_refuses_to_write(tmp_path: Path) -> None:
