@@ -23,6 +23,7 @@ from itertools import count
 from typing import ClassVar, ParamSpec, Protocol, TypeVar
 
 from actors.errors import DispatcherShutdownError
+from storage.threads import start_thread
 
 from ._deadline import deadline, remaining
 
@@ -324,24 +325,25 @@ class Dispatcher:
             )
             for i in self._standby
         ]
-        started = 0
         try:
             for thread in self._threads:
-                thread.start()
-                started += 1
-        except BaseException:  # (can't start new thread): none of them is left running
-            self._stop_started(started)
+                start_thread(thread)
+        except BaseException:  # (can't start new thread, a Ctrl-C): none is left running
+            self._stop_started()
             raise
 
-    def _stop_started(self, started: int) -> None:
-        """Stop the first ``started`` workers (of a dispatcher whose next worker failed
-        to start); they have taken no work yet."""
+    def _stop_started(self) -> None:
+        """Stop the workers that started (of a dispatcher whose next worker failed to
+        start, or a Ctrl-C in a start: that thread did start); they have taken no work
+        yet. Started is decided by ``ident``, not by ``start()`` having returned."""
         with self._lock:
             self._closed = True
-        for _ in range(min(started, len(self._threads) - len(self._standby))):
+        workers = self._threads[: len(self._threads) - len(self._standby)]
+        for _ in (thread for thread in workers if thread.ident is not None):
             self._run_queue.put(_SHUTDOWN)  # standby workers see _closed within stall_s
-        for thread in self._threads[:started]:
-            thread.join()
+        for thread in self._threads:
+            if thread.ident is not None:
+                thread.join()
 
     @classmethod
     def default(cls) -> Dispatcher:

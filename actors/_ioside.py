@@ -22,6 +22,7 @@ from pykka import ActorDeadError, ActorRef
 
 from actors._dispatcher import DeadLetters, mark_thread_blocking_pool, mark_thread_io_loop
 from actors.errors import IoSideClosedError, MailboxFullError
+from storage.threads import start_thread
 
 from ._deadline import deadline, extended, remaining
 
@@ -301,12 +302,24 @@ class IoSide:
             target=self._run_loop, args=(ready,), name=f"{name}-loop", daemon=True
         )
         try:
-            self._thread.start()
-        except BaseException:  # (can't start new thread): let go of the loop's descriptors
-            self.loop.close()
-            self.blocking_pool.shutdown(wait=False)
+            start_thread(self._thread)
+            ready.wait()
+        except BaseException:  # (can't start new thread, a Ctrl-C): nothing is left running
+            self._undo_start()
             raise
-        ready.wait()
+
+    def _undo_start(self) -> None:
+        """Let go of what an ``__init__`` that failed (or was interrupted) started: the
+        loop's thread if it started (it closes the loop as it ends), else the loop's
+        descriptors; and the blocking pool (no thread of it ran yet)."""
+        self._closed = True
+        if self._thread.ident is not None:
+            # Stops run_forever() whether it runs already or not yet (then at once).
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+        else:
+            self.loop.close()
+        self.blocking_pool.shutdown(wait=False)
 
     def __enter__(self) -> IoSide:
         return self

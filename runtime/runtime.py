@@ -382,18 +382,21 @@ class Runtime:
                 on_disposed=_announced_elsewhere,
                 dispatcher=self.dispatcher,
             )
+            undo.callback(self._registry.stop, timeout=_UNDO_S)
+            # (Under the undo too: a Ctrl-C here left everything above running.)
+            if retry_policy is _DEFAULT_POLICY:
+                retry_policy = RetryPolicy()
+            if retry_policy is not None:
+                # Innermost, whenever the others are added: every rt.on / agent.on
+                # listener sees a failure first and may own its recovery; the policy
+                # decides what they pass on with next().
+                self.bus.on("agent/request-error", retry_policy, last=True)
+            # A script that ends without close() still closes: sends not handled yet are
+            # logged (pending, for a resume), running turns end aborted, all flushed.
+            self._close_at_exit = _close_at_exit(weakref.ref(self))
+            atexit.register(self._close_at_exit)
+            undo.callback(atexit.unregister, self._close_at_exit)
             undo.pop_all()  # opened: close() stops it all from here
-        if retry_policy is _DEFAULT_POLICY:
-            retry_policy = RetryPolicy()
-        if retry_policy is not None:
-            # Innermost, whenever the others are added: every rt.on / agent.on listener
-            # sees a failure first and may own its recovery; the policy decides what they
-            # pass on with next().
-            self.bus.on("agent/request-error", retry_policy, last=True)
-        # A script that ends without close() still closes: sends not handled yet are
-        # logged (pending, for a resume), running turns end aborted, everything flushed.
-        self._close_at_exit = _close_at_exit(weakref.ref(self))
-        atexit.register(self._close_at_exit)
 
     @classmethod
     def open(

@@ -95,6 +95,7 @@ from storage.lmdb_env import (
 )
 from storage.locks import wait_until_free
 from storage.session import Record, SessionHeader
+from storage.threads import start_thread
 
 __all__ = [
     "COMPACT_STEP_BYTES",
@@ -290,7 +291,13 @@ class LogWriter:
         self._round: list[int] = []
         self._round_end: int | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._thread_id: int | None = None
+        try:
+            start_thread(self._thread)
+        except BaseException:  # a Ctrl-C in start() once the thread ran: it is stopped
+            if self._thread.ident is not None:
+                self.close()
+            raise
         self._thread_id = self._thread.ident
 
     # ------------------------------------------------------------------ producers

@@ -636,6 +636,37 @@ def _failing_start(monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
     monkeypatch.setattr(threading.Thread, "start", start_or_fail)
 
 
+def _interrupted_start(monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
+    """``threading.Thread.start`` raises ``KeyboardInterrupt`` on its ``nth`` call from
+    here on, once the thread started: what a Ctrl-C in start()'s wait for the new
+    thread does."""
+    start = threading.Thread.start
+    calls = [0]
+
+    def start_then_interrupt(thread: threading.Thread) -> None:
+        calls[0] += 1
+        start(thread)
+        if calls[0] == nth:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3, 4, 5], ids=lambda n: f"start {n} interrupted")
+def test_a_dispatcher_whose_worker_start_is_interrupted_stops_that_worker_too(
+    monkeypatch: pytest.MonkeyPatch, nth: int
+) -> None:
+    # Before, a worker counted as started once start() returned: the one whose start
+    # a Ctrl-C interrupted (it had started) was neither told to stop nor joined, and
+    # ran on for good.
+    before = set(threading.enumerate())
+    _interrupted_start(monkeypatch, nth)
+    with pytest.raises(KeyboardInterrupt):
+        Dispatcher(3, standby=2, name="interrupted")  # 3 workers, then 2 standby ones
+    monkeypatch.undo()
+    assert set(threading.enumerate()) == before
+
+
 @pytest.mark.parametrize("nth", [1, 2, 4, 5], ids=lambda n: f"start {n} fails")
 def test_a_dispatcher_whose_worker_fails_to_start_stops_those_it_started(
     monkeypatch: pytest.MonkeyPatch, nth: int

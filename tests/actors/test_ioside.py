@@ -323,3 +323,50 @@ def test_an_on_done_failure_is_contained(io: IoSide) -> None:
     follow = Outcomes()
     io.start_blocking(lambda: 2, on_done=follow)
     assert follow.next().value == 2
+
+
+@pytest.mark.parametrize("where", ["start", "ready"])
+def test_an_io_side_interrupted_while_starting_its_loop_stops_it(
+    monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # Before, a Ctrl-C in the loop thread's start() (which had started the thread) made
+    # __init__ close the running loop: "Cannot close a running event loop" hid the
+    # Ctrl-C and the loop's thread ran on; one in the wait for the loop to run was not
+    # handled at all.
+    import types  # noqa: PLC0415
+
+    from actors import _ioside  # noqa: PLC0415
+
+    before = set(threading.enumerate())
+    if where == "start":
+        start = threading.Thread.start
+
+        def start_then_interrupt(thread: threading.Thread) -> None:
+            start(thread)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    else:
+
+        class InterruptedEvent(threading.Event):
+            def wait(self, timeout: float | None = None) -> bool:
+                raise KeyboardInterrupt
+
+        # Only the module's own threading.Event (its ready event) is replaced.
+        patched = types.ModuleType("threading")
+        patched.__dict__.update(threading.__dict__)
+        patched.Event = InterruptedEvent  # type: ignore[attr-defined]
+        monkeypatch.setattr(_ioside, "threading", patched)
+    loops: list[asyncio.AbstractEventLoop] = []
+    new_loop = asyncio.new_event_loop
+
+    def recorded() -> asyncio.AbstractEventLoop:
+        loops.append(new_loop())
+        return loops[-1]
+
+    monkeypatch.setattr(asyncio, "new_event_loop", recorded)
+    with pytest.raises(KeyboardInterrupt):
+        IoSide(blocking_workers=2, name="test-io-interrupted")
+    monkeypatch.undo()
+    assert set(threading.enumerate()) == before
+    assert len(loops) == 1 and loops[0].is_closed()

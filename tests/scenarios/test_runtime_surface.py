@@ -532,3 +532,47 @@ def test_an_open_that_fails_to_start_a_thread_leaves_nothing_running(
         agent = rt.spawn(model=ScriptedModel.echo())
         agent.followup("hi")
         assert agent.wait_idle(WAIT)
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["thread 1", "thread 2", "thread 4", "thread 5", "after the registry"],
+)
+def test_an_open_interrupted_by_ctrl_c_leaves_nothing_running(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # Before, a Ctrl-C in a thread's start() (the thread had started: start() waits
+    # for it to run) left that thread running: the log writer's, a dispatcher worker
+    # (never told to stop), the I/O loop ("Cannot close a running event loop" hid the
+    # Ctrl-C); and one once the registry had started (in the retry policy, say) left
+    # every thread, the registry and the GC tuning in place. Threads, in order: the
+    # log writer, the dispatcher's workers (3 here), the I/O loop.
+    before, thresholds = set(threading.enumerate()), gc.get_threshold()
+    registered = set(ActorRegistry.get_all())
+    if where.startswith("thread"):
+        start, calls, nth = threading.Thread.start, [0], int(where.split()[1])
+
+        def start_then_interrupt(thread: threading.Thread) -> None:
+            calls[0] += 1
+            start(thread)
+            if calls[0] == nth:
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    else:
+
+        def interrupted(*_: object, **__: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr("runtime.runtime.RetryPolicy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Runtime.open(store_path, threads=3)
+    monkeypatch.undo()
+    assert set(threading.enumerate()) == before
+    assert set(ActorRegistry.get_all()) == registered
+    assert gc.get_threshold() == thresholds
+    with Runtime.open(store_path, threads=3) as rt:  # nothing was left open or locked
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.followup("hi")
+        assert agent.wait_idle(WAIT)
+    check_store(store_path)
