@@ -90,6 +90,9 @@ _CLOSE_STAGES: tuple[str, ...] = (
     "gc",
 )
 """The stages of :meth:`Runtime.close`, in order."""
+_CLOSE_NEEDS: dict[str, str] = {"agents": "starts", "stragglers": "agents"}
+"""A stage that works on what an earlier one left it: when that one failed, the stage
+still runs (on what there is) but is not done, and the next close runs it again."""
 _UNDO_S = 5.0
 """What each part of a runtime whose open failed gets to stop (it ran nothing yet)."""
 
@@ -353,6 +356,7 @@ class Runtime:
         self._closing = False  # a close() is running its stages
         self._close_left = list(_CLOSE_STAGES)  # what no close() has done yet
         self._closing_agents: list[Agent] = []  # the agents close() stops
+        self._disposals_cut: str | None = None  # what interrupted close's wait for them
         self._released = False  # close() let go of the store: nothing can be read
         self._id_prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
@@ -1170,8 +1174,9 @@ class Runtime:
 
         A stage that fails (or is interrupted) does not stop the ones after it: the
         first error is raised once every stage ran, and the next ``close()`` runs the
-        stages that failed (a close that ended cleanly leaves nothing: the next one
-        returns at once).
+        stages that failed, and those that worked on what a failed one left them (the
+        disposals, after a failed wait for the starts); a close that ended cleanly
+        leaves nothing: the next one returns at once.
 
         Not from the runtime's own threads (a sync listener or hook, an async one, a tool
         body, the scheduler): it would wait for the agents that thread runs. That raises
@@ -1191,21 +1196,28 @@ class Runtime:
             self._closed = True
             self._closing = True
             left = list(self._close_left)
+            if "starts" in left:  # the agents live now, whatever "starts" gets to
+                self._closing_agents = list(self._agents.values())
         # Every stage runs, whatever the ones before it raised (the first error is
         # raised at the end): a stage that failed (or was interrupted) is left for the
         # next close(), which runs only what is left.
         failed: BaseException | None = None
+        not_done: set[str] = set()
         try:
             for stage in left:
                 try:
                     self._close_stage(stage, until, timeout)
                 except BaseException as err:  # raised once every stage ran
+                    not_done.add(stage)
                     if failed is None:
                         failed = err
                     else:
                         log.exception("closing the runtime (%s) failed too", stage)
                 else:
-                    self._close_left.remove(stage)
+                    if _CLOSE_NEEDS.get(stage) in not_done:
+                        not_done.add(stage)  # it ran on what a failed stage left it
+                    else:
+                        self._close_left.remove(stage)
         finally:
             with self._lock:
                 self._closing = False
@@ -1260,6 +1272,9 @@ class Runtime:
                 self.store.close()
         elif stage == "gc":
             if self._tuned_gc:
+                # Cleared first: once per runtime, even if this stage runs again (a
+                # Ctrl-C after the release would have released another runtime's).
+                self._tuned_gc = False
                 gctune.release_gc_tuning()
         else:  # pragma: no cover - _CLOSE_STAGES names them all
             raise AssertionError(stage)
@@ -1278,8 +1293,12 @@ class Runtime:
         # In slices on the main thread (runtime.waiting): a Ctrl-C that lands just before
         # the wait's system call is handled within one, not once every turn has ended
         # (corral run's handler says the close goes on, or quits at the next press).
-        for handle in agents:
-            waiting.wait(handle._disposed, remaining(until))
+        try:
+            for handle in agents:
+                waiting.wait(handle._disposed, remaining(until))
+        except BaseException as err:  # (a Ctrl-C): the stage after stops them at once
+            self._disposals_cut = type(err).__name__
+            raise
         if failed is not None:
             raise failed
 
@@ -1293,12 +1312,21 @@ class Runtime:
         returns, after close: it is marked abandoned, so that it then stops without
         failing on the closed store or I/O side (see ``AgentActor._told_failed``)."""
         stops = []
+        cut, self._disposals_cut = self._disposals_cut, None
         for handle in stuck:
-            log.warning(
-                "agent %s did not stop within %s s; stopped with its turn left open",
-                handle.id,
-                timeout,
-            )
+            if cut is None:
+                log.warning(
+                    "agent %s did not stop within %s s; stopped with its turn left open",
+                    handle.id,
+                    timeout,
+                )
+            else:
+                log.warning(
+                    "agent %s had not stopped when close was interrupted (%s) while it "
+                    "waited for the disposals; stopped with its turn left open",
+                    handle.id,
+                    cut,
+                )
             ref = self._refs.get(handle.id)
             if ref is not None:
                 mailbox = ref.actor_inbox

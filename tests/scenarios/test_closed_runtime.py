@@ -4,6 +4,7 @@ handles refuses with one error, ``RuntimeClosedError``, that says so."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,17 @@ from typing import Any
 import pytest
 from pykka import ActorRegistry
 
-from runtime import Agent, AgentDisposedError, Runtime, RuntimeClosedError, ScriptedModel
+from runtime import (
+    Agent,
+    AgentDisposedError,
+    Runtime,
+    RuntimeClosedError,
+    ScriptedModel,
+    ToolCall,
+    gctune,
+    tool,
+    waiting,
+)
 from storage.errors import StoreClosedError
 from storage.writer import LogWriter
 
@@ -177,6 +188,104 @@ def test_a_ctrl_c_in_the_store_stage_is_finished_by_a_second_close(
     with Runtime.open(store_path):  # the store was let go of
         pass
     check_store(store_path)
+
+
+def test_a_close_whose_starts_stage_failed_disposes_the_agents_and_finishes_later(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, a "starts" stage interrupted before it took the agents to stop (a Ctrl-C
+    # while its lock was busy) left the next stages an empty list: "agents" and
+    # "stragglers" disposed of nothing and were marked done, so the agents were only
+    # stopped by the registry's stop, with no disposal, and no later close disposed of
+    # them either.
+    rt = Runtime.open(store_path)
+    agent = rt.spawn(model=ScriptedModel.echo())
+    agent.followup("hi")
+    assert agent.wait_idle(WAIT)
+    close_stage = Runtime._close_stage
+    calls: list[str] = []
+
+    def interrupted(self: Runtime, stage: str, until: float | None, t: float | None) -> None:
+        calls.append(stage)
+        if stage == "starts" and calls.count("starts") == 1:
+            raise KeyboardInterrupt  # before it did anything
+        close_stage(self, stage, until, t)
+
+    monkeypatch.setattr(Runtime, "_close_stage", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rt.close()
+    assert agent.disposed  # disposed of all the same
+    assert rt._close_left == ["starts", "agents", "stragglers"]  # not done: run again
+    rt.close()
+    assert rt._close_left == []
+    assert calls.count("agents") == 2 and calls.count("registry") == 1
+    check_store(store_path)
+
+
+def test_the_gc_stage_releases_this_runtimes_tuning_once_even_when_run_again(
+    store_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, a Ctrl-C after the "gc" stage released the tuning but before close marked
+    # it done made the next close release it again: another runtime's tuning (the
+    # thresholds went back to the defaults while that runtime ran).
+    tuned = gctune._tuner.users
+    one, two = Runtime.open(store_path), Runtime.open(tmp_path / "two")
+    assert gctune._tuner.users == tuned + 2
+    close_stage = Runtime._close_stage
+
+    def interrupted(self: Runtime, stage: str, until: float | None, t: float | None) -> None:
+        close_stage(self, stage, until, t)
+        if stage == "gc" and self is one and "gc" in self._close_left:
+            raise KeyboardInterrupt  # once it released, before it is marked done
+
+    monkeypatch.setattr(Runtime, "_close_stage", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            one.close()
+        assert one._close_left == ["gc"]
+        monkeypatch.undo()
+        one.close()
+        assert gctune._tuner.users == tuned + 1  # the other runtime's tuning holds
+    finally:
+        two.close()
+    assert gctune._tuner.users == tuned
+
+
+def test_a_ctrl_c_while_close_waits_for_the_disposals_says_so_as_it_stops_the_agents(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, the stage after an interrupted wait stopped every agent at once with the
+    # warning "did not stop within 30 s" (after 0.2 s): it said nothing of the Ctrl-C.
+    # (What the wait saw of the Ctrl-C is what runtime.waiting raises in its slices.)
+    rt = Runtime.open(store_path)
+    started, release = threading.Event(), threading.Event()
+
+    @tool
+    def stuck() -> str:
+        started.set()
+        release.wait(WAIT)
+        return "late"
+
+    agent = rt.spawn(model=ScriptedModel([[ToolCall(name="stuck")], "after"]), tools=[stuck])
+    agent.followup("go")
+    assert started.wait(WAIT)
+
+    def interrupted(*_: object) -> bool:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(waiting, "wait", interrupted)
+    try:
+        with caplog.at_level(logging.WARNING, logger="corral.runtime"):
+            with pytest.raises(KeyboardInterrupt):
+                rt.close(timeout=0.5)  # (the I/O stage waits for the tool body by then)
+        assert f"agent {agent.id} had not stopped when close was interrupted" in caplog.text
+        assert "KeyboardInterrupt" in caplog.text
+        assert "did not stop within" not in caplog.text
+    finally:
+        release.set()
+        monkeypatch.undo()
+    rt.close()
+    assert rt._close_left == []
 
 
 def test_the_store_errors_the_readme_names_are_exported_from_runtime() -> None:
