@@ -498,9 +498,11 @@ class LmdbEnv:
                 mode=0o600,
                 create=not readonly,
             )
-        except lmdb.Error as err:
+        except BaseException as err:  # (a Ctrl-C too: the lock is not left held)
             self._unlock()
-            raise StorageError(f"cannot open the store at {path}: {err}") from err
+            if isinstance(err, lmdb.Error):
+                raise StorageError(f"cannot open the store at {path}: {err}") from err
+            raise
         try:
             _check_size(self.env, path)
             self.env.reader_check()  # free reader slots left by processes that died
@@ -519,6 +521,8 @@ class LmdbEnv:
     def _open_dbs(self, *, existed: bool) -> Databases:
         env, path = self.env, self.path
         not_store = f"{path} holds an LMDB environment that is not a corral store"
+        if existed and not self.readonly and _never_created(env):
+            existed = False  # a first open that never ended: made anew
         try:
             meta = env.open_db(META_DB, create=not existed)
         except lmdb.NotFoundError as err:
@@ -762,6 +766,27 @@ def _with_tail(row: SessionRow, tail: Tail | None) -> SessionRow:
     return row._replace(last_seq=tail.first + len(tail.records) - 1)
 
 
+_OWN_DBS: Final = frozenset({META_DB, EVENTS_DB, SESSIONS_DB, ORDER_DB, JOURNAL_DB})
+_OWN_FILES: Final = frozenset({"writer.lock", "lock.mdb"})
+"""What a first open makes before ``data.mdb`` (the lock files)."""
+
+
+def _never_created(env: lmdb.Environment) -> bool:
+    """Whether the environment is a store whose first open never ended (a Ctrl-C or a
+    kill before it committed the schema version): no schema version and no data at all,
+    only (some of) corral's own databases, empty. Anything else is not touched."""
+    with env.begin() as txn:
+        names = [bytes(key) for key in txn.cursor().iternext(keys=True, values=False)]
+    if not set(names) <= _OWN_DBS:
+        return False
+    for name in names:
+        db = env.open_db(name, create=False)
+        with env.begin(db=db) as txn:
+            if txn.stat(db)["entries"]:
+                return False
+    return True
+
+
 def _check_size(env: lmdb.Environment, path: Path) -> None:
     """Refuse a data file shorter than its own meta page says: LMDB would read the
     missing pages through its memory map, and the process would die of SIGBUS."""
@@ -786,7 +811,12 @@ def _check_directory(path: Path, *, readonly: bool) -> bool:
                 f"no corral store at {path} (no data.mdb): a store is made by its first "
                 "writable open (Runtime.open, corral run, corral bench, corral log import)"
             )
-        if not existed and path.exists() and any(path.iterdir()):
+        if (
+            not existed
+            and path.exists()
+            # (the lock files alone: a first open stopped before it made data.mdb)
+            and any(entry.name not in _OWN_FILES for entry in path.iterdir())
+        ):
             raise StorageError(
                 f"{path} is not a corral store: it holds other files and no data.mdb; "
                 "choose an empty or new directory"
@@ -806,6 +836,11 @@ def _lock_writer(path: Path) -> int:
         raise StorageError(f"cannot use {path} as a store: {err}") from err
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:  # who holds it, for the message another writer gets
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass  # only a message is less precise
     except BlockingIOError:
         holder = _lock_holder(fd)
         os.close(fd)
@@ -815,11 +850,9 @@ def _lock_writer(path: Path) -> int:
             "Store.open(path, readonly=True) and the corral log commands, may open it "
             "meanwhile)"
         ) from None
-    try:  # who holds it, for the message another writer gets
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except OSError:
-        pass  # only a message is less precise
+    except BaseException:  # (a Ctrl-C once locked: closing the descriptor unlocks)
+        os.close(fd)
+        raise
     return fd
 
 

@@ -670,6 +670,78 @@ def test_a_close_interrupted_by_ctrl_c_is_finished_by_the_next_close(
         assert again.read("agent-1") == log.events
 
 
+@pytest.mark.parametrize(
+    "left", ["no databases", "empty corral databases", "lock files only", "writer.lock only"]
+)
+def test_a_first_open_that_never_ended_is_made_anew_by_the_next(tmp_path: Path, left: str) -> None:
+    # Before, a Ctrl-C or a kill during the first open of a directory left data.mdb
+    # (or the lock files alone) before the schema version was committed, and every
+    # later open, in any process, refused the directory: "holds an LMDB environment
+    # that is not a corral store (it has no schema version)", or "it holds other files
+    # and no data.mdb".
+    path = tmp_path / "s"
+    if left.endswith("only"):
+        path.mkdir()
+        (path / "writer.lock").write_text("123\n")
+        if left == "lock files only":
+            (path / "lock.mdb").write_bytes(b"")
+    else:
+        env = lmdb.open(str(path), max_dbs=8)
+        if left == "empty corral databases":
+            for name in (b"meta", b"events", b"sessions"):
+                env.open_db(name)
+        env.close()
+    with Store.open(path) as store:
+        log = two_turns(store)
+    with Store.open(path) as store:
+        assert store.read("agent-1") == log.events
+
+
+@pytest.mark.parametrize("holds", ["a record of its own", "another database", "a corral record"])
+def test_an_lmdb_environment_holding_data_but_no_schema_version_is_still_refused(
+    tmp_path: Path, holds: str
+) -> None:
+    path = tmp_path / "s"
+    env = lmdb.open(str(path), max_dbs=8)
+    if holds == "a record of its own":
+        with env.begin(write=True) as txn:
+            txn.put(b"key", b"value")
+    elif holds == "another database":
+        env.open_db(b"theirs")
+    else:
+        events = env.open_db(b"events")
+        with env.begin(write=True, db=events) as txn:
+            txn.put(b"\x00" * 12, b"data")
+    env.close()
+    with pytest.raises(StorageError, match="not a corral store"):
+        Store.open(path)
+    with pytest.raises(StorageError, match="not a corral store"):  # and it is left as it was
+        Store.open(path)
+
+
+@pytest.mark.parametrize("where", ["once locked", "in lmdb.open"])
+def test_a_ctrl_c_while_a_store_opens_does_not_leave_its_writer_lock_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # Before, a Ctrl-C between the flock and the return of the descriptor (or in
+    # lmdb.open, which only lmdb.Error unlocked for) kept the lock for the rest of the
+    # process: "already open for writing by this process".
+    Store.open(tmp_path / "s").close()
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    if where == "once locked":
+        monkeypatch.setattr(lmdb_env_module.os, "ftruncate", interrupted)
+    else:
+        monkeypatch.setattr(lmdb_env_module.lmdb, "open", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Store.open(tmp_path / "s")
+    monkeypatch.undo()
+    with Store.open(tmp_path / "s") as store:
+        two_turns(store)
+
+
 def test_a_read_only_store_reads_but_refuses_to_write(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s") as store:
         log = two_turns(store)
