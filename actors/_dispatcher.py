@@ -138,10 +138,13 @@ class LendingLock:
     that a sync listener blocked on it does not keep the actor waited for from a
     worker. Uncontended, it costs what an ``RLock`` does."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_lock", "on_contention")
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        # Called by a thread about to block on the lock: a holder that waits for
+        # something it may give up on (a passivation) sets it, to yield to the waiter.
+        self.on_contention: Callable[[], None] | None = None
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """``RLock.acquire``, lending the worker while it blocks."""
@@ -149,6 +152,9 @@ class LendingLock:
             return True
         if not blocking:
             return False
+        contention = self.on_contention
+        if contention is not None:
+            contention()
         with waiting_on_actors():
             return self._lock.acquire(True, timeout)
 

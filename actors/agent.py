@@ -124,7 +124,10 @@ class Announce(msgspec.Struct, frozen=True):
 
 
 class Quiescent(msgspec.Struct, frozen=True):
-    """Ask: True when the agent is idle with nothing queued (it may be passivated)."""
+    """Ask: True when the agent is idle with nothing queued (it may be passivated).
+    Told with a ``callback``, the answer goes to it (on the actor) instead."""
+
+    callback: Callable[[bool], None] | None = None
 
 
 class AwaitIdle(msgspec.Struct, frozen=True):
@@ -397,7 +400,10 @@ class AgentActor(PooledActor):
         elif isinstance(message, Edit):
             return self._edit(message)
         elif isinstance(message, Quiescent):
-            return self._coro is None and self.actor_mailbox.empty()
+            quiescent = self._coro is None and self.actor_mailbox.empty()
+            if message.callback is None:
+                return quiescent
+            message.callback(quiescent)
         elif isinstance(message, Barrier):
             return None
         elif isinstance(message, Announce):

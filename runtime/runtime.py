@@ -895,14 +895,9 @@ class Runtime:
             ref = self._refs.get(handle.id)
             if handle._disposing or ref is None or not ref.is_alive():
                 return False
-            try:
-                assert handle._inbox is not None
-                label = f"agent {handle.id} to be passivated"
-                with waiting_for(handle._inbox, label):
-                    quiescent = ref.ask(Quiescent(), timeout=timeout)
-            except (Timeout, ActorDeadError, WaitCycleError):  # busy (in one handler all
-                return False  # that while, or in one that waits for the caller) or gone
-            if not quiescent or handle._disposing:  # (a disposal from its own actor meanwhile)
+            if not self._quiescent(handle, ref, timeout):
+                return False
+            if handle._disposing:  # (a disposal from its own actor meanwhile)
                 return False
             handle._passivating = True  # its death is no disposal (see _on_death)
             try:
@@ -921,6 +916,33 @@ class Runtime:
             with self._lock:
                 self._bridged.pop(handle.id, None)
             return True
+
+    def _quiescent(self, handle: Agent, ref: ActorRef[Any], timeout: float | None) -> bool:
+        """Whether the agent's actor, asked under its live lock, says it is idle with
+        nothing queued. False (busy) when it is not, when it does not answer within
+        ``timeout`` (in one handler all that while), when the wait would close a cycle,
+        and as soon as another thread blocks on the live lock: that one wants to use the
+        agent, and might be what the actor's handler waits for (a cycle through the
+        lock, which no wait registers)."""
+        lock = handle._live_lock
+        answered = threading.Event()
+        answer: list[bool] = []
+
+        def answer_with(quiescent: bool) -> None:  # on the agent's actor
+            answer.append(quiescent)
+            answered.set()
+
+        lock.on_contention = answered.set
+        try:
+            ref.tell(Quiescent(callback=answer_with))
+            assert handle._inbox is not None
+            with waiting_for(handle._inbox, f"agent {handle.id} to be passivated"):
+                answered.wait(timeout)
+        except (ActorDeadError, WaitCycleError):  # gone, or busy in a handler that waits
+            return False  # for the caller
+        finally:
+            lock.on_contention = None
+        return answer == [True]
 
     def passivate_idle(self, timeout: float | None = 10.0) -> int:
         """Passivate every idle agent (evict it from memory until its next send);

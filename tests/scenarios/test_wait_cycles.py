@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from actors import LendingLock
 from runtime import (
     Agent,
     EditTimeoutError,
@@ -23,7 +24,7 @@ from runtime import (
     tool,
 )
 
-from .conftest import WAIT, check_store
+from .conftest import WAIT, HeldActor, check_store
 
 
 @pytest.fixture
@@ -284,3 +285,46 @@ def test_a_tool_body_past_its_timeout_no_longer_holds_its_idle_agent(
         assert outcomes.seen == {"wait": True}
         assert agents["B"].wait_idle(WAIT) and agents["A"].wait_idle(WAIT)
     check_store(store_path)
+
+
+def test_a_passivation_yields_to_a_thread_that_blocks_on_the_agents_live_lock(
+    rt: Runtime,
+) -> None:
+    # A passivation holds the agent's live lock while it waits for the actor to say it
+    # is idle; a thread that blocks on that lock (a send) may be what the actor waits
+    # for (a listener of the actor waiting for an agent whose listener sends to it: a
+    # cycle through the lock, which no wait registers), so the passivation gives up
+    # (busy) as soon as one does. Before, it held on for its whole timeout (for good
+    # with None), and the send with it. Here the actor is simply held busy.
+    z = rt.spawn(model=ScriptedModel.echo(), session_id="Z")
+    holds, passivator = threading.Event(), []
+
+    class SpyLock(LendingLock):
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            got = super().acquire(blocking, timeout)
+            if got and passivator == [threading.get_ident()]:
+                holds.set()  # the passivation holds the lock from here
+            return got
+
+    z._live_lock = SpyLock()
+    held = HeldActor(z)
+    outcomes = Outcomes(2)
+
+    def passivate() -> None:
+        passivator.append(threading.get_ident())
+        outcomes.record("passivate", lambda: z.passivate(3 * WAIT))
+
+    threading.Thread(target=passivate, daemon=True).start()
+    assert holds.wait(WAIT)
+    sender = threading.Thread(
+        target=lambda: outcomes.record("send", lambda: z.followup("hi")), daemon=True
+    )
+    sender.start()
+    try:
+        assert outcomes.all_in(), outcomes.seen  # both ended while the actor is held
+    finally:
+        held.release()
+    assert outcomes.seen["passivate"] is False  # busy: another thread wanted the agent
+    assert isinstance(outcomes.seen["send"], str)
+    assert z.wait_idle(WAIT)  # the held message and the send, in one turn
+    assert [m.role for m in z.session.messages()] == ["user", "user", "assistant"]
