@@ -9,20 +9,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import inspect
 import logging
 import os
 import sys
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from itertools import count
-from typing import Any, Final, Literal, NamedTuple, cast
+from typing import Any, Literal, NamedTuple
 
-import msgspec
 from pykka import ActorDeadError, ActorRef, Timeout
 from pykka.messages import ProxyCall
 
@@ -48,28 +46,34 @@ from actors.inbox import Inbox
 from actors.limits import Admission, UsageLimits, UsageMeter
 from actors.live import (
     AGENT_EVENTS,
-    WATERFALL_EVENTS,
     AgentCreated,
     AgentDisposed,
     AgentSessionStart,
     SessionEventLive,
 )
 from actors.model import Model
-from actors.protocols import implements
 from actors.toolphase import ToolPhase
 from actors.tools import Tool
 from actors.turn import Durability, TurnMachine
-from storage.codec import Codec
-from storage.errors import EventTooLargeError, InvalidEventError, UnknownSessionError
-from storage.events import DisposedCause, Event, RequestConfig, RequestHeader, ToolSpec
+from storage.errors import UnknownSessionError
+from storage.events import DisposedCause, RequestConfig
 from storage.lmdb_store import Store, check_session_id
 from storage.session import Session
 
 from . import gctune, waiting
 from .agent import Agent
+from .checks import (
+    check_agent_options,
+    check_arity,
+    check_count,
+    check_flag,
+    check_header,
+    check_limits,
+    resolve_model,
+    resolve_tools,
+)
 from .errors import RuntimeClosedError
 from .policy import RetryPolicy
-from .tool import FunctionTool, check_tool_name
 from .waiting import check_timeout
 
 __all__ = ["Runtime"]
@@ -97,159 +101,11 @@ _UNDO_S = 5.0
 """What each part of a runtime whose open failed gets to stop (it ran nothing yet)."""
 
 
-def _resolve_model(model: Model | str) -> Model:
-    if isinstance(model, str):
-        from .providers.resolve import resolve_model  # noqa: PLC0415 - optional vendor SDKs
-
-        return resolve_model(model)
-    if isinstance(model, type):
-        raise TypeError(
-            f"model must be a Model instance, got the class {model.__name__}: make one "
-            f"(e.g. {model.__name__}(...))"
-        )
-    if not implements(model, Model):
-        raise TypeError(
-            f"model must be a Model (e.g. ScriptedModel) or a model string, got {model!r}"
-        )
-    for field in ("provider", "name"):
-        value = getattr(model, field)
-        if type(value) is not str:
-            raise TypeError(
-                f"model {model!r}: its {field} must be a str (it is logged in every "
-                f"request/header), got {type(value).__name__}"
-            )
-    return model
-
-
-def _check_system(system: object) -> None:
-    if system is not None and type(system) is not str:  # a str subclass cannot be logged
-        raise TypeError(f"system must be a str or None, got {type(system).__name__}")
-    if system is not None:
-        try:
-            system.encode()
-        except UnicodeEncodeError as err:
-            raise ValueError(
-                f"system cannot be logged: it is not UTF-8 text ({err.reason} at index "
-                f"{err.start}: a lone surrogate)"
-            ) from None
-
-
-_SPEC: Final = msgspec.json.Decoder(ToolSpec)
-_ENCODER: Final = msgspec.json.Encoder()
-_LARGE: Final = 2**40
-"""A turn, step and seq number no session reaches, for the size of a header-to-be."""
-
-
-def _check_header(codec: Codec, model: Model, tools: dict[str, Tool], system: str | None) -> None:
-    """Check that the ``request/header`` every request of the agent starts by logging
-    (its model's ids, ``system`` and the tools' specs) can be logged, before anything is
-    written: else every turn of the agent would end ``error`` at its first request.
-    ``TypeError`` for a tool spec that is not well typed (a hand-written ``Tool``'s
-    ``description=123``), ``ValueError`` for a header that is not lossless JSON or over
-    the store's ``max_event_bytes``. (A resume or fork without ``system`` is checked
-    again once its log's system prompt is known: see ``Runtime._start_logged``.)"""
-    specs: list[ToolSpec] = []
-    for name, item in tools.items():
-        try:
-            specs.append(_SPEC.decode(_ENCODER.encode(item.spec)))
-        except (TypeError, ValueError, msgspec.MsgspecError) as err:
-            raise TypeError(
-                f"tool {name!r} cannot be logged: its spec (in every request/header) "
-                f"is not well typed: {err}"
-            ) from None
-    config = RequestConfig(provider=model.provider, model=model.name)
-    header = RequestHeader(
-        turn=_LARGE, step=_LARGE, config=config, system=system, tools=tuple(specs)
-    )
-    try:
-        codec.prepare("request/header", header)
-        codec.encode(Event("request/header", _LARGE, _LARGE, header))
-    except EventTooLargeError:
-        size = len(_ENCODER.encode(header))
-        raise ValueError(
-            f"the agent's request/header (its system prompt, {len(system or '')} "
-            f"characters, and the specs of its {len(specs)} tools) would be about {size} "
-            f"bytes, over the store's max_event_bytes ({codec.max_event_bytes}): every "
-            "request would fail; shorten them, or open the runtime with a larger "
-            "max_event_bytes"
-        ) from None
-    except InvalidEventError as err:
-        raise ValueError(f"the agent's request/header cannot be logged: {err}") from None
-
-
 def _logged_system(session: Session) -> str | None:
     """The system prompt ``session``'s log last recorded: the one of its latest
     ``request/header`` (None if it never sent a request)."""
     header = session.state.last_header
     return None if header is None else header.system
-
-
-def _check_agent_options(system: object, limits: object) -> None:
-    """The options every way of starting an agent takes, checked before anything is
-    written (a bad one would otherwise crash the agent at its first turn, or be logged
-    where no reader could read it back); :func:`_check_header` checks, once the model
-    and tools are resolved, the header they make with ``system``."""
-    _check_system(system)
-    _check_limits("limits", limits)
-
-
-def _check_limits(name: str, limits: object) -> None:
-    if limits is not None and not isinstance(limits, UsageLimits):
-        raise TypeError(f"{name} must be a UsageLimits or None, got {limits!r}")
-
-
-def _check_count(name: str, value: object, *, optional: bool = True) -> None:
-    """``value`` must be a positive int (or None where ``optional``)."""
-    if value is None and optional:
-        return
-    if type(value) is not int or value < 1:
-        allowed = "a positive int or None" if optional else "a positive int"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-
-
-def _check_arity(name: str, listener: Callable[..., Any]) -> None:
-    """``TypeError`` if ``listener`` cannot be called as a listener of ``name`` is:
-    ``(event, next)`` for a waterfall, ``(event)`` otherwise (it would fail on every
-    event, and a waterfall's failure ends every turn ``error``). A callable whose
-    signature cannot be read (some builtins) is accepted. The listener's own signature
-    counts, not that of what it wraps (``functools.wraps`` sets ``__wrapped__``: a
-    decorator that makes an observer ``(event)`` into middleware ``(event, next)``)."""
-    try:
-        signature = inspect.signature(listener, follow_wrapped=False)
-    except (TypeError, ValueError):
-        return
-    waterfall = name in WATERFALL_EVENTS
-    try:
-        signature.bind(*((None, None) if waterfall else (None,)))
-    except TypeError:
-        called = "listener(event, next), as middleware" if waterfall else "listener(event)"
-        raise TypeError(
-            f"a listener of {name!r} is called {called}; {listener!r} takes {signature}"
-        ) from None
-
-
-def _check_flag(name: str, value: object) -> None:
-    if type(value) is not bool:
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-
-
-def _resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
-    out: dict[str, Tool] = {}
-    if isinstance(tools, str | bytes):
-        raise TypeError("tools must be a sequence of tools, not a string")
-    for item in tools:
-        resolved: Tool
-        if implements(item, Tool):
-            resolved = cast(Tool, item)
-        elif callable(item):
-            resolved = FunctionTool(item)
-        else:
-            raise TypeError(f"a tool is a Tool or a typed function, got {item!r}")
-        name = check_tool_name(resolved.spec.name)
-        if name in out:
-            raise ValueError(f"two tools are named {name!r}; tool names must be unique per agent")
-        out[name] = resolved
-    return out
 
 
 def _dispatcher(threads: int | None) -> Dispatcher:
@@ -300,13 +156,13 @@ class Runtime:
     ) -> None:
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
-        _check_flag("tune_gc", tune_gc)
-        _check_count("threads", threads)
-        _check_count("blocking_workers", blocking_workers, optional=False)
-        _check_count("max_steps", max_steps)
-        _check_count("inbox_limit", inbox_limit)
-        _check_limits("limits", limits)
-        _check_limits("agent_limits", agent_limits)
+        check_flag("tune_gc", tune_gc)
+        check_count("threads", threads)
+        check_count("blocking_workers", blocking_workers, optional=False)
+        check_count("max_steps", max_steps)
+        check_count("inbox_limit", inbox_limit)
+        check_limits("limits", limits)
+        check_limits("agent_limits", agent_limits)
         if (
             retry_policy is not None
             and retry_policy is not _DEFAULT_POLICY
@@ -317,7 +173,7 @@ class Runtime:
                 f"or None, got {retry_policy!r}"
             )
         if retry_policy is not None and retry_policy is not _DEFAULT_POLICY:
-            _check_arity("agent/request-error", retry_policy)
+            check_arity("agent/request-error", retry_policy)
         self.store = store
         self.durability: Durability = durability
         self.max_steps = max_steps
@@ -443,9 +299,9 @@ class Runtime:
         """
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
-        _check_count("max_event_bytes", max_event_bytes, optional=False)
-        _check_count("map_size", map_size, optional=False)
-        _check_flag("tune_gc", tune_gc)
+        check_count("max_event_bytes", max_event_bytes, optional=False)
+        check_count("map_size", map_size, optional=False)
+        check_flag("tune_gc", tune_gc)
         store = Store.open(
             path, durability=durability, max_event_bytes=max_event_bytes, map_size=map_size
         )
@@ -492,7 +348,7 @@ class Runtime:
         if name not in AGENT_EVENTS:
             known = ", ".join(sorted(AGENT_EVENTS))
             raise ValueError(f"unknown live event {name!r}; known: {known}")
-        _check_arity(name, listener)
+        check_arity(name, listener)
         session_event = name == "session/event"
         scope = None if owner is None else owner.id
         with self._lock:  # atomic with the disposal's sweep of the agent's listeners
@@ -566,9 +422,9 @@ class Runtime:
         ``limits`` caps this agent's model requests and tokens (default: the runtime's
         ``agent_limits``)."""
         self._check_open()
-        _check_agent_options(system, limits)
-        resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
-        _check_header(self.store.codec, resolved, tool_map, system)
+        check_agent_options(system, limits)
+        resolved, tool_map = resolve_model(model), resolve_tools(tools)
+        check_header(self.store.codec, resolved, tool_map, system)
         with self._starting_agent():
             session = self.store.create_session(session_id)
             return self._start(session, resolved, tool_map, system, limits, "startup")
@@ -591,9 +447,9 @@ class Runtime:
         system prompt). ``tools`` and ``limits`` are not in the log: give them again."""
         self._check_open()
         check_session_id(session_id)
-        _check_agent_options(system, limits)
-        resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
-        _check_header(self.store.codec, resolved, tool_map, system)
+        check_agent_options(system, limits)
+        resolved, tool_map = resolve_model(model), resolve_tools(tools)
+        check_header(self.store.codec, resolved, tool_map, system)
         with self._starting_agent(resuming=session_id):
             opened = self._open_logged(session_id, self.store.open_session, session_id)
             return self._start_logged(opened, resolved, tool_map, system, limits, "resume")
@@ -619,9 +475,9 @@ class Runtime:
             raise TypeError(
                 f"boundary is the int seq of the last event to inherit, got {boundary!r}"
             )
-        _check_agent_options(system, limits)
-        resolved, tool_map = _resolve_model(model), _resolve_tools(tools)
-        _check_header(self.store.codec, resolved, tool_map, system)
+        check_agent_options(system, limits)
+        resolved, tool_map = resolve_model(model), resolve_tools(tools)
+        check_header(self.store.codec, resolved, tool_map, system)
         with self._starting_agent():
             opened = self._open_logged(source_id, self.store.fork, source_id, boundary, session_id)
             return self._start_logged(opened, resolved, tool_map, system, limits, "startup")
@@ -642,7 +498,7 @@ class Runtime:
         if system is None:
             system = _logged_system(session)
             try:
-                _check_header(self.store.codec, model, tools, system)
+                check_header(self.store.codec, model, tools, system)
             except (TypeError, ValueError) as err:
                 what = "forked into" if source == "startup" else "resumed from"
                 raise type(err)(
