@@ -23,6 +23,7 @@ from storage.events import Event, RequestConfig, RequestHeader, ToolSpec
 from .tool import FunctionTool, check_tool_name
 
 __all__ = [
+    "agent_settings",
     "check_agent_options",
     "check_arity",
     "check_count",
@@ -181,3 +182,19 @@ def resolve_tools(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]
             raise ValueError(f"two tools are named {name!r}; tool names must be unique per agent")
         out[name] = resolved
     return out
+
+
+def agent_settings(
+    codec: Codec,
+    model: Model | str,
+    tools: Iterable[Tool | Callable[..., Any]],
+    system: object,
+    limits: object,
+) -> tuple[Model, dict[str, Tool]]:
+    """What spawn, resume and fork check before they touch the store: the options,
+    the model and tools resolved, and the ``request/header`` they make with
+    ``system`` (:func:`check_header`); returns the model and the tools by name."""
+    check_agent_options(system, limits)
+    resolved, tool_map = resolve_model(model), resolve_tools(tools)
+    check_header(codec, resolved, tool_map, cast("str | None", system))
+    return resolved, tool_map

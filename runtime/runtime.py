@@ -63,14 +63,12 @@ from storage.session import Session
 from . import gctune, waiting
 from .agent import Agent
 from .checks import (
-    check_agent_options,
+    agent_settings,
     check_arity,
     check_count,
     check_flag,
     check_header,
     check_limits,
-    resolve_model,
-    resolve_tools,
 )
 from .errors import RuntimeClosedError
 from .policy import RetryPolicy
@@ -422,9 +420,7 @@ class Runtime:
         ``limits`` caps this agent's model requests and tokens (default: the runtime's
         ``agent_limits``)."""
         self._check_open()
-        check_agent_options(system, limits)
-        resolved, tool_map = resolve_model(model), resolve_tools(tools)
-        check_header(self.store.codec, resolved, tool_map, system)
+        resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
         with self._starting_agent():
             session = self.store.create_session(session_id)
             return self._start(session, resolved, tool_map, system, limits, "startup")
@@ -447,9 +443,7 @@ class Runtime:
         system prompt). ``tools`` and ``limits`` are not in the log: give them again."""
         self._check_open()
         check_session_id(session_id)
-        check_agent_options(system, limits)
-        resolved, tool_map = resolve_model(model), resolve_tools(tools)
-        check_header(self.store.codec, resolved, tool_map, system)
+        resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
         with self._starting_agent(resuming=session_id):
             opened = self._open_logged(session_id, self.store.open_session, session_id)
             return self._start_logged(opened, resolved, tool_map, system, limits, "resume")
@@ -475,9 +469,7 @@ class Runtime:
             raise TypeError(
                 f"boundary is the int seq of the last event to inherit, got {boundary!r}"
             )
-        check_agent_options(system, limits)
-        resolved, tool_map = resolve_model(model), resolve_tools(tools)
-        check_header(self.store.codec, resolved, tool_map, system)
+        resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
         with self._starting_agent():
             opened = self._open_logged(source_id, self.store.fork, source_id, boundary, session_id)
             return self._start_logged(opened, resolved, tool_map, system, limits, "startup")
