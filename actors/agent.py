@@ -124,10 +124,10 @@ class Announce(msgspec.Struct, frozen=True):
 
 
 class Quiescent(msgspec.Struct, frozen=True):
-    """Ask: True when the agent is idle with nothing queued (it may be passivated).
-    Told with a ``callback``, the answer goes to it (on the actor) instead."""
+    """Tell: call ``callback`` (on the actor) with True when the agent is idle with
+    nothing queued (it may be passivated), else False."""
 
-    callback: Callable[[bool], None] | None = None
+    callback: Callable[[bool], None]
 
 
 class AwaitIdle(msgspec.Struct, frozen=True):
@@ -400,10 +400,7 @@ class AgentActor(PooledActor):
         elif isinstance(message, Edit):
             return self._edit(message)
         elif isinstance(message, Quiescent):
-            quiescent = self._coro is None and self.actor_mailbox.empty()
-            if message.callback is None:
-                return quiescent
-            message.callback(quiescent)
+            message.callback(self._coro is None and self.actor_mailbox.empty())
         elif isinstance(message, Barrier):
             return None
         elif isinstance(message, Announce):
