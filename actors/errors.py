@@ -6,6 +6,8 @@ Every message says what happened and what to do about it. Other layers of
 
 from __future__ import annotations
 
+from storage.errors import CorralError
+
 __all__ = [
     "DispatcherShutdownError",
     "DuplicateIdError",
@@ -17,7 +19,7 @@ __all__ = [
 ]
 
 
-class EngineError(Exception):
+class EngineError(CorralError):
     """Base class of the actor engine's own errors."""
 
 
@@ -82,7 +84,7 @@ class ListenerError(EngineError):
 # --------------------------------------------------------------------------- agent layer
 
 
-class AgentStateError(Exception):
+class AgentStateError(CorralError):
     """Base class of errors about an agent's state (its inbox, its lifetime)."""
 
 

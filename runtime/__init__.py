@@ -14,7 +14,7 @@ from actors.limits import UsageLimits
 from actors.live import Allow, Deny, Enter, Reject, Retry, TurnSignal
 from actors.model import Model, ModelError, ModelRequest
 from actors.tools import Tool, ToolReturn
-from storage.errors import ReentrantAppendError, StoreClosedError
+from storage.errors import CorralError, ReentrantAppendError, StoreClosedError
 from storage.events import (
     DisposedCause,
     HookCause,
@@ -38,6 +38,7 @@ __all__ = [
     "AgentDisposedError",
     "AgentStateError",
     "Allow",
+    "CorralError",
     "Deny",
     "DisposedCause",
     "DuplicateMessageError",

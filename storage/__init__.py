@@ -2,6 +2,7 @@
 
 from storage.codec import DEFAULT_MAX_EVENT_BYTES, Codec, EventTypes
 from storage.errors import (
+    CorralError,
     DuplicateSessionError,
     EventTooLargeError,
     ForkBoundaryError,
@@ -43,6 +44,7 @@ __all__ = [
     "TOOL_NOT_STARTED",
     "TOOL_OUTCOME_UNKNOWN",
     "Codec",
+    "CorralError",
     "DuplicateSessionError",
     "Durability",
     "Event",

@@ -10,6 +10,7 @@ they were.
 from __future__ import annotations
 
 __all__ = [
+    "CorralError",
     "DuplicateSessionError",
     "EventTooLargeError",
     "ForkBoundaryError",
@@ -24,7 +25,15 @@ __all__ = [
 ]
 
 
-class StorageError(Exception):
+class CorralError(Exception):
+    """Base of every error corral raises on purpose, in every layer.
+
+    It lives here, in the lowest layer, so that ``actors`` and ``runtime`` can derive
+    their own bases from it; ``runtime`` re-exports it.
+    """
+
+
+class StorageError(CorralError):
     """Base of every error raised by ``storage``."""
 
 
