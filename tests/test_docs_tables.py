@@ -1,4 +1,4 @@
-"""The README's reference tables against the code they describe."""
+"""The docs' reference tables against the code they describe."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from pathlib import Path
 
 from actors.live import ToolResultEvent
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+EVENTS = Path(__file__).resolve().parent.parent / "docs" / "events.md"
 
 
 def _row(event: str) -> list[str]:
     """The cells of the live-event table's row for ``event`` alone."""
-    for line in README.read_text(encoding="utf-8").splitlines():
+    for line in EVENTS.read_text(encoding="utf-8").splitlines():
         if line.startswith(f"| `{event}` |"):
             return [cell.strip() for cell in line.strip("|").split("|")]
-    raise AssertionError(f"README.md has no live-event row for {event!r} alone")
+    raise AssertionError(f"docs/events.md has no live-event row for {event!r} alone")
 
 
 def test_the_readme_lists_the_payload_the_tools_result_event_carries() -> None:
