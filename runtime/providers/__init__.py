@@ -1,7 +1,7 @@
 """Real model providers: OpenAI-compatible endpoints and Anthropic's Messages API.
 
-Each provider implements :class:`actors.model.Model` on its vendor's official async SDK
-(imported only when a provider is built: ``pip install 'corral[providers]'``), streams
+Each provider implements :class:`actors.model.Model` over :mod:`.http` (``aiohttp``,
+imported only when a provider is built: ``pip install 'corral[providers]'``), streams
 into the chunk vocabulary of :mod:`storage.events`, and raises every failure as
 :class:`actors.model.ModelError` with a CONTRACT section 5 code.
 """

@@ -1,9 +1,10 @@
 """A :class:`~actors.model.Model` for Anthropic's Messages API (streaming).
 
-Built on the official ``anthropic`` SDK's ``AsyncAnthropic`` with SDK retries off (a
-retry is the runtime's policy). Credentials: ``api_key=``, else the variable named by
-``api_key_env=``, else ``$ANTHROPIC_API_KEY``. ``reasoning_effort`` turns on extended
-thinking: ``thinking="adaptive"`` (default) sends ``thinking: {type: adaptive}`` with
+The request body is built here and sent through :mod:`.http` (``aiohttp``), not the
+``anthropic`` SDK (see there why); no hidden retry (a retry is the runtime's policy).
+Credentials: ``api_key=``, else the variable named by ``api_key_env=``, else
+``$ANTHROPIC_API_KEY``. ``reasoning_effort`` turns on extended thinking:
+``thinking="adaptive"`` (default) sends ``thinking: {type: adaptive}`` with
 ``output_config.effort``; ``thinking="budget"`` sends a ``budget_tokens`` from
 :data:`~.anthropic_wire.EFFORT_BUDGETS`, kept below ``max_tokens``.
 """
@@ -11,7 +12,7 @@ thinking: ``thinking="adaptive"`` (default) sends ``thinking: {type: adaptive}``
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Final
 
 import msgspec
 
@@ -28,26 +29,18 @@ from .anthropic_wire import (
 from .base import HttpProvider
 from .bodies import JsonBody, plain_reply
 from .failures import StreamReportedError
+from .http import require_aiohttp
 from .limits import ProviderLimiter
 from .secrets import resolve_api_key
 from .sse import SseDecoder, SseEvent, drain, event_bound
 
-if TYPE_CHECKING:
-    import anthropic
+__all__ = ["ANTHROPIC_URL", "ANTHROPIC_VERSION", "AnthropicModel"]
 
-__all__ = ["AnthropicModel"]
-
-
-def require_anthropic() -> None:
-    try:
-        import anthropic  # noqa: F401, PLC0415 - optional SDK, checked on first use
-    except ImportError as err:
-        raise ImportError(
-            "the Anthropic provider needs the anthropic SDK: pip install 'corral[anthropic]'"
-        ) from err
+ANTHROPIC_URL: Final = "https://api.anthropic.com"
+ANTHROPIC_VERSION: Final = "2023-06-01"
 
 
-class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
+class AnthropicModel(HttpProvider):
     """Streams Messages from Anthropic (or a compatible ``base_url``).
 
     ``max_tokens`` is used when the request's config sets none (the API requires one).
@@ -67,18 +60,16 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
         max_concurrency: int | None = None,
         requests_per_minute: float | None = None,
         timeout: float = 60.0,
-        max_retries: int = 0,
         default_headers: dict[str, str] | None = None,
         limiter: ProviderLimiter | None = None,
-        client: anthropic.AsyncAnthropic | None = None,
     ) -> None:
-        require_anthropic()
+        require_aiohttp("anthropic")
         secret = resolve_api_key(
             provider,
             api_key=api_key,
             api_key_env=api_key_env,
             env_names=["ANTHROPIC_API_KEY"],
-            required=client is None,
+            required=True,
         )
         super().__init__(
             provider=provider,
@@ -89,32 +80,23 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
             max_concurrency=max_concurrency,
             requests_per_minute=requests_per_minute,
             limiter=limiter,
-            client=client,
+            default_headers=default_headers,
         )
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         self._max_tokens = max_tokens
         self._thinking: ThinkingMode = thinking
-        self._max_retries = max_retries
-        self._default_headers = dict(default_headers or {})
 
-    def _make_client(self) -> anthropic.AsyncAnthropic:
-        import anthropic  # noqa: PLC0415 - optional SDK
-
-        from .transport import http_client  # noqa: PLC0415 - needs the SDK's httpx2
-
+    def _headers(self) -> dict[str, str]:
         assert self._secret is not None
-        return anthropic.AsyncAnthropic(
-            api_key=self._secret.reveal(),
-            base_url=self._base_url,
-            timeout=self._timeout,
-            max_retries=self._max_retries,
-            default_headers=self._default_headers or None,
-            http_client=http_client(self._timeout),
-        )
+        return {
+            "x-api-key": self._secret.reveal(),
+            "anthropic-version": ANTHROPIC_VERSION,
+            "accept": "text/event-stream",
+        }
 
-    async def _close_client(self, client: anthropic.AsyncAnthropic) -> None:
-        await client.close()
+    def _default_base(self) -> str:
+        return ANTHROPIC_URL
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         """Deltas as they arrive, then usage, then one ``FinishChunk``.
@@ -122,8 +104,8 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
         Raises :class:`~actors.model.ModelError` for every failure, including an
         ``error`` event mid-stream (``overloaded_error`` → ``SERVER``) and a stream that
         ends before ``message_stop`` (``TRANSPORT``). Cancelling closes the response.
-        The SDK sends the request and maps HTTP errors; the event stream is decoded by
-        :mod:`.sse` and ``msgspec``. A 200 whose body is one JSON ``message`` (a server
+        :mod:`.http` sends the request; the event stream is decoded by :mod:`.sse` and
+        ``msgspec``. A 200 whose body is one JSON ``message`` (a server
         ignoring ``stream: true``) is read as the stream of that message; one that is a
         JSON error fails as that error (see :mod:`.bodies`).
         """
@@ -132,7 +114,8 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
         )
         mapper = EventMapper()
         frames = self._stream_response(
-            lambda client: client.messages.with_streaming_response.create(**params),
+            "/v1/messages",
+            _ENCODER.encode(params),
             lambda body: self._chunks(body, mapper, event_bound(request.max_reply_bytes)),
             lambda body: _plain(body, mapper),
             mapper,
@@ -161,6 +144,9 @@ class AnthropicModel(HttpProvider["anthropic.AsyncAnthropic"]):
         for event in decoder.finish():
             for out in _map_event(event, mapper):
                 yield out
+
+
+_ENCODER: Final = msgspec.json.Encoder()
 
 
 def _plain(body: JsonBody, mapper: EventMapper) -> list[StreamChunk]:

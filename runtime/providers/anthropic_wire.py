@@ -202,7 +202,7 @@ def _thinking(effort: str, max_tokens: int, mode: ThinkingMode) -> Wire:
 def message_params(
     request: ModelRequest, *, default_max_tokens: int, thinking: ThinkingMode = "adaptive"
 ) -> dict[str, Any]:
-    """Keyword arguments for ``AsyncAnthropic.messages.create`` (streaming)."""
+    """The JSON body of a streaming ``POST /v1/messages``."""
     config = request.config
     max_tokens = config.max_tokens or default_max_tokens
     params: dict[str, Any] = {
@@ -216,8 +216,7 @@ def message_params(
     if request.tools:
         params["tools"] = anthropic_tools(request.tools)
     if config.temperature is not None:
-        # Not a typed argument of this SDK's ``messages.create``: sent as a raw body field.
-        params["extra_body"] = {"temperature": config.temperature}
+        params["temperature"] = config.temperature
     if config.stop:
         params["stop_sequences"] = list(config.stop)
     effort = config.reasoning_effort

@@ -1,9 +1,9 @@
-"""What every HTTP model provider shares: its name, key, limits and one pooled SDK client.
+"""What every HTTP model provider shares: its name, key, limits and one pooled client.
 
-The SDK client (and its ``httpx2`` connection pools, see :mod:`.transport`) is created
-lazily on the loop that first streams, the runtime's single I/O loop, and reused by every
-request of that provider instance on that loop, so thousands of concurrent streams share
-its pools. The SDK's async clients are bound to the loop that made their pools, so a
+The HTTP client (:class:`.http.WireClient`, an ``aiohttp`` session and its connection
+pool) is created lazily on the loop that first streams, the runtime's single I/O loop, and
+reused by every request of that provider instance on that loop, so thousands of
+concurrent streams share its pool. A session is bound to the loop that made it, so a
 provider used from several loops (one instance shared by two runtimes, a test's second
 ``asyncio.run``) keeps one client per loop; :meth:`HttpProvider.aclose` closes the
 running loop's, and a client whose loop was closed is dropped.
@@ -13,23 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Protocol, Self
 
 from actors.model import ModelError
 from storage.events import FinishReason, StreamChunk
 
 from .bodies import JsonBody, open_body
 from .failures import empty_response, finished_with_error, request_id_from, to_model_error
+from .http import WireClient
 from .limits import LimiterStatistics, ProviderLimiter
 from .secrets import Secret
 
 __all__ = ["HttpProvider"]
-
-ClientT = TypeVar("ClientT")
-
 
 class StreamMapper(Protocol):
     """What the shared stream tail needs of a vendor's event mapper."""
@@ -48,11 +45,11 @@ class StreamMapper(Protocol):
     def finish(self) -> list[StreamChunk]: ...
 
 
-class HttpProvider(Generic[ClientT]):
+class HttpProvider:
     """Base of the vendor models: identity, credentials, limits, the loop-bound client.
 
-    Subclasses implement ``_make_client`` and ``_close_client`` and the ``stream`` of
-    :class:`actors.model.Model`.
+    Subclasses implement ``_headers`` (what authenticates a request), ``_default_base``
+    and the ``stream`` of :class:`actors.model.Model`.
     """
 
     def __init__(
@@ -66,7 +63,7 @@ class HttpProvider(Generic[ClientT]):
         max_concurrency: int | None,
         requests_per_minute: float | None,
         limiter: ProviderLimiter | None,
-        client: ClientT | None,
+        default_headers: dict[str, str] | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
@@ -78,13 +75,11 @@ class HttpProvider(Generic[ClientT]):
         self._limiter = limiter or ProviderLimiter(
             max_concurrency=max_concurrency, requests_per_minute=requests_per_minute
         )
-        # ``_client``: given by the caller, usable on any loop, and never closed by us.
-        # Otherwise ``_clients`` maps each loop to the client made on it (the lock guards
-        # its changes; a lookup needs none).
-        self._client: ClientT | None = client
-        self._clients: dict[asyncio.AbstractEventLoop, ClientT] = {}
+        self._default_headers = dict(default_headers or {})
+        # ``_clients`` maps each loop to the client made on it (the lock guards its
+        # changes; a lookup needs none).
+        self._clients: dict[asyncio.AbstractEventLoop, WireClient] = {}
         self._clients_lock = threading.Lock()
-        self._owns_client = client is None
 
     # ------------------------------------------------------------------ Model protocol
 
@@ -114,17 +109,19 @@ class HttpProvider(Generic[ClientT]):
 
     # ------------------------------------------------------------------ client lifetime
 
-    def _make_client(self) -> ClientT:
+    def _headers(self) -> dict[str, str]:
+        """The headers that authenticate a request (and say which API version)."""
         raise NotImplementedError
 
-    def _close_client(self, client: ClientT) -> Awaitable[None]:
+    def _default_base(self) -> str:
         raise NotImplementedError
 
-    def _sdk_client(self) -> ClientT:
+    def _make_client(self) -> WireClient:
+        headers = {**self._headers(), **self._default_headers}
+        return WireClient(self._base_url or self._default_base(), headers, self._timeout)
+
+    def _client(self) -> WireClient:
         """The client for the running loop, made on first use there."""
-        if not self._owns_client:
-            assert self._client is not None
-            return self._client
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
@@ -142,15 +139,13 @@ class HttpProvider(Generic[ClientT]):
         A client made on another loop is that loop's: it may be streaming there (one
         provider shared by two runtimes), and only its own loop can close it. One whose
         loop is closed is dropped."""
-        if not self._owns_client:
-            return
         loop = asyncio.get_running_loop()
         with self._clients_lock:
             client = self._clients.pop(loop, None)
             for old in [old for old in self._clients if old.is_closed()]:
                 del self._clients[old]
         if client is not None:
-            await self._close_client(client)
+            await client.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -185,15 +180,16 @@ class HttpProvider(Generic[ClientT]):
 
     async def _stream_response(
         self,
-        open_response: Callable[[ClientT], AbstractAsyncContextManager[Any]],
+        path: str,
+        body: bytes,
         decode: Callable[[AsyncIterator[bytes]], AsyncIterator[StreamChunk]],
         plain: Callable[[JsonBody], list[StreamChunk]],
         mapper: StreamMapper,
         unfinished: Callable[[], str | None],
         max_reply_bytes: int | None,
     ) -> AsyncGenerator[StreamChunk, None]:
-        """The request/stream/finish frame both vendors share: take a limiter slot, open
-        the SDK's streaming response, yield what ``decode`` maps from its bytes (or what
+        """The request/stream/finish frame both vendors share: take a limiter slot, POST
+        ``body`` (JSON) to ``path``, yield what ``decode`` maps from its bytes (or what
         ``plain`` maps from a 200 whose body is JSON, see :mod:`.bodies`; read up to a
         bound derived from ``max_reply_bytes``, the log's event limit), turn every
         failure into a :class:`ModelError` (keeping the request id), refuse a stream that
@@ -204,28 +200,27 @@ class HttpProvider(Generic[ClientT]):
         responded = False  # the response's headers came: a timeout now is a stalled stream
         failure: ModelError | None = None
         async with self._limiter.slot():
-            client = self._sdk_client()
+            client = self._client()
             try:
-                async with open_response(client) as raw:
-                    response = raw.http_response
+                async with client.stream(path, body) as response:
                     request_id = request_id_from(response.headers)
                     responded = True
-                    body = await open_body(
+                    answer = await open_body(
                         response.headers.get("content-type"),
                         response.aiter_bytes(),
                         max_reply_bytes,
                     )
-                    if isinstance(body, JsonBody):
-                        for out in plain(body):
+                    if isinstance(answer, JsonBody):
+                        for out in plain(answer):
                             yield out
                     else:
-                        async for out in decode(body):
+                        async for out in decode(answer):
                             yield out
             except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
                 failure = self._error(err, request_id, responded=responded)
         if failure is not None:
-            # Raised here, not in the ``except``: the SDK's exception (which holds the
-            # request, and so the key) must not ride along as its ``__context__``.
+            # Raised here, not in the ``except``: the HTTP library's exception (which may
+            # hold the request, and so the key) must not ride along as its ``__context__``.
             raise failure
         problem = unfinished()
         if problem is not None:

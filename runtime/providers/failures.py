@@ -28,7 +28,7 @@ that HTTP status would be, its ``status`` left empty.
 Every text that comes from the server (the message, the request id) is scrubbed of the
 provider's key (:func:`~.secrets.scrub`); the vendor's request id (``x-request-id`` /
 ``request-id``) is kept in ``request_id``. A :class:`ModelError` carries no exception
-chain: the SDK's exception holds the request, and so the key.
+chain: the HTTP library's exception may hold the request, and so the key.
 """
 
 from __future__ import annotations
@@ -138,32 +138,22 @@ class JsonReplyTooLargeError(Exception):
 
 
 class _Kinds:
-    """The exception classes of the SDKs (and ``httpx2``/``anyio``) already imported.
+    """The exception classes of the HTTP library, once it is imported.
 
-    Only modules in ``sys.modules`` are consulted: a provider in use has imported its SDK,
-    and classifying a failure never pays for importing another vendor's.
+    Only modules in ``sys.modules`` are consulted: classifying a failure never pays for
+    an import.
     """
 
     def __init__(self) -> None:
         timeouts: list[type[BaseException]] = [TimeoutError]
         transports: list[type[BaseException]] = [OSError, EOFError]
-        validation: list[type[BaseException]] = []
-        for name in ("openai", "anthropic"):
-            sdk = sys.modules.get(name)
-            if sdk is not None:
-                timeouts.append(sdk.APITimeoutError)
-                transports.append(sdk.APIConnectionError)
-                validation.append(sdk.APIResponseValidationError)
-        httpx2 = sys.modules.get("httpx2")
-        if httpx2 is not None:
-            timeouts.append(httpx2.TimeoutException)
-            transports.append(httpx2.TransportError)
-        anyio = sys.modules.get("anyio")
-        if anyio is not None:
-            transports.extend([anyio.EndOfStream, anyio.BrokenResourceError])
+        aiohttp = sys.modules.get("aiohttp")
+        if aiohttp is not None:
+            # ``ClientPayloadError``: a body cut short (a chunked stream that ended without
+            # its last chunk); its timeouts are ``TimeoutError`` subclasses already.
+            transports.extend([aiohttp.ClientConnectionError, aiohttp.ClientPayloadError])
         self.timeouts = tuple(timeouts)
         self.transports = tuple(transports)
-        self.validation = tuple(validation)
 
 
 def _kinds() -> _Kinds:
@@ -307,18 +297,16 @@ def _describe_cause(err: BaseException) -> str:
     return f"{err} ({type(cause).__name__}: {detail})"
 
 
-# What each timeout of ``httpx2`` (or the SDK's ``APITimeoutError`` around it) means.
+# What each timeout of :mod:`.http` means.
 _TIMEOUT_KINDS: Final[Mapping[str, str]] = {
     "ConnectTimeout": "could not connect to the server within {connect}",
     "ReadTimeout": "no data from the server for {read}",
-    "WriteTimeout": "could not send the request within {read}",
-    "PoolTimeout": "no free connection within {read}",
 }
 
 
 def _describe_timeout(err: BaseException, timeout: float | None, streaming: bool) -> str:
     """What timed out, and after how long (``timeout`` is the provider's; connecting is
-    bounded by at most 10 s of it, see :func:`.transport.http_client`)."""
+    bounded by at most 10 s of it, see :class:`.http.WireClient`)."""
     chain: BaseException | None = err
     kind: str | None = None
     while chain is not None and kind is None:
@@ -343,7 +331,7 @@ def classify(
     timeout: float | None = None,
     responded: bool = False,
 ) -> LlmFailure:
-    """The :class:`LlmFailure` for ``err``, raised by an SDK call or its stream.
+    """The :class:`LlmFailure` for ``err``, raised by a request or its stream.
 
     ``request_id`` is the id of the response already streaming, used when ``err`` has
     none of its own (a failure mid-stream); ``timeout`` the provider's and ``responded``
@@ -362,9 +350,6 @@ def classify(
     if isinstance(err, SseEventTooLargeError | JsonReplyTooLargeError):
         failure_code, status = "UNKNOWN", None
         text = f"the model's reply cannot be logged: {vendor} sent {err}; stopped reading"
-    elif isinstance(err, kinds.validation):
-        failure_code, status = "UNKNOWN", None
-        text = f"{vendor} sent a reply that does not parse: {err}"
     elif isinstance(err, kinds.timeouts):
         failure_code, status = "TIMEOUT", None
         detail = _describe_timeout(err, timeout, streaming=responded)
@@ -421,8 +406,8 @@ def to_model_error(
     responded: bool = False,
 ) -> ModelError:
     """A :class:`ModelError` for ``err``, to raise outside the ``except`` that caught
-    ``err`` (so the SDK's exception, which holds the request and its key, is not kept as
-    its ``__context__``)."""
+    ``err`` (so the HTTP library's exception, which may hold the request and its key, is
+    not kept as its ``__context__``)."""
     failure = classify(
         err,
         vendor=vendor,

@@ -1,9 +1,10 @@
 """A :class:`~actors.model.Model` for OpenAI and every OpenAI-compatible endpoint.
 
 OpenAI, DeepSeek, vLLM, Ollama, llama.cpp's server, OpenRouter, ...: anything that
-serves ``POST {base_url}/chat/completions`` with server-sent events. Built on the official
-``openai`` SDK's ``AsyncOpenAI`` with SDK retries off: a retry is the runtime's policy (a
-new turn), not a hidden second HTTP request.
+serves ``POST {base_url}/chat/completions`` with server-sent events. The request body is
+built here and sent through :mod:`.http` (``aiohttp``), not the ``openai`` SDK, whose
+per-request machinery cost twenty times a chunk's CPU (see there); no hidden retry: a
+retry is the runtime's policy (a new turn), not a second HTTP request.
 
 Credentials: ``api_key=``, else the variable named by ``api_key_env=``, else
 ``$OPENAI_API_KEY`` for OpenAI's own endpoint (no ``base_url``) or ``$DEEPSEEK_API_KEY``
@@ -15,7 +16,7 @@ placeholder ``EMPTY``, as local servers expect.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Final
+from typing import Final
 from urllib.parse import urlsplit
 
 import msgspec
@@ -26,17 +27,16 @@ from storage.events import StreamChunk
 from .base import HttpProvider
 from .bodies import JsonBody, plain_reply
 from .failures import StreamReportedError
+from .http import require_aiohttp
 from .limits import ProviderLimiter
 from .openai_wire import ChunkMapper, MaxTokensField, WireChunk, chat_params, decode_chunk
 from .secrets import resolve_api_key
 from .sse import SseDecoder, SseEvent, drain, event_bound
 
-if TYPE_CHECKING:
-    import openai
-
 __all__ = ["NO_KEY_PLACEHOLDER", "OpenAICompatModel"]
 
 NO_KEY_PLACEHOLDER: Final = "EMPTY"
+OPENAI_URL: Final = "https://api.openai.com/v1"
 
 
 def _host(base_url: str | None) -> str:
@@ -53,16 +53,7 @@ def _key_env_names(base_url: str | None) -> tuple[list[str], bool]:
     return [], False
 
 
-def require_openai() -> None:
-    try:
-        import openai  # noqa: F401, PLC0415 - optional SDK, checked on first use
-    except ImportError as err:
-        raise ImportError(
-            "the OpenAI-compatible provider needs the openai SDK: pip install 'corral[openai]'"
-        ) from err
-
-
-class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
+class OpenAICompatModel(HttpProvider):
     """Streams Chat Completions from an OpenAI-compatible endpoint.
 
     ``max_concurrency`` bounds this instance's requests in flight (the rest wait, FIFO);
@@ -82,22 +73,20 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
         max_concurrency: int | None = None,
         requests_per_minute: float | None = None,
         timeout: float = 60.0,
-        max_retries: int = 0,
         max_tokens_field: MaxTokensField | None = None,
         send_reasoning: bool = False,
         include_usage: bool = True,
         default_headers: dict[str, str] | None = None,
         limiter: ProviderLimiter | None = None,
-        client: openai.AsyncOpenAI | None = None,
     ) -> None:
-        require_openai()
+        require_aiohttp("openai")
         env_names, required = _key_env_names(base_url)
         secret = resolve_api_key(
             provider,
             api_key=api_key,
             api_key_env=api_key_env,
             env_names=env_names,
-            required=required and client is None,
+            required=required,
         )
         super().__init__(
             provider=provider,
@@ -108,41 +97,29 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
             max_concurrency=max_concurrency,
             requests_per_minute=requests_per_minute,
             limiter=limiter,
-            client=client,
+            default_headers=default_headers,
         )
         official = env_names == ["OPENAI_API_KEY"]
         self._max_tokens_field: MaxTokensField = max_tokens_field or (
             "max_completion_tokens" if official else "max_tokens"
         )
-        self._max_retries = max_retries
         self._send_reasoning = send_reasoning
         self._include_usage = include_usage
-        self._default_headers = dict(default_headers or {})
 
-    def _make_client(self) -> openai.AsyncOpenAI:
-        import openai  # noqa: PLC0415 - optional SDK
+    def _headers(self) -> dict[str, str]:
+        key = self._secret.reveal() if self._secret else NO_KEY_PLACEHOLDER
+        return {"authorization": f"Bearer {key}", "accept": "text/event-stream"}
 
-        from .transport import http_client  # noqa: PLC0415 - needs the SDK's httpx2
-
-        return openai.AsyncOpenAI(
-            api_key=self._secret.reveal() if self._secret else NO_KEY_PLACEHOLDER,
-            base_url=self._base_url,
-            timeout=self._timeout,
-            max_retries=self._max_retries,
-            default_headers=self._default_headers or None,
-            http_client=http_client(self._timeout),
-        )
-
-    async def _close_client(self, client: openai.AsyncOpenAI) -> None:
-        await client.close()
+    def _default_base(self) -> str:
+        return OPENAI_URL
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         """Deltas as they arrive, then usage, then one ``FinishChunk``.
 
         Raises :class:`~actors.model.ModelError` for every failure. Cancelling the task
         iterating this closes the HTTP response (and so its connection) before the
-        ``CancelledError`` leaves. The SDK sends the request and maps HTTP errors; the
-        event stream itself is decoded by :mod:`.sse` and ``msgspec`` (see there why).
+        ``CancelledError`` leaves. :mod:`.http` sends the request; the event stream is
+        decoded by :mod:`.sse` and ``msgspec`` (see there why).
         A server that ignores ``stream: true`` and answers one JSON ``chat.completion``
         is read as a stream of that one reply; a 200 whose body is a JSON error fails as
         that error (see :mod:`.bodies`).
@@ -155,7 +132,8 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
         )
         mapper = ChunkMapper()
         frames = self._stream_response(
-            lambda client: client.chat.completions.with_streaming_response.create(**params),
+            "/chat/completions",
+            _ENCODER.encode(params),
             lambda body: self._chunks(body, mapper, event_bound(request.max_reply_bytes)),
             lambda body: _plain(body, mapper),
             mapper,
@@ -189,6 +167,9 @@ class OpenAICompatModel(HttpProvider["openai.AsyncOpenAI"]):
             if event.data != b"[DONE]":
                 for out in _map_event(event, mapper):
                     yield out
+
+
+_ENCODER: Final = msgspec.json.Encoder()
 
 
 def _plain(body: JsonBody, mapper: ChunkMapper) -> list[StreamChunk]:

@@ -201,7 +201,7 @@ def chat_params(
     send_reasoning: bool = False,
     include_usage: bool = True,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``AsyncOpenAI.chat.completions.create`` (streaming)."""
+    """The JSON body of a streaming ``POST /chat/completions``."""
     config = request.config
     params: dict[str, Any] = {
         "model": config.model,

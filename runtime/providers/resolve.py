@@ -98,7 +98,7 @@ def resolve_model(spec: str | Model, **options: Any) -> Model:
     """The model ``spec`` names (a :class:`Model` is returned as it is).
 
     Raises :class:`UnknownModelError` for an unknown scheme or a malformed string, and
-    ``ImportError`` (saying which ``pip install 'corral[...]'``) for a missing SDK.
+    ``ImportError`` (saying which ``pip install 'corral[...]'``) for a missing HTTP client.
     """
     if not isinstance(spec, str):
         if options:

@@ -40,8 +40,8 @@ class MissingCredentialsError(ValueError):
 class Secret:
     """A credential that never shows itself in ``repr``, ``str`` or a format string.
 
-    Invariant: ``reveal()`` is only called where the value goes on the wire (the SDK
-    client's constructor).
+    Invariant: ``reveal()`` is only called where the value goes on the wire (a
+    provider's request headers).
     """
 
     __slots__ = ("_value",)

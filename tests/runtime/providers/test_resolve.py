@@ -74,11 +74,12 @@ def test_an_unknown_or_malformed_string_is_an_unknown_model_error(spec: str) -> 
         assert f"{scheme}:" in message
 
 
-def test_a_missing_sdk_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "openai", None)  # makes `import openai` fail
+def test_a_missing_http_client_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "aiohttp", None)  # makes `import aiohttp` fail
     with pytest.raises(ImportError, match=r"pip install 'corral\[openai\]'"):
         resolve_model("openai:gpt-4.1-mini", api_key=KEY)
-    monkeypatch.setitem(sys.modules, "anthropic", None)
     with pytest.raises(ImportError, match=r"pip install 'corral\[anthropic\]'"):
         resolve_model("anthropic:claude-sonnet-4-6", api_key=ANTHROPIC_KEY)
 

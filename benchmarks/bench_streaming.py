@@ -1,0 +1,432 @@
+"""What one streamed chunk costs a client: corral against the HTTP floor, side by side.
+
+A pre-rendered loopback SSE server runs in its own process (``_sse_server.py``: OpenAI
+and Anthropic wire formats); each client runs in a fresh process of its own and reports
+its own CPU time (user + system, ``getrusage``) over the streaming work only, so imports
+and start-up are not counted. S concurrent streams x R requests each x C text chunks:
+
+- ``floor``: asyncio streams + msgspec, no HTTP library (HTTP/1.1 keep-alive and chunked
+  decoding written out by hand): the least a Python client can pay;
+- ``aiohttp``: ``aiohttp.ClientSession`` + msgspec;
+- ``sdk``: the official SDK's stream loop (``openai`` / ``anthropic``), what a user
+  writes without corral;
+- ``corral``: S agents, each R turns, through ``OpenAICompatModel`` / ``AnthropicModel``,
+  write-ahead durability, every chunk a durable ``assistant/chunk`` fact on disk.
+
+Reported per client: CPU us per chunk, chunks/s, and ratios against ``aiohttp`` and
+``sdk`` measured in the same run.
+
+The **paced** mode (``--paced``) asks how many agents one process can host at a
+realistic token rate: the server writes each agent's deltas at ``--tps`` tokens/s after
+``--ttft`` seconds, stamping each with the time it wrote it; corral's ``session/event``
+listener sees each ``assistant/chunk`` and records how much later that was. For each N in
+``--agents`` it reports the p50/p99 extra delay and whether p99 < ``--budget-ms``.
+
+    python benchmarks/bench_streaming.py                       # 200 x 5 x 50, both wires
+    python benchmarks/bench_streaming.py --wire openai --streams 200 --requests 5
+    python benchmarks/bench_streaming.py --paced --agents 250,500,1000 --tps 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import median, parser, percentile, print_table, write_json
+
+CLIENTS = ("floor", "aiohttp", "sdk", "corral")
+WIRES = ("openai", "anthropic")
+PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _body(wire: str) -> bytes:
+    if wire == "openai":
+        return json.dumps({
+            "model": "bench", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "hello"}],
+        }).encode()
+    return json.dumps({
+        "model": "bench", "stream": True, "max_tokens": 1024,
+        "messages": [{"role": "user", "content": "hello"}],
+    }).encode()
+
+
+def _count_text(wire: str, data: bytes, decoder: Any) -> int:
+    """1 when the SSE ``data`` payload is a text delta (what every client counts)."""
+    if data == b"[DONE]":
+        return 0
+    event = decoder.decode(data)
+    if wire == "openai":
+        choices = event.get("choices") or ()
+        return 1 if choices and choices[0].get("delta", {}).get("content") else 0
+    return 1 if event.get("type") == "content_block_delta" else 0
+
+
+def _sse_data(event: bytes) -> bytes:
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            return line[5:].lstrip()
+    return b""
+
+
+# --------------------------------------------------------------------------- clients
+
+
+async def _floor(port: int, wire: str, streams: int, requests: int) -> int:
+    import msgspec
+
+    decoder = msgspec.json.Decoder()
+    body = _body(wire)
+    head = (
+        f"POST {PATHS[wire]} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+    async def one() -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        seen = 0
+        try:
+            for _ in range(requests):
+                writer.write(head)
+                await reader.readuntil(b"\r\n\r\n")  # status + headers (chunked, by the server)
+                pending = b""
+                while True:
+                    size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+                    if size == 0:
+                        await reader.readexactly(2)
+                        break
+                    pending += (await reader.readexactly(size + 2))[:-2]
+                    *events, pending = pending.split(b"\n\n")
+                    for event in events:
+                        seen += _count_text(wire, _sse_data(event), decoder)
+        finally:
+            writer.close()
+        return seen
+
+    return sum(await asyncio.gather(*(one() for _ in range(streams))))
+
+
+async def _aiohttp(port: int, wire: str, streams: int, requests: int) -> int:
+    import aiohttp
+    import msgspec
+
+    decoder = msgspec.json.Decoder()
+    body = _body(wire)
+    url = f"http://127.0.0.1:{port}{PATHS[wire]}"
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one() -> int:
+            seen = 0
+            for _ in range(requests):
+                async with session.post(
+                    url, data=body, headers={"content-type": "application/json"}
+                ) as response:
+                    pending = b""
+                    async for part in response.content.iter_any():
+                        pending += part
+                        *events, pending = pending.split(b"\n\n")
+                        for event in events:
+                            seen += _count_text(wire, _sse_data(event), decoder)
+            return seen
+
+        return sum(await asyncio.gather(*(one() for _ in range(streams))))
+
+
+async def _sdk(port: int, wire: str, streams: int, requests: int) -> int:
+    messages: Any = [{"role": "user", "content": "hello"}]
+    if wire == "openai":
+        import openai
+
+        client: Any = openai.AsyncOpenAI(
+            api_key="bench", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0
+        )
+
+        async def one() -> int:
+            seen = 0
+            for _ in range(requests):
+                stream = await client.chat.completions.create(
+                    model="bench", messages=messages, stream=True
+                )
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        seen += 1
+            return seen
+    else:
+        import anthropic
+
+        client = anthropic.AsyncAnthropic(
+            api_key="bench", base_url=f"http://127.0.0.1:{port}", max_retries=0
+        )
+
+        async def one() -> int:
+            seen = 0
+            for _ in range(requests):
+                stream = await client.messages.create(
+                    model="bench", messages=messages, max_tokens=1024, stream=True
+                )
+                async for event in stream:
+                    if event.type == "content_block_delta":
+                        seen += 1
+            return seen
+
+    try:
+        return sum(await asyncio.gather(*(one() for _ in range(streams))))
+    finally:
+        await client.close()
+
+
+def _corral_model(wire: str, port: int) -> Any:
+    from runtime.providers import AnthropicModel, OpenAICompatModel
+
+    if wire == "openai":
+        return OpenAICompatModel("bench", base_url=f"http://127.0.0.1:{port}/v1", timeout=300)
+    return AnthropicModel(
+        "bench", base_url=f"http://127.0.0.1:{port}", api_key="bench", timeout=300
+    )
+
+
+def _drive(rt: Any, model: Any, agents: int, requests: int, timeout: float) -> tuple[int, int]:
+    """Spawn ``agents``; each runs ``requests`` turns back to back. (completed, failed)."""
+    done = threading.Event()
+    lock = threading.Lock()
+    left: dict[str, int] = {}
+    tally = {"completed": 0, "failed": 0, "finished": 0}
+
+    def settled(event: Any) -> None:
+        agent = event.agent
+        with lock:
+            tally["completed" if event.reason.kind == "completed" else "failed"] += 1
+            left[agent.id] -= 1
+            more = left[agent.id] > 0
+            if not more:
+                tally["finished"] += 1
+                if tally["finished"] == agents:
+                    done.set()
+        if more:
+            agent.followup("hello")
+
+    rt.on("agent/settled", settled)
+    handles = [rt.spawn(model=model) for _ in range(agents)]
+    for handle in handles:
+        left[handle.id] = requests
+    for handle in handles:
+        handle.followup("hello")
+    if not done.wait(timeout):
+        raise TimeoutError(f"corral: not every agent finished within {timeout} s")
+    return tally["completed"], tally["failed"]
+
+
+def _corral(port: int, wire: str, streams: int, requests: int, store: Path) -> tuple[int, float, float, int]:
+    from runtime import Runtime
+
+    model = _corral_model(wire, port)
+    rt = Runtime.open(store, durability="write-ahead")
+    try:
+        cpu0, wall0 = _cpu_s(), time.perf_counter()
+        completed, failed = _drive(rt, model, streams, requests, timeout=900)
+        rt.flush()
+        cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+        chunks = sum(
+            1
+            for agent in rt.agents()
+            for event in agent.session.events()
+            if event.type == "assistant/chunk"
+            and getattr(event.data.chunk, "kind", None) == "text"
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(model.aclose(), rt.io.loop).result(30)
+        rt.close()
+    if failed:
+        raise RuntimeError(f"corral: {failed} of {completed + failed} turns failed")
+    return chunks, cpu, wall, completed
+
+
+def run_client(client: str, port: int, wire: str, streams: int, requests: int) -> dict[str, Any]:
+    if client == "corral":
+        with tempfile.TemporaryDirectory() as tmp:
+            chunks, cpu, wall, _ = _corral(port, wire, streams, requests, Path(tmp) / "store")
+    else:
+        fn = {"floor": _floor, "aiohttp": _aiohttp, "sdk": _sdk}[client]
+        cpu0, wall0 = _cpu_s(), time.perf_counter()
+        chunks = asyncio.run(fn(port, wire, streams, requests))
+        cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+    return {"client": client, "wire": wire, "chunks": chunks, "cpu_s": cpu, "wall_s": wall}
+
+
+# --------------------------------------------------------------------------- paced mode
+
+STAMP = re.compile(r"@(\d+\.\d+)")
+
+
+def run_paced(port: int, wire: str, agents: int) -> dict[str, Any]:
+    """N agents, one turn each, against the paced server: the delay of every chunk."""
+    from runtime import Runtime
+
+    model = _corral_model(wire, port)
+    delays: list[float] = []
+
+    def seen(event: Any) -> None:
+        fact = event.event
+        if fact.type == "assistant/chunk" and getattr(fact.data.chunk, "kind", None) == "text":
+            match = STAMP.search(fact.data.chunk.text)
+            if match:
+                delays.append(time.time() - float(match.group(1)))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rt = Runtime.open(Path(tmp) / "store", durability="write-ahead")
+        try:
+            rt.on("session/event", seen)
+            cpu0, wall0 = _cpu_s(), time.perf_counter()
+            completed, failed = _drive(rt, model, agents, 1, timeout=900)
+            cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+        finally:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(model.aclose(), rt.io.loop).result(30)
+            rt.close()
+    return {
+        "agents": agents,
+        "completed": completed,
+        "failed": failed,
+        "chunks": len(delays),
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "p50_ms": percentile(delays, 50) * 1e3 if delays else 0.0,
+        "p99_ms": percentile(delays, 99) * 1e3 if delays else 0.0,
+        "max_ms": max(delays) * 1e3 if delays else 0.0,
+    }
+
+
+# --------------------------------------------------------------------------- driver
+
+
+@contextlib.contextmanager
+def sse_server(chunks: int, *, ttft: float = 0.0, tps: float | None = None) -> Iterator[int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = Path(tmp) / "port"
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "_sse_server.py"),
+               "--port-file", str(port_file), "--chunks", str(chunks), "--ttft", str(ttft)]
+        if tps is not None:
+            cmd += ["--tps", str(tps)]
+        proc = subprocess.Popen(cmd)
+        try:
+            deadline = time.monotonic() + 30
+            while not port_file.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the SSE server did not start")
+                time.sleep(0.02)
+            yield int(port_file.read_text())
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def _child(args: list[str]) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", *args],
+        capture_output=True, text=True, env=env, check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"child {args} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = parser(__doc__.split("\n\n")[0], repeats=1)
+    p.add_argument("--wire", choices=(*WIRES, "both"), default="both")
+    p.add_argument("--clients", default=",".join(CLIENTS), help="comma-separated subset")
+    p.add_argument("--streams", type=int, default=200)
+    p.add_argument("--requests", type=int, default=5)
+    p.add_argument("--chunks", type=int, default=50)
+    p.add_argument("--paced", action="store_true", help="the realistic-rate mode")
+    p.add_argument("--agents", default="250,500,1000", help="paced mode: agent counts")
+    p.add_argument("--tps", type=float, default=50.0, help="paced mode: tokens/s per agent")
+    p.add_argument("--ttft", type=float, default=0.5, help="paced mode: time to first token")
+    p.add_argument("--budget-ms", type=float, default=50.0)
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    if args.child:
+        kind, *rest = args.child
+        if kind == "paced":
+            port, wire, agents = int(rest[0]), rest[1], int(rest[2])
+            print(json.dumps(run_paced(port, wire, agents)))
+        else:
+            port, wire, streams, requests = int(rest[0]), rest[1], int(rest[2]), int(rest[3])
+            print(json.dumps(run_client(kind, port, wire, streams, requests)))
+        return
+
+    wires = WIRES if args.wire == "both" else (args.wire,)
+    record: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "json"}}
+    if args.paced:
+        rows, results = [], []
+        for wire in wires:
+            for agents in [int(n) for n in args.agents.split(",")]:
+                with sse_server(args.chunks, ttft=args.ttft, tps=args.tps) as port:
+                    r = _child(["paced", str(port), wire, str(agents)])
+                r["wire"] = wire
+                results.append(r)
+                rows.append([wire, agents, r["chunks"], r["p50_ms"], r["p99_ms"], r["max_ms"],
+                             "yes" if r["p99_ms"] < args.budget_ms and not r["failed"] else "no"])
+        print_table(["wire", "agents", "chunks", "p50 ms", "p99 ms", "max ms",
+                     f"p99 < {args.budget_ms:g} ms"], rows)
+        record["paced"] = results
+    else:
+        clients = [c for c in args.clients.split(",") if c]
+        rows, results = [], []
+        for wire in wires:
+            per: dict[str, dict[str, Any]] = {}
+            for client in clients:
+                runs = []
+                for _ in range(args.repeats):
+                    with sse_server(args.chunks) as port:
+                        runs.append(_child([client, str(port), wire, str(args.streams),
+                                            str(args.requests)]))
+                expected = args.streams * args.requests * args.chunks
+                for r in runs:
+                    if r["chunks"] != expected:
+                        raise RuntimeError(f"{client}/{wire}: {r['chunks']} chunks, expected {expected}")
+                cpu_us = median([r["cpu_s"] / r["chunks"] * 1e6 for r in runs])
+                rate = median([r["chunks"] / r["wall_s"] for r in runs])
+                per[client] = {"client": client, "wire": wire, "cpu_us_per_chunk": cpu_us,
+                               "chunks_per_s": rate, "runs": runs}
+            for client, r in per.items():
+                vs_aio = r["cpu_us_per_chunk"] / per["aiohttp"]["cpu_us_per_chunk"] if "aiohttp" in per else None
+                vs_sdk = per["sdk"]["cpu_us_per_chunk"] / r["cpu_us_per_chunk"] if "sdk" in per else None
+                r["x_aiohttp_cpu"], r["sdk_cpu_over_this"] = vs_aio, vs_sdk
+                rows.append([wire, client, r["cpu_us_per_chunk"], r["chunks_per_s"],
+                             "-" if vs_aio is None else f"{vs_aio:.2f}x",
+                             "-" if vs_sdk is None else f"{vs_sdk:.1f}x"])
+                results.append(r)
+        print_table(["wire", "client", "CPU us/chunk", "chunks/s", "CPU vs aiohttp",
+                     "sdk CPU / this"], rows)
+        record["clients"] = results
+    if args.json:
+        write_json(args.json, "bench_streaming", record)
+
+
+if __name__ == "__main__":
+    main()
