@@ -11,8 +11,9 @@ a pool with no per-request scan) and decode the event stream with :mod:`.sse`.
 
 What the SDKs did that this keeps: keep-alive connections pooled per loop, TCP
 keep-alive probes on long streams, ``timeout`` on connecting (at most 10 s) and on every
-read, redirects followed, proxies from the environment (``HTTPS_PROXY``, ...), no hidden
-retry (a retry is the runtime's policy, a new turn). An HTTP error status is raised as
+read, redirects followed, proxies from the environment (``HTTPS_PROXY``, ``NO_PROXY``;
+read once, when the client is made), no hidden retry (a retry is the runtime's policy, a
+new turn). An HTTP error status is raised as
 :class:`HttpStatusError` with the status, the headers and the parsed error body (read up
 to :data:`MAX_ERROR_BODY` bytes), which :mod:`.failures` classifies.
 """
@@ -21,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -95,6 +98,15 @@ class WireResponse:
         return self._body
 
 
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment (``HTTPS_PROXY``, ``NO_PROXY``, ...) names for ``url``."""
+    parts = urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy is None or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
+
+
 def _keepalive_socket(addr_info: Any) -> socket.socket:
     """A socket with TCP keep-alive probes, so a silently dead peer is noticed."""
     family, type_, proto, _, _ = addr_info
@@ -128,9 +140,10 @@ class WireClient:
             keepalive_timeout=KEEPALIVE_EXPIRY_S,
             socket_factory=_keepalive_socket,
         )
-        self._session = aiohttp.ClientSession(
-            connector=connector, trust_env=True, auto_decompress=True
-        )
+        # Proxies from the environment, looked up once (aiohttp's ``trust_env`` reads the
+        # environment and ``~/.netrc`` on every request: a quarter of a stream's CPU).
+        self._proxy = _env_proxy(self._base)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
 
     @asynccontextmanager
     async def stream(self, path: str, body: bytes) -> AsyncIterator[WireResponse]:
@@ -140,7 +153,11 @@ class WireClient:
         aiohttp = self._aiohttp
         try:
             response = await self._session.post(
-                self._base + path, data=body, headers=self._headers, timeout=self._timeout
+                self._base + path,
+                data=body,
+                headers=self._headers,
+                timeout=self._timeout,
+                proxy=self._proxy,
             )
         except aiohttp.ConnectionTimeoutError as err:
             raise ConnectTimeout(str(err) or "connect timed out") from err
