@@ -13,8 +13,9 @@ Two modes:
   is measured.
 - **paced** (``--tps R``): a reply's first delta is written ``--ttft`` seconds after the
   request, then one every ``1/R`` seconds, by one ticker for all streams (every 2 ms).
-  Each delta's text is ``@<unix time of its write> `` so the client can measure how late
-  it saw the chunk against the moment the server wrote it.
+  Each delta's text is ``@<unix time of its write> `` (taken for each write, so a tick
+  that ran late is the server's lag, not counted against the client) so the client can
+  measure how late it saw the chunk against the moment the server wrote it.
 
 The raw ``asyncio.Protocol`` (no HTTP library) keeps the server's own CPU per chunk small.
 """
@@ -182,16 +183,16 @@ class _Server:
         while True:
             await asyncio.sleep(TICK_S)
             now = time.perf_counter()
-            wall = time.time()
             keep: list[_Stream] = []
             for s in self.streams:
                 transport = s.conn.transport
                 if transport is None:
                     continue
                 out = []
-                while s.left and s.next_at <= now:
+                wall = b"@%.6f" % time.time()  # this write's own time: the server's lag
+                while s.left and s.next_at <= now:  # (a tick that ran late) is not counted
                     template = s.parts[1][len(s.parts[1]) - s.left]
-                    out.append(template.replace(b"@0000000000.000000", b"@%.6f" % wall))
+                    out.append(template.replace(b"@0000000000.000000", wall))
                     s.left -= 1
                     s.next_at += interval
                 if not s.left:
