@@ -24,7 +24,6 @@ from .bus import _is_async
 
 __all__ = [
     "Tool",
-    "ToolArgumentError",
     "ToolOutcome",
     "ToolReturn",
     "ToolTimeout",
@@ -35,10 +34,6 @@ __all__ = [
 ]
 
 MAX_PARALLEL_TOOLS: Final = 10
-
-
-class ToolArgumentError(ValueError):
-    """The model's arguments do not fit the tool's parameters."""
 
 
 @runtime_checkable

@@ -59,10 +59,8 @@ from .effects import (
     TurnAborted,
     outcome_of,
 )
-from .errors import ListenerError
-from .inbox import Inbox
-from .limits import Admission, UsageMeter
-from .live import (
+from .errors import ListenerError, ModelError
+from .events import (
     AgentError,
     AgentLike,
     AgentSettled,
@@ -74,12 +72,13 @@ from .live import (
     RequestError,
     RequestEvent,
     Retry,
-    TurnSignal,
     TurnStopping,
-    loggable_cause,
     retry_delay_problem,
 )
-from .model import ModelError, ModelRequest, checked_failure
+from .inbox import Inbox
+from .limits import Admission, UsageMeter
+from .model import ModelRequest, checked_failure
+from .signal import TurnSignal, loggable_cause
 from .streams import StreamHandle
 from .toolphase import ToolPhase, unanswerable
 from .tools import described, shown

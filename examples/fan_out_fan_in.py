@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from actors.live import AgentSettled
+from actors.events import AgentSettled
 from runtime import ModelRequest, Runtime, ScriptedModel
 from runtime.agent import Agent
 from storage.events import AssistantMessage, TextBlock, UserMessage

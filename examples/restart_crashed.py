@@ -23,7 +23,7 @@ import random
 import threading
 import time
 
-from actors.live import AgentDisposed, AgentSettled, AgentStatusChanged
+from actors.events import AgentDisposed, AgentSettled, AgentStatusChanged
 from runtime import Runtime, ScriptedModel
 
 MAX_RESTARTS = 3

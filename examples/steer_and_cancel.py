@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 
-from actors.live import SessionEventLive
+from actors.events import SessionEventLive
 from runtime import Agent, ModelRequest, Runtime, ScriptedModel
 from storage.events import Event, TextBlock, UserMessage
 

@@ -7,12 +7,14 @@ from actors.errors import (
     EditTimeoutError,
     InboxFullError,
     InvalidMessageError,
+    ModelError,
     UnknownMessageError,
     WaitCycleError,
 )
+from actors.events import Allow, Deny, Enter, Reject, Retry
 from actors.limits import UsageLimits
-from actors.live import Allow, Deny, Enter, Reject, Retry, TurnSignal
-from actors.model import Model, ModelError, ModelRequest
+from actors.model import Model, ModelRequest
+from actors.signal import TurnSignal
 from actors.tools import Tool, ToolReturn
 from storage.errors import CorralError, ReentrantAppendError, StoreClosedError
 from storage.events import (

@@ -34,7 +34,7 @@ from actors.errors import (
     WaitCycleError,
 )
 from actors.inbox import Inbox, InboxView
-from actors.live import TurnSignal, checked_cause
+from actors.signal import TurnSignal, checked_cause
 from storage.events import (
     AgentInboxSpliced,
     CancelCause,

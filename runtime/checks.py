@@ -11,8 +11,8 @@ from typing import Any, Final, cast
 
 import msgspec
 
+from actors.events import WATERFALL_EVENTS
 from actors.limits import UsageLimits
-from actors.live import WATERFALL_EVENTS
 from actors.model import Model
 from actors.protocols import implements
 from actors.tools import Tool

@@ -41,16 +41,16 @@ from actors import (
 from actors._deadline import deadline, extended, remaining
 from actors.agent import AgentActor, AgentMailbox, Announce, AwaitIdle, Cancel, Quiescent
 from actors.errors import AgentDisposedError, DispatcherShutdownError, WaitCycleError
-from actors.flushes import FlushGroup
-from actors.inbox import Inbox
-from actors.limits import Admission, UsageLimits, UsageMeter
-from actors.live import (
+from actors.events import (
     AGENT_EVENTS,
     AgentCreated,
     AgentDisposed,
     AgentSessionStart,
     SessionEventLive,
 )
+from actors.flushes import FlushGroup
+from actors.inbox import Inbox
+from actors.limits import Admission, UsageLimits, UsageMeter
 from actors.model import Model
 from actors.toolphase import ToolPhase
 from actors.tools import Tool

@@ -20,7 +20,8 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from actors.model import ModelError, ModelRequest, failure_problem
+from actors.errors import ModelError
+from actors.model import ModelRequest, failure_problem
 from storage.events import (
     FinishChunk,
     LlmFailure,

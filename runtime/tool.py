@@ -14,7 +14,8 @@ from typing import Any, Final, TypeVar, get_type_hints, overload
 
 import msgspec
 
-from actors.tools import ToolArgumentError, ToolReturn
+from actors.errors import ToolArgumentError
+from actors.tools import ToolReturn
 from storage.events import ToolSpec
 from storage.lossless import lossless_problem
 from storage.timeouts import check_timeout

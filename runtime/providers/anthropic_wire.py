@@ -19,7 +19,8 @@ from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 
-from actors.model import ModelError, ModelRequest
+from actors.errors import ModelError
+from actors.model import ModelRequest
 from storage.events import (
     FinishChunk,
     FinishReason,

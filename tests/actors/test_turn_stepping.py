@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from actors.effects import Checkpoint, Flush, JoinTool, NextBatch, OpenStream, StartTool, StreamEnd
-from actors.live import TurnSignal
+from actors.signal import TurnSignal
 from actors.testing import TurnHarness
 from actors.toolphase import ToolRun
 from runtime import ScriptedModel, tool

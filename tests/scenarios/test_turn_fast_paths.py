@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from actors.inbox import Inbox
-from actors.live import InboxClaimed, InboxInserted
+from actors.events import InboxClaimed, InboxInserted
 from actors.turn import TurnMachine
 from runtime import InvalidMessageError, Runtime, ScriptedModel
 from storage.errors import StorageError

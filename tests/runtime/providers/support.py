@@ -8,7 +8,8 @@ import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from actors.model import Model, ModelError, ModelRequest
+from actors.model import Model, ModelRequest
+from actors.errors import ModelError
 from storage.events import (
     FinishChunk,
     LlmFailure,
