@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from actors.inbox import Inbox
 from actors.events import InboxClaimed, InboxInserted
+from actors.inbox import Inbox
 from actors.turn import TurnMachine
 from runtime import InvalidMessageError, Runtime, ScriptedModel
 from storage.errors import StorageError

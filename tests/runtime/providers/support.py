@@ -8,8 +8,8 @@ import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from actors.model import Model, ModelRequest
 from actors.errors import ModelError
+from actors.model import Model, ModelRequest
 from storage.events import (
     FinishChunk,
     LlmFailure,
