@@ -105,7 +105,7 @@ class FakeClock:
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
         return self.now
 
     async def sleep(self, delay: float) -> None:
