@@ -1,21 +1,27 @@
 """What users touch: the Runtime facade, Agent handle, models, tools, policies, CLI."""
 
-from actors.errors import (
+from actors import (
     AgentDisposedError,
     AgentStateError,
+    Allow,
+    Deny,
     DuplicateMessageError,
     EditTimeoutError,
+    Enter,
     InboxFullError,
     InvalidMessageError,
+    Model,
     ModelError,
+    ModelRequest,
+    Reject,
+    Retry,
+    Tool,
+    ToolReturn,
+    TurnSignal,
     UnknownMessageError,
+    UsageLimits,
     WaitCycleError,
 )
-from actors.events import Allow, Deny, Enter, Reject, Retry
-from actors.limits import UsageLimits
-from actors.model import Model, ModelRequest
-from actors.signal import TurnSignal
-from actors.tools import Tool, ToolReturn
 from storage.errors import CorralError, ReentrantAppendError, StoreClosedError
 from storage.events import (
     DisposedCause,

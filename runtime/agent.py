@@ -17,24 +17,30 @@ from pykka import ActorDeadError, ActorRef, Future, Timeout
 from pykka._envelope import Envelope
 
 from actors import (
+    AgentDisposedError,
+    AgentStateError,
+    AwaitIdle,
+    Barrier,
+    Cancel,
+    Edit,
+    EditTimeoutError,
     Idle,
+    Inbox,
+    InboxView,
+    Insert,
+    InvalidMessageError,
+    Kill,
     LendingLock,
     Mailbox,
+    TurnSignal,
+    WaitCycleError,
     WaitTarget,
+    apply_edit,
+    checked_cause,
     in_io_loop_thread,
     waiting_for,
     working_for,
 )
-from actors.agent import AwaitIdle, Barrier, Cancel, Edit, Insert, Kill, apply_edit
-from actors.errors import (
-    AgentDisposedError,
-    AgentStateError,
-    EditTimeoutError,
-    InvalidMessageError,
-    WaitCycleError,
-)
-from actors.inbox import Inbox, InboxView
-from actors.signal import TurnSignal, checked_cause
 from storage.events import (
     AgentInboxSpliced,
     CancelCause,

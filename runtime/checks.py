@@ -11,11 +11,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from actors.events import WATERFALL_EVENTS
-from actors.limits import UsageLimits
-from actors.model import Model
-from actors.protocols import implements
-from actors.tools import Tool
+from actors import WATERFALL_EVENTS, Model, Tool, UsageLimits, implements
 from storage.codec import Codec
 from storage.errors import EventTooLargeError, InvalidEventError
 from storage.events import Event, RequestConfig, RequestHeader, ToolSpec

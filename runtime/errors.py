@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.errors import AgentDisposedError
+from actors import AgentDisposedError
 from storage.errors import StoreClosedError
 
 __all__ = ["RuntimeClosedError"]

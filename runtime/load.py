@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 import psutil  # type: ignore[import-untyped]
 
-from actors.events import AgentSettled
-from actors.model import Model, ModelRequest
+from actors import AgentSettled, Model, ModelRequest
 from storage.errors import StorageError
 from storage.events import IgnoredRecord, LlmFailure, ToolMessage
 from storage.invariants import check_invariants

@@ -25,36 +25,46 @@ from pykka import ActorDeadError, ActorRef, Timeout
 from pykka.messages import ProxyCall
 
 from actors import (
+    AGENT_EVENTS,
     ActorDeath,
+    Admission,
+    AgentActor,
+    AgentCreated,
+    AgentDisposed,
+    AgentDisposedError,
+    AgentMailbox,
+    AgentSessionStart,
+    Announce,
+    AwaitIdle,
     Bus,
+    Cancel,
     Dispatcher,
+    DispatcherShutdownError,
+    Durability,
+    FlushGroup,
+    Inbox,
     IoSide,
+    Model,
+    Quiescent,
     RegistryActor,
     Scheduler,
+    SessionEventLive,
+    Tool,
+    ToolPhase,
+    TurnMachine,
+    UsageLimits,
+    UsageMeter,
+    WaitCycleError,
+    deadline,
+    extended,
     forget,
     in_nonblocking_thread,
     in_runtime_thread,
+    remaining,
     waiting_for,
     waiting_on_actors,
     watch,
 )
-from actors._deadline import deadline, extended, remaining
-from actors.agent import AgentActor, AgentMailbox, Announce, AwaitIdle, Cancel, Quiescent
-from actors.errors import AgentDisposedError, DispatcherShutdownError, WaitCycleError
-from actors.events import (
-    AGENT_EVENTS,
-    AgentCreated,
-    AgentDisposed,
-    AgentSessionStart,
-    SessionEventLive,
-)
-from actors.flushes import FlushGroup
-from actors.inbox import Inbox
-from actors.limits import Admission, UsageLimits, UsageMeter
-from actors.model import Model
-from actors.toolphase import ToolPhase
-from actors.tools import Tool
-from actors.turn import Durability, TurnMachine
 from storage.errors import UnknownSessionError
 from storage.events import DisposedCause, RequestConfig
 from storage.lmdb_store import Store, check_session_id

@@ -20,8 +20,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from actors.errors import ModelError
-from actors.model import ModelRequest, failure_problem
+from actors import ModelError, ModelRequest, failure_problem
 from storage.events import (
     FinishChunk,
     LlmFailure,

@@ -14,8 +14,7 @@ from typing import Any, Final, TypeVar, get_type_hints, overload
 
 import msgspec
 
-from actors.errors import ToolArgumentError
-from actors.tools import ToolReturn
+from actors import ToolArgumentError, ToolReturn
 from storage.events import ToolSpec
 from storage.lossless import lossless_problem
 from storage.timeouts import check_timeout

@@ -19,8 +19,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 
-from actors.errors import ModelError
-from actors.model import ModelRequest
+from actors import ModelError, ModelRequest
 from storage.events import (
     FinishChunk,
     FinishReason,

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from actors.errors import ModelError
+from actors import ModelError
 from storage.events import FailureCode, LlmFailure
 
 from .secrets import Secret, scrub
