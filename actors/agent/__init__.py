@@ -1,6 +1,7 @@
 """The agent actor (:mod:`.actor`) and the one vocabulary of its messages (:mod:`.messages`)."""
 
-from .actor import AgentActor, AgentMailbox
+from .actor import AgentActor
+from .mailbox import AgentMailbox
 from .messages import (
     AgentMessage,
     Announce,

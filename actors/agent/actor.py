@@ -22,7 +22,6 @@ from storage.events import CancelCause, DisposedCause, InboxLane, UserMessage
 
 from .._dispatcher import work_for
 from .._ioside import IoSide, Outcome
-from .._mailbox import Mailbox, MailboxOwner
 from .._pooled import PooledActor
 from .._scheduler import Scheduler
 from ..effects import (
@@ -40,7 +39,7 @@ from ..effects import (
 )
 from ..errors import AgentKilledError
 from ..flushes import FlushGroup
-from ..inbox import Inbox, InboxView
+from ..inbox import Inbox
 from ..signal import TurnSignal, loggable_cause
 from ..streams import (
     StreamHandle,
@@ -51,6 +50,7 @@ from ..streams import (
     start_tool,
 )
 from ..turn import TurnMachine
+from .mailbox import AgentMailbox
 from .messages import (
     AgentMessage,
     Announce,
@@ -69,74 +69,13 @@ from .messages import (
     apply_edit,
 )
 
-__all__ = ["AgentActor", "AgentMailbox"]
+__all__ = ["AgentActor"]
 
 log = logging.getLogger("corral.agent")
 _get_ident = threading.get_ident
 
 _PENDING: Any = object()
 _FLUSHED = Flushed()  # every successful flush's completion: one instance serves them all
-
-
-class AgentMailbox(Mailbox):
-    """The agent's pykka mailbox *is* its inbox: control envelopes handled in send order,
-    plus ``lanes``, the pending user messages of the ``next-turn`` and ``next-step``
-    lanes, changed only by the actor through durable splices."""
-
-    __slots__ = ("_idle_after_death", "abandoned", "lanes")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lanes: Inbox | None = None
-        # wait_idle callbacks refused while the actor is torn down: answered once its
-        # death watchers ran (the runtime's sets agent.crash). None outside a teardown.
-        self._idle_after_death: list[Callable[[], None]] | None = None
-        # Set by a runtime's close that gave up on the actor (its disposal did not end in
-        # time) and went on to close the store and the I/O side under it.
-        self.abandoned = False
-
-    def pending_messages(self) -> InboxView:
-        assert self.lanes is not None
-        return self.lanes.view()
-
-    def _refuse(self, envelope: Envelope[Any], reason: str) -> None:
-        """A send the actor will never handle because it crashed: its caller holds the
-        message's id, so the message is logged pending (the crashed handler's turn stays
-        open; ``rt.resume`` repairs it and finds the message in the inbox). Anything
-        else, or after a requested stop, is a dead letter as for any actor, except a
-        ``wait_idle`` that was queued behind the stop: it is answered (idle for good)."""
-        message = envelope.message
-        if type(message) is AwaitIdle:  # a stopped agent runs nothing more: idle for good
-            if self._idle_after_death is not None:
-                self._idle_after_death.append(message.callback)  # once its watchers ran
-            else:
-                message.callback()
-            return
-        death, lanes = self._death, self.lanes
-        if (
-            type(message) is Insert
-            and not message.inserted
-            and death is not None
-            and death.failed
-            and lanes is not None
-        ):
-            try:
-                lanes.insert(message.lane, message.message)
-            except Exception:  # a failed log: the message is lost with the actor
-                log.exception(
-                    "agent could not keep message %s sent before it crashed", message.message.id
-                )
-            else:
-                return
-        super()._refuse(envelope, reason)
-
-    def _teardown(self, actor: MailboxOwner) -> None:
-        answers = self._idle_after_death = []
-        super()._teardown(actor)  # refuses what is left: a crashed actor's sends are kept
-        self.lanes = None
-        self._idle_after_death = None
-        for callback in answers:  # after the death watchers (agent.crash is set)
-            callback()
 
 
 class AgentActor(PooledActor):
