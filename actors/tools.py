@@ -20,7 +20,7 @@ from storage.events import TextBlock, ToolError, ToolSpec
 
 from ._host import Host, unstopped
 from ._ioside import Lease, _BlockingPool
-from .bus import _is_async
+from .listeners import is_async as listener_is_async
 
 __all__ = [
     "Tool",
@@ -188,7 +188,7 @@ async def run_execute_chain(
     listener's ``next()`` raises it once the body returns; what it returns is dropped).
     """
     loop = asyncio.get_running_loop()
-    is_async_listener = [_is_async(listener) for listener in listeners]
+    is_async_listener = [listener_is_async(listener) for listener in listeners]
     held = loop.create_future()  # set when a timed-out body holds a listener's thread
 
     async def body(host: Host | None) -> Any:
