@@ -5,10 +5,9 @@ behind it are named for one concept each (``actors.agent``, ``actors.turn``,
 ``actors.events``, ``actors.signal``, ``actors.clock``, ``actors.errors``, ...).
 """
 
+from actors._deadletters import DeadLetter, DeadLetters
 from actors._deadline import deadline, extended, remaining
 from actors._dispatcher import (
-    DeadLetter,
-    DeadLetters,
     Dispatcher,
     DispatcherStatistics,
     LendingLock,

@@ -19,7 +19,8 @@ from pykka import ActorDeadError, ActorRef
 from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
-from actors._dispatcher import DeadLetters, Dispatcher, in_nonblocking_thread
+from actors._deadletters import DeadLetters
+from actors._dispatcher import Dispatcher, in_nonblocking_thread
 from actors.errors import DispatcherShutdownError, MailboxFullError
 
 __all__ = [

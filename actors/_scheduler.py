@@ -20,7 +20,8 @@ from typing import Any
 
 from pykka import ActorDeadError, ActorRef
 
-from actors._dispatcher import DeadLetters, mark_thread_nonblocking
+from actors._deadletters import DeadLetters
+from actors._dispatcher import mark_thread_nonblocking
 from actors.clock import Clock, ManualClock, SystemClock
 from actors.errors import MailboxFullError, SchedulerClosedError
 

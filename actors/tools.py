@@ -19,7 +19,7 @@ import msgspec
 from storage.events import TextBlock, ToolError, ToolSpec
 
 from ._host import Host, unstopped
-from ._ioside import Lease, _BlockingPool
+from ._pool import BlockingPool, Lease
 from .listeners import is_async as listener_is_async
 
 __all__ = [
@@ -195,7 +195,7 @@ async def run_execute_chain(
         lease = None
         if is_async:
             work: Awaitable[Any] = _guarded(run())  # wait_for runs it as a task of its own
-        elif timeout is not None and isinstance(pool, _BlockingPool):
+        elif timeout is not None and isinstance(pool, BlockingPool):
             lease = pool.lease()
             leased = partial(_run_leased, run, lease)
             if host is None:
