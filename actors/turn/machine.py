@@ -79,7 +79,6 @@ Durability = Literal["write-ahead", "turn", "none"]
 
 
 _GO_ON: Final = (Completed, MaxTokens)  # turn ends after which queued work starts at once
-_ENCODER: Final = msgspec.json.Encoder()
 _TURN_END_BYTES: Final = 256  # what an aborted turn/end takes besides its cause's reason
 
 
