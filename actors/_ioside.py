@@ -22,7 +22,7 @@ from pykka import ActorDeadError, ActorRef
 
 from actors._dispatcher import DeadLetters, mark_thread_blocking_pool, mark_thread_io_loop
 from actors.errors import IoSideClosedError, MailboxFullError
-from storage.threads import start_thread
+from storage import start_thread
 
 from ._deadline import deadline, extended, remaining
 

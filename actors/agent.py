@@ -19,7 +19,7 @@ from typing import Any, Literal
 import msgspec
 from pykka._envelope import Envelope
 
-from storage.events import CancelCause, DisposedCause, InboxLane, MessageId, UserMessage
+from storage import CancelCause, DisposedCause, InboxLane, MessageId, UserMessage
 
 from ._dispatcher import work_for
 from ._ioside import IoSide, Outcome

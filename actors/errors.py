@@ -6,7 +6,7 @@ Every message says what happened and what to do about it. Other layers of
 
 from __future__ import annotations
 
-from storage.errors import CorralError
+from storage import CorralError
 
 __all__ = [
     "DispatcherShutdownError",

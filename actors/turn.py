@@ -18,15 +18,19 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from storage.codec import DEFAULT_MAX_EVENT_BYTES
-from storage.errors import EventTooLargeError, InvalidEventError
-from storage.events import (
+from storage import (
+    CITATION_BYTES,
+    CITED_SHARE,
+    DIRECT_SHARE,
+    MAX_FAILURE_CHARS,
     Aborted,
     AssistantChunk,
     AssistantMessageData,
     Blocked,
     Completed,
     Errored,
+    EventTooLargeError,
+    InvalidEventError,
     LimitExceeded,
     LlmFailure,
     LlmRetry,
@@ -45,6 +49,8 @@ from storage.events import (
     TurnStart,
     UserMessage,
     UserMessageData,
+    cause_reason_bytes,
+    reply_bytes,
 )
 
 from .assembly import Assembler, HeldChunks
@@ -105,18 +111,11 @@ _GO_ON: Final = (Completed, MaxTokens)  # turn ends after which queued work star
 _FLUSH: Final = Flush()  # stateless: one instance serves every wait
 _DONE: Final = _StepResult()  # a step that ended normally, nothing more to do
 _ENCODER: Final = msgspec.json.Encoder()
-_MAX_FAILURE_CHARS: Final = 16_384
-_TURN_END_BYTES: Final = 256  # what an aborted turn/end takes besides its cause's reason
 _MESSAGES: Final = msgspec.json.Decoder(tuple[UserMessage, ...])
 _CONFIG: Final = msgspec.json.Decoder(RequestConfig)
 _SPECS: Final = msgspec.json.Decoder(tuple[ToolSpec, ...])
-# A reply's ``assistant/message`` cites each of its chunk events (CONTRACT 4). Its chunks
-# are logged one per delta while their citations take less than 1/_DIRECT_SHARE of the
-# event limit; past that, deltas are gathered (:class:`HeldChunks`) so that the citations
-# stay within about 1/_CITED_SHARE of it, however many deltas the reply came in.
-_DIRECT_SHARE: Final = 64
-_CITED_SHARE: Final = 32
-_SEQ_BYTES: Final = 12  # what one citation takes at most: a seq's digits and a comma
+# A reply's chunks are logged one per delta, then gathered (:class:`HeldChunks`): see
+# the citation shares in storage.budget.
 
 
 def _checked(
@@ -196,9 +195,9 @@ def _too_large(assembler: Assembler, limit: int) -> _StepResult:
 def _gather_size(assembler: Assembler, limit: int) -> int:
     """How many characters a gathered chunk should hold before it is logged: enough that
     the chunks still to come, however small the deltas, cite within what is left of the
-    citation budget (``limit // _CITED_SHARE``) for the largest reply the limit allows."""
-    left = limit // _CITED_SHARE - assembler.cited
-    return max(1, (limit - assembler.streamed) * _SEQ_BYTES // max(left, _SEQ_BYTES))
+    citation budget (``limit // CITED_SHARE``) for the largest reply the limit allows."""
+    left = limit // CITED_SHARE - assembler.cited
+    return max(1, (limit - assembler.streamed) * CITATION_BYTES // max(left, CITATION_BYTES))
 
 
 def _bounded(failure: LlmFailure) -> LlmFailure:
@@ -207,9 +206,9 @@ def _bounded(failure: LlmFailure) -> LlmFailure:
     text that is not UTF-8 (a lone surrogate)."""
     failure = checked_failure(failure)
     message = failure.message
-    if len(message) > _MAX_FAILURE_CHARS:
-        rest = len(message) - _MAX_FAILURE_CHARS
-        message = f"{message[:_MAX_FAILURE_CHARS]}... ({rest} more characters)"
+    if len(message) > MAX_FAILURE_CHARS:
+        rest = len(message) - MAX_FAILURE_CHARS
+        message = f"{message[:MAX_FAILURE_CHARS]}... ({rest} more characters)"
     message = message.encode("utf-8", "replace").decode("utf-8")
     if message == failure.message:
         return failure
@@ -434,7 +433,7 @@ class TurnMachine:
         assert signal.reason is not None
         # The signal checked the cause; a cause changed since must still give a turn/end
         # that can be logged (and read back), not crash the actor or corrupt the log.
-        cause = loggable_cause(signal.reason, self._max_event_bytes - _TURN_END_BYTES)
+        cause = loggable_cause(signal.reason, cause_reason_bytes(self._max_event_bytes))
         return Aborted(reason=cause)
 
     def _error(self, turn: int, step: int | None, failure: LlmFailure) -> Errored:
@@ -773,8 +772,8 @@ class TurnMachine:
     ) -> _StepResult:
         append = self.session.append_fact
         assembler = Assembler(turn, step)
-        limit = request.max_reply_bytes or DEFAULT_MAX_EVENT_BYTES
-        direct = limit // _DIRECT_SHARE  # citation bytes up to which deltas are logged one by one
+        limit = reply_bytes(request.max_reply_bytes)
+        direct = limit // DIRECT_SHARE  # citation bytes up to which deltas are logged one by one
         held: HeldChunks | None = None  # made once deltas are gathered
         stream: Any = None
         done = False

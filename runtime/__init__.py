@@ -14,13 +14,15 @@ from actors.limits import UsageLimits
 from actors.live import Allow, Deny, Enter, Reject, Retry, TurnSignal
 from actors.model import Model, ModelError, ModelRequest
 from actors.tools import Tool, ToolReturn
-from storage.errors import CorralError, ReentrantAppendError, StoreClosedError
-from storage.events import (
+from storage import (
+    CorralError,
     DisposedCause,
     HookCause,
     LlmFailure,
     ParentCause,
+    ReentrantAppendError,
     RequestConfig,
+    StoreClosedError,
     TextBlock,
     UserCause,
     UserMessage,

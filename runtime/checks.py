@@ -16,9 +16,15 @@ from actors.live import WATERFALL_EVENTS
 from actors.model import Model
 from actors.protocols import implements
 from actors.tools import Tool
-from storage.codec import Codec
-from storage.errors import EventTooLargeError, InvalidEventError
-from storage.events import Event, RequestConfig, RequestHeader, ToolSpec
+from storage import (
+    Codec,
+    Event,
+    EventTooLargeError,
+    InvalidEventError,
+    RequestConfig,
+    RequestHeader,
+    ToolSpec,
+)
 
 from .tool import FunctionTool, check_tool_name
 

@@ -55,10 +55,14 @@ from actors.model import Model
 from actors.toolphase import ToolPhase
 from actors.tools import Tool
 from actors.turn import Durability, TurnMachine
-from storage.errors import UnknownSessionError
-from storage.events import DisposedCause, RequestConfig
-from storage.lmdb_store import Store, check_session_id
-from storage.session import Session
+from storage import (
+    DisposedCause,
+    RequestConfig,
+    Session,
+    Store,
+    UnknownSessionError,
+    check_session_id,
+)
 
 from . import gctune, waiting
 from .agent import Agent

@@ -38,7 +38,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from operator import attrgetter
-from typing import Final, NamedTuple, Protocol, cast
+from typing import Final, NamedTuple, cast
 
 import msgspec
 
@@ -56,21 +56,10 @@ from storage.projections import (
     TurnTracker,
     repair_plan,
 )
+from storage.records import DurableReader, FlushCallback, LogSink, Outbox, SessionHeader
 from storage.timeouts import check_timeout
 
-__all__ = [
-    "TAIL_BOUND",
-    "DurableReader",
-    "Fact",
-    "LogSink",
-    "Observer",
-    "Outbox",
-    "PendingRecord",
-    "Record",
-    "Session",
-    "SessionHeader",
-    "epoch_ms",
-]
+__all__ = ["TAIL_BOUND", "Fact", "Observer", "Session", "epoch_ms"]
 
 _log = logging.getLogger("corral.session")
 _SEQ: Final = attrgetter("seq")
@@ -85,36 +74,6 @@ its sink which are durable, and how much its tail grows between two such request
 not-yet-durable tail can be longer while the sink catches up)."""
 
 
-class SessionHeader(msgspec.Struct, frozen=True, rename="camel"):
-    """What a store keeps about a session besides its events.
-
-    ``key`` is the store's compact session key (events are keyed by key + seq);
-    ``created`` is epoch ms. A fork child names its ``parent`` and ``fork_seq`` (the
-    inclusive boundary). Events with ``seq < seed_length`` are the seeded prefix (fork
-    or import) and are not replayed into the pending inbox.
-    """
-
-    id: str
-    key: int
-    created: int
-    parent: str | None = None
-    fork_seq: int | None = None
-    seed_length: int = 0
-
-
-Record = tuple[int, int, bytes]
-"""What :meth:`LogSink.submit` takes: ``(session_key, seq, payload)``. A session hands
-over a plain tuple (building a :class:`PendingRecord` costs a tenth of an append)."""
-
-
-class PendingRecord(NamedTuple):
-    """One encoded record on its way to durable storage (a named :data:`Record`)."""
-
-    session_key: int
-    seq: int
-    payload: bytes
-
-
 class _Checked(NamedTuple):
     """A batch of facts validated by :meth:`Session.extend`, in parallel lists."""
 
@@ -127,70 +86,7 @@ class _Checked(NamedTuple):
     """The indexes of the facts that a projection takes (see ``Session._appliers``)."""
 
 
-class Outbox(Protocol):
-    """One session's records on their way to a sink that takes them itself (the log
-    writer's ``outbox(session_key)``, see :class:`LogSink`): the session appends its
-    encoded records to ``records`` (under its own lock, in seq order, without gaps) and
-    the sink takes them from the front when it writes. Cheaper than a call per record:
-    an append costs a list append, and the sink hears of the session once per batch of
-    records.
-
-    Protocol: after appending, a session calls :meth:`announce` if ``records`` holds only
-    what it just appended (the sink may have emptied it: it does not know the session
-    has records) or if ``stopped`` is set (the sink refuses records: closed, failed, or
-    a newer session object of the same id took over). :meth:`announce` either accepts
-    the records or takes them back out of ``records`` and raises; then nothing was
-    appended.
-    """
-
-    records: list[bytes]
-    stopped: bool
-
-    def announce(self, last: bytes, count: int) -> None:
-        """The session just appended ``count`` records, ``last`` the last of them; raises
-        (having removed them) if the sink refuses them."""
-        ...
-
-
-class LogSink(Protocol):
-    """Where a session hands its encoded records for durable writing.
-
-    A sink may also have an ``outbox(session_key)`` method returning an :class:`Outbox`
-    (or ``None``): a session then hands its records over through that instead of
-    :meth:`submit` and :meth:`submit_many`."""
-
-    def submit(self, record: Record) -> None:
-        """Hand over a record for durable write; never blocks long. May refuse (raise).
-
-        A session passes a plain ``(session_key, seq, payload)`` tuple: unpack it, do not
-        read its fields by name."""
-        ...
-
-    def submit_many(self, session_key: int, first_seq: int, payloads: Sequence[bytes]) -> None:
-        """Hand over the records of seqs ``first_seq``, ``first_seq + 1``, ... of one
-        session at once: all are accepted or none (raise). The sink may keep
-        ``payloads`` (the caller gives it away)."""
-        ...
-
-    def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:
-        """Call ``callback`` (from any thread) once everything submitted before is
-        durable, or with the error that prevents it."""
-        ...
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Block until everything submitted before the call is durable."""
-        ...
-
-
 Observer = Callable[[Event], None]
-
-
-class DurableReader(Protocol):
-    """Reads a session's durable events back (the store's ``read`` bound to a session)."""
-
-    def __call__(self, *, lower: int, upper: int) -> list[Event]:
-        """The durable events with ``lower <= seq <= upper`` (inclusive), in seq order."""
-        ...
 
 
 def _blame(err: InvalidEventError, index: int, type: str) -> None:
@@ -752,7 +648,7 @@ class Session:
         self._sink.flush(timeout)
         self.acknowledge(mark)
 
-    def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:
+    def flush_async(self, callback: FlushCallback) -> None:
         """Call ``callback(None)`` (from any thread) once everything appended before the
         call is durable, or ``callback(error)`` if it cannot be."""
         if self._reader is None:

@@ -23,7 +23,7 @@ from typing import Any, Final, Literal, TypeAlias
 import msgspec
 
 from actors.model import ModelRequest
-from storage.events import (
+from storage import (
     AssistantMessage,
     FinishChunk,
     FinishReason,

@@ -14,7 +14,7 @@ import pytest
 from storage import StorageError, Store, StoreClosedError
 from storage.aio import _LoopWaker, wait_durable
 from storage.events import Completed, MessageTrigger, TurnEnd, TurnStart
-from storage.writer import FlushCallback
+from storage.records import FlushCallback
 from tests.storage.builders import ticking_clock
 
 WAIT = 30.0

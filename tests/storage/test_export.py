@@ -17,8 +17,8 @@ from storage import (
     UnknownEventTypeError,
     UnknownSessionError,
 )
-from storage import writer as writer_module
 from storage.events import MessageTrigger, TurnStart
+from storage.lmdb import writer as writer_module
 from tests.storage.builders import (
     LogBuilder,
     completed_turn,

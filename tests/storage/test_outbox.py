@@ -14,11 +14,11 @@ import lmdb
 import pytest
 
 from storage import Codec, EventTypes, Session, StorageError, Store, StoreClosedError
-from storage import writer as writer_module
 from storage.events import Completed, MessageTrigger, TurnEnd, TurnStart
-from storage.lmdb_env import LmdbEnv
-from storage.session import SessionHeader
-from storage.writer import LogWriter
+from storage.lmdb import writer as writer_module
+from storage.lmdb.env import LmdbEnv
+from storage.lmdb.writer import LogWriter
+from storage.records import SessionHeader
 
 WAIT = 10.0
 

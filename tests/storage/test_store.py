@@ -32,19 +32,20 @@ from storage import (
     UnknownSessionError,
     assert_invariants,
 )
-from storage import lmdb_env as lmdb_env_module
-from storage import writer as writer_module
 from storage.events import Completed, MessageTrigger, SessionEndSeed, TurnEnd, TurnStart
-from storage.lmdb_env import (
+from storage.lmdb import compaction as compaction_module
+from storage.lmdb import env as lmdb_env_module
+from storage.lmdb import writer as writer_module
+from storage.lmdb.layout import (
     SCHEMA_VERSION,
     decode_row,
     encode_frame,
     encode_row,
     encode_u64,
     event_key,
-    event_records,
     put_spans,
 )
+from storage.lmdb.reads import event_records
 from tests.storage.builders import LogBuilder, completed_turn, ticking_clock, tool_turn
 
 WAIT = 30.0
@@ -892,7 +893,7 @@ def test_another_process_reads_while_this_one_writes_and_grows_the_map(
     """The reader merges the journal it scans with ``events``, across compactions
     (``journal``), or reads runs written straight to ``events`` (``direct``)."""
     monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 150)
-    monkeypatch.setattr(writer_module, "DIRECT_MIN_BYTES", 1 if route == "direct" else 1 << 62)
+    monkeypatch.setattr(compaction_module, "DIRECT_MIN_BYTES", 1 if route == "direct" else 1 << 62)
     path = tmp_path / "s"
     types = EventTypes.default()
     types.register("test/padded", Padded)

@@ -18,22 +18,17 @@ from typing import Any
 import lmdb
 import pytest
 
-from storage import writer as writer_module
 from storage.errors import StorageError, StoreClosedError
-from storage.lmdb_env import (
-    Databases,
-    LmdbEnv,
-    ResizeLock,
-    Tail,
-    compact,
-    decode_row,
-    encode_u64,
-    event_key,
-    event_records,
-    scan_journal,
-)
-from storage.session import PendingRecord, SessionHeader
-from storage.writer import LogWriter, _resolve, _Waiter
+from storage.lmdb import compaction as compaction_module
+from storage.lmdb import waiters as waiters_module
+from storage.lmdb import writer as writer_module
+from storage.lmdb.compaction import compact
+from storage.lmdb.env import LmdbEnv, ResizeLock
+from storage.lmdb.layout import Databases, Tail, decode_row, encode_u64, event_key
+from storage.lmdb.reads import event_records, scan_journal
+from storage.lmdb.waiters import Waiter, resolve
+from storage.lmdb.writer import LogWriter
+from storage.records import FlushCallback, PendingRecord, SessionHeader
 
 WAIT = 10.0
 
@@ -277,7 +272,7 @@ def signal_main_until(ran: threading.Event) -> None:
         assert time.monotonic() < deadline, "the main thread never ran its signal handler"
 
 
-class Noticed(list[writer_module.FlushCallback]):
+class Noticed(list[FlushCallback]):
     """A writer's list of queued flush callbacks that calls ``notice(length)`` after each
     append (put in place of the writer's list while the writer is held)."""
 
@@ -285,7 +280,7 @@ class Noticed(list[writer_module.FlushCallback]):
         super().__init__()
         self._notice = notice
 
-    def append(self, callback: writer_module.FlushCallback) -> None:
+    def append(self, callback: FlushCallback) -> None:
         super().append(callback)
         self._notice(len(self))
 
@@ -523,7 +518,7 @@ def test_a_compaction_under_load_goes_in_steps_and_its_last_deletes_the_frames_i
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 24)
-    monkeypatch.setattr(writer_module, "COMPACT_STEP_RECORDS", 4)
+    monkeypatch.setattr(compaction_module, "COMPACT_STEP_RECORDS", 4)
     sessions = 6
     for key in range(1, sessions + 1):
         rig.writer.track(header(key, f"s{key}"), next_seq=0, new=True)
@@ -580,10 +575,11 @@ def run_until_killed(script: str, path: Path) -> None:
 
 CRASH_MID_ROUND = """
 import os, signal, sys
-from storage import Store, writer
+from storage import Store
 from storage.events import MessageTrigger, TurnStart
+from storage.lmdb import compaction, writer
 writer.JOURNAL_MAX_RECORDS = 12
-writer.COMPACT_STEP_RECORDS = 2
+compaction.COMPACT_STEP_RECORDS = 2
 store = Store.open(sys.argv[1])
 sessions = [store.create_session(f"s{i}") for i in range(4)]
 store.flush()
@@ -681,13 +677,13 @@ def test_a_writable_open_compacts_what_a_crash_left_in_the_journal(tmp_path: Pat
 
 
 def test_blocking_flushers_are_woken_in_a_chain_that_skips_those_who_gave_up() -> None:
-    first, quitter, third = _Waiter(), _Waiter(), _Waiter()
+    first, quitter, third = Waiter(), Waiter(), Waiter()
     assert not quitter.wait(0)  # gives up before the commit resolves it
     called: list[BaseException | None] = []
-    end = _resolve([first, quitter, called.append, third], None)
+    end = resolve([first, quitter, called.append, third], None)
     assert called == [None]  # plain callbacks run at once, on the resolving thread
     assert end is not None
-    assert not third._woken  # its turn comes when the first one runs
+    assert not third.woken  # its turn comes when the first one runs
     outcome: list[bool] = []
     waiting = threading.Thread(target=lambda: outcome.append(third.wait(WAIT)))
     waiting.start()
@@ -698,11 +694,11 @@ def test_blocking_flushers_are_woken_in_a_chain_that_skips_those_who_gave_up() -
 
 
 def test_a_waiter_woken_while_giving_up_passes_the_turn_on() -> None:
-    first, second = _Waiter(), _Waiter()
+    first, second = Waiter(), Waiter()
     error = StorageError("boom")
-    end = _resolve([first, second], error)
+    end = resolve([first, second], error)
     assert end is not None
-    assert first._give_up()  # woken before it gave up: counts as woken, wakes second
+    assert first.give_up()  # woken before it gave up: counts as woken, wakes second
     assert second.wait(WAIT)
     assert second.error is error
     assert end.wait(WAIT)
@@ -710,51 +706,52 @@ def test_a_waiter_woken_while_giving_up_passes_the_turn_on() -> None:
 
 def test_a_blocking_flush_reuses_its_waiter_but_never_one_that_gave_up(rig: Rig) -> None:
     rig.writer.flush(WAIT)
-    spare = writer_module._spare.slot[0]
+    spare = waiters_module.spare.slot[0]
     assert spare is not None  # woken normally: kept for this thread's next flush
     rig.writer.flush(WAIT)
-    assert writer_module._spare.slot[0] is spare
+    assert waiters_module.spare.slot[0] is spare
     release = hold_writer(rig)
     try:
         with pytest.raises(TimeoutError, match="did not complete"):
             rig.writer.flush(timeout=0.01)  # takes the spare, then gives it up
     finally:
         release.set()
-    assert spare._gone
-    assert writer_module._spare.slot[0] is None  # the writer may still hold the one given up
+    assert spare.gone
+    assert waiters_module.spare.slot[0] is None  # the writer may still hold the one given up
     rig.writer.flush(WAIT)
-    fresh = writer_module._spare.slot[0]
-    assert fresh is not None and fresh is not spare and not fresh._gone
+    fresh = waiters_module.spare.slot[0]
+    assert fresh is not None and fresh is not spare and not fresh.gone
 
 
 def test_a_flush_woken_while_giving_up_returns_and_its_waiter_is_not_reused(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rig.writer.flush(WAIT)
-    target = writer_module._spare.slot[0]
+    target = waiters_module.spare.slot[0]
     assert target is not None
     woken = threading.Event()
     release = hold_writer(rig)
-    real_wake, real_give_up = writer_module._wake, _Waiter._give_up
+    real_wake, real_give_up = waiters_module.wake, Waiter.give_up
 
-    def wake(waiter: _Waiter | None) -> None:
+    def wake(waiter: Waiter | None) -> None:
         real_wake(waiter)
         if waiter is target:
             woken.set()
 
-    def give_up(self: _Waiter) -> bool:
+    def give_up(self: Waiter) -> bool:
         if self is target:  # timed out: let the writer wake it before it gives up
             release.set()
             assert woken.wait(WAIT)
         return real_give_up(self)
 
-    monkeypatch.setattr(writer_module, "_wake", wake)
-    monkeypatch.setattr(_Waiter, "_give_up", give_up)
+    monkeypatch.setattr(waiters_module, "wake", wake)  # resolve and the waiters call it
+    monkeypatch.setattr(writer_module, "wake", wake)  # and so does a flush
+    monkeypatch.setattr(Waiter, "give_up", give_up)
     rig.writer.flush(timeout=0.01)  # woken meanwhile: no TimeoutError
-    assert target._gone
-    assert writer_module._spare.slot[0] is None  # its _done is released, not held
+    assert target.gone
+    assert waiters_module.spare.slot[0] is None  # its _done is released, not held
     rig.writer.flush(WAIT)
-    assert writer_module._spare.slot[0] not in (None, target)
+    assert waiters_module.spare.slot[0] not in (None, target)
 
 
 def test_a_flush_interrupted_once_queued_passes_the_turn_on_and_is_not_reused(
@@ -762,7 +759,7 @@ def test_a_flush_interrupted_once_queued_passes_the_turn_on_and_is_not_reused(
 ) -> None:
     assert threading.current_thread() is threading.main_thread()  # KeyboardInterrupt's
     rig.writer.flush(WAIT)
-    interrupted = writer_module._spare.slot[0]
+    interrupted = waiters_module.spare.slot[0]
     queued = [threading.Event(), threading.Event()]
     outcome: list[BaseException | None] = []
 
@@ -795,10 +792,10 @@ def test_a_flush_interrupted_once_queued_passes_the_turn_on_and_is_not_reused(
         sender.join(WAIT)
     other.join(WAIT)
     assert outcome == [None]  # woken in turn (by the interrupted flush, or past it)
-    assert interrupted is not None and interrupted._gone
-    assert writer_module._spare.slot[0] is None
+    assert interrupted is not None and interrupted.gone
+    assert waiters_module.spare.slot[0] is None
     rig.writer.flush(WAIT)
-    assert writer_module._spare.slot[0] not in (None, interrupted)
+    assert waiters_module.spare.slot[0] not in (None, interrupted)
 
 
 def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_own(
@@ -806,12 +803,12 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
 ) -> None:
     assert threading.current_thread() is threading.main_thread()  # signal handlers run there
     rig.writer.flush(WAIT)
-    outer = writer_module._spare.slot[0]  # the interrupted flush takes it
+    outer = waiters_module.spare.slot[0]  # the interrupted flush takes it
     queued, woken = threading.Event(), threading.Event()
-    spares: list[_Waiter | None] = []
-    real_wake = writer_module._wake
+    spares: list[Waiter | None] = []
+    real_wake = waiters_module.wake
 
-    def wake(waiter: _Waiter | None) -> None:
+    def wake(waiter: Waiter | None) -> None:
         real_wake(waiter)
         if waiter is outer:
             woken.set()
@@ -825,13 +822,14 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
         release.set()
         assert woken.wait(WAIT)  # the handler's flush goes to the next commit (for the
         rig.writer.flush(WAIT)  # same one, see the test after this one)
-        spares.append(writer_module._spare.slot[0])
+        spares.append(waiters_module.spare.slot[0])
 
     def interrupt() -> None:
         assert queued.wait(WAIT)
         signal_main_until(ran)
 
-    monkeypatch.setattr(writer_module, "_wake", wake)
+    monkeypatch.setattr(waiters_module, "wake", wake)  # resolve and the waiters call it
+    monkeypatch.setattr(writer_module, "wake", wake)  # and so does a flush
     release = hold_writer(rig)
     with rig.writer._lock:  # the writer has drained the list; it waits
         rig.writer._callbacks = Noticed(lambda length: queued.set())
@@ -845,7 +843,7 @@ def test_a_flush_in_a_signal_handler_during_a_flush_waits_with_a_waiter_of_its_o
         signal.signal(signal.SIGUSR1, previous)
         release.set()
     assert outer is not None and spares == [None]  # the handler's waiter is not kept
-    assert writer_module._spare.slot[0] is outer  # put back by the outer flush
+    assert waiters_module.spare.slot[0] is outer  # put back by the outer flush
 
 
 def test_a_flush_in_a_signal_handler_that_shares_the_interrupted_flushs_commit_returns(
@@ -856,7 +854,7 @@ def test_a_flush_in_a_signal_handler_that_shares_the_interrupted_flushs_commit_r
     interrupted thread to run again (it cannot before the handler returns)."""
     assert threading.current_thread() is threading.main_thread()  # signal handlers run there
     rig.writer.flush(WAIT)
-    outer = writer_module._spare.slot[0]  # the interrupted flush takes it
+    outer = waiters_module.spare.slot[0]  # the interrupted flush takes it
     queued = [threading.Event() for _ in range(3)]
     outcome: dict[str, BaseException | None] = {}
 
@@ -898,7 +896,7 @@ def test_a_flush_in_a_signal_handler_that_shares_the_interrupted_flushs_commit_r
         release.set()
     other.join(WAIT)
     assert outcome == {"handler": None, "other": None, "interrupted": None}
-    assert writer_module._spare.slot[0] is outer  # put back by the outer flush
+    assert waiters_module.spare.slot[0] is outer  # put back by the outer flush
 
 
 def test_many_flushes_from_one_thread_and_from_many_threads_all_return_durable(
@@ -968,8 +966,8 @@ def test_in_process_readers_never_see_a_gap_while_the_writer_compacts(
 ) -> None:
     monkeypatch.setattr(writer_module, "JOURNAL_MAX_RECORDS", 7 * sessions)
     if step is not None:  # a step of ``step`` records, whatever the commit carries
-        monkeypatch.setattr(writer_module, "COMPACT_STEP_RECORDS", step)
-        monkeypatch.setattr(writer_module, "COMPACT_STEP_FACTOR", 0)
+        monkeypatch.setattr(compaction_module, "COMPACT_STEP_RECORDS", step)
+        monkeypatch.setattr(compaction_module, "COMPACT_STEP_FACTOR", 0)
     keys = range(1, sessions + 1)
     for key in keys:
         rig.writer.track(header(key, f"s{key}"), next_seq=0, new=True)
@@ -1022,12 +1020,13 @@ def test_in_process_readers_never_see_a_gap_while_the_writer_compacts(
 
 _STEPPED_THEN_DIRECT = r"""
 import os, sys
-import storage.writer as writer
+import storage.lmdb.compaction as compaction
+import storage.lmdb.writer as writer
 from storage import Store
 
 writer.JOURNAL_MAX_BYTES = 2 << 20  # small rounds of small steps, to meet the case soon
-writer.COMPACT_STEP_BYTES = 64 << 10
-writer.COMPACT_STEP_RECORDS = 64
+compaction.COMPACT_STEP_BYTES = 64 << 10
+compaction.COMPACT_STEP_RECORDS = 64
 store = Store.open(sys.argv[1], durability="none")
 store.register_event_type("probe/blob")
 w = store._writer
@@ -1101,7 +1100,7 @@ def test_blocking_flushers_beyond_the_pipe_gates_all_return_and_hold_no_more_des
     # A blocking flush waits on a pipe (two descriptors) while fewer than _MAX_GATES
     # are open, on a lock beyond: rounds of 3 x _MAX_GATES threads flushing at once all
     # return, and the process never holds more than the gates' descriptors.
-    count = 3 * writer_module._MAX_GATES
+    count = 3 * waiters_module._MAX_GATES
     before = _open_fds()
     for _round in range(2):
         all_waiting = threading.Barrier(count + 1, timeout=WAIT)
@@ -1112,7 +1111,7 @@ def test_blocking_flushers_beyond_the_pipe_gates_all_return_and_hold_no_more_des
             try:
                 all_waiting.wait()  # this round's barrier
                 rig.writer.flush(WAIT)
-                gates_seen.append(writer_module._gates.open)
+                gates_seen.append(waiters_module._gates.open)
             except BaseException as err:  # reported below
                 errors.append(err)
 
@@ -1125,5 +1124,5 @@ def test_blocking_flushers_beyond_the_pipe_gates_all_return_and_hold_no_more_des
         assert errors == []
         assert not any(thread.is_alive() for thread in threads)
         assert len(gates_seen) == count
-        assert max(gates_seen) <= writer_module._MAX_GATES
-        assert _open_fds() <= before + 2 * writer_module._MAX_GATES
+        assert max(gates_seen) <= waiters_module._MAX_GATES
+        assert _open_fds() <= before + 2 * waiters_module._MAX_GATES

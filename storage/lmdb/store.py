@@ -1,9 +1,9 @@
 """The LMDB session store: one environment directory holding every session log.
 
-Layout (see :mod:`storage.lmdb_env`): ``events`` (session key + seq → record bytes),
+Layout (see :mod:`storage.lmdb.layout`): ``events`` (session key + seq → record bytes),
 ``journal`` (append counter → records not yet compacted into ``events``), ``sessions``
 (id → last compacted seq + header), ``session-order`` (session key → id) and ``meta``
-(schema version, next session key). One :class:`~storage.writer.LogWriter` thread
+(schema version, next session key). One :class:`~storage.lmdb.writer.LogWriter` thread
 owns all writes; readers use short read transactions and never block it, and see
 the journal's records merged with ``events``.
 Another process may open the same directory ``readonly=True`` while this one writes;
@@ -29,6 +29,7 @@ import msgspec
 
 from storage import export
 from storage.aio import wait_durable
+from storage.budget import MAX_SESSION_ID_CHARS
 from storage.codec import Codec, EventTypes
 from storage.errors import (
     DuplicateSessionError,
@@ -39,17 +40,18 @@ from storage.errors import (
     UnknownSessionError,
 )
 from storage.events import Event, IgnoredRecord, SessionEndSeed
-from storage.lmdb_env import SCHEMA_VERSION, LmdbEnv, SessionRow
+from storage.lmdb.env import LmdbEnv
+from storage.lmdb.layout import SCHEMA_VERSION, SessionRow
+from storage.lmdb.writer import LogWriter
 from storage.projections import derive_messages, fork_prefix
-from storage.session import Record, Session, SessionHeader, epoch_ms
+from storage.records import FlushCallback, Record, SessionHeader
+from storage.session import Session, epoch_ms
 from storage.timeouts import check_timeout
-from storage.writer import FlushCallback, LogWriter
 
 __all__ = ["SCHEMA_VERSION", "InvalidSessionIdError", "SessionStats", "Store", "StoreStatistics"]
 
 DEFAULT_PATH: Final = "./.corral/"
 _LOAD_WINDOW: Final = 4096  # seqs decoded at a time when a session is opened
-MAX_SESSION_ID_CHARS: Final = 200
 
 Durability = Literal["write-ahead", "turn", "none"]
 _DURABILITIES: Final = ("write-ahead", "turn", "none")
