@@ -97,14 +97,7 @@ from storage.events import (
 )
 from storage.invariants import Violation, assert_invariants, check_invariants
 from storage.lmdb.layout import SCHEMA_VERSION
-from storage.lmdb.store import (
-    Durability,
-    InvalidSessionIdError,
-    SessionStats,
-    Store,
-    StoreStatistics,
-    check_session_id,
-)
+from storage.lmdb.store import Durability, SessionStats, Store, StoreStatistics
 from storage.lossless import lossless_problem
 from storage.memory import MemorySink
 from storage.projections import (
@@ -119,6 +112,7 @@ from storage.projections import (
 )
 from storage.records import FlushCallback, LogSink, PendingRecord, SessionHeader
 from storage.session import Session
+from storage.session_ids import InvalidSessionIdError, check_session_id
 from storage.threads import start_thread
 from storage.timeouts import check_timeout
 

@@ -48,7 +48,7 @@ from storage.lmdb import writer as writer_module
 from storage.lmdb.env import LmdbEnv
 from storage.lmdb.reads import scan_journal
 from storage.lmdb.writer import LogWriter
-from storage.session import Fact
+from storage.batch import Fact
 from tests.storage import builders
 from tests.storage.builders import START_TIME, user_message
 from tests.storage.test_session_memory import DurableSink, durable_session
