@@ -123,9 +123,9 @@ def test_aflush_on_a_closed_store_raises_store_closed(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "s")
     session = store.create_session("a")
     store.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
         run(session.aflush())
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
         run(store.aflush())
 
 

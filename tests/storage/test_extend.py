@@ -342,7 +342,7 @@ def test_a_refusing_sink_leaves_nothing_behind() -> None:
     session = new_session(sink=sink)
     session.append("turn/start", TURN_1)
     sink.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match="memory sink is closed"):
         session.extend([("plugin", {"n": 1}), ("plugin", {"n": 2})])
     assert session.last_seq == 0
     assert len(session.events()) == 1
@@ -353,7 +353,7 @@ def test_a_batch_refused_by_a_closed_store_leaves_nothing(tmp_path: Path) -> Non
     session = store.create_session("s")
     session.append("turn/start", TURN_1)
     store.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
         session.extend([("step/start", StepStart(turn=1, step=1))])
     assert session.last_seq == 0
     assert session.state.open_step is None
@@ -430,7 +430,7 @@ def test_the_writer_refuses_a_batch_out_of_order_and_queues_none_of_it(tmp_path:
         assert writer.statistics().events_written == 2
     finally:
         writer.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
         writer.submit_many(1, 2, [b"{}"])
     env.close()
 

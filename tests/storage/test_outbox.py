@@ -238,9 +238,9 @@ def test_an_append_the_closing_writer_has_not_taken_is_refused_and_not_written(
         session.append(*_fact(1))  # announced: pending, and accepted
         closer.start()
         assert stopped.wait(WAIT)  # closing: the last batch will take seq 1
-        with pytest.raises(StoreClosedError):
+        with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
             session.append(*_fact(2))
-        with pytest.raises(StoreClosedError):
+        with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
             session.extend([_fact(2), _fact(3)])
     finally:
         release.set()
