@@ -23,7 +23,7 @@ from typing import ClassVar, ParamSpec, Protocol, TypeVar
 
 from actors._deadletters import DeadLetters
 from actors.errors import DispatcherShutdownError
-from storage.threads import start_thread
+from storage import start_thread
 
 from ._deadline import deadline, remaining
 

@@ -21,7 +21,7 @@ from actors._deadletters import DeadLetters
 from actors._dispatcher import mark_thread_io_loop
 from actors._pool import BlockingPool
 from actors.errors import IoSideClosedError, MailboxFullError
-from storage.threads import start_thread
+from storage import start_thread
 
 from ._deadline import deadline, extended, remaining
 

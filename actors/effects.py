@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
-from storage.events import StreamChunk
+from storage import StreamChunk
 
 from .model import ModelRequest
 

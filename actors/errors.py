@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from storage.errors import CorralError
+from storage import CorralError
 
 if TYPE_CHECKING:
-    from storage.events import LlmFailure
+    from storage import LlmFailure
 
 __all__ = [
     "AgentDisposedError",

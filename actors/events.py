@@ -13,7 +13,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 
 import msgspec
 
-from storage.events import (
+from storage import (
     LlmFailure,
     TurnEndReason,
     UserMessage,

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from actors._dispatcher import Dispatcher, Schedulable, offer_rest, rest_offered
 from actors.errors import DispatcherShutdownError
-from storage.writer import FlushCallback
+from storage import FlushCallback
 
 __all__ = ["Durable", "FlushCallback", "FlushGroup", "Log"]
 

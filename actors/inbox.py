@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from storage.events import AgentInboxSpliced, InboxLane, MessageId, UserMessage
+from storage import AgentInboxSpliced, InboxLane, MessageId, UserMessage
 
 from .errors import DuplicateMessageError, InboxFullError, UnknownMessageError
 from .events import AgentLike, InboxClaimed, InboxDiscarded, InboxInserted

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from storage.events import LimitExceeded, Usage
+from storage import LimitExceeded, Usage
 
 __all__ = ["Admission", "UsageLimits", "UsageMeter"]
 

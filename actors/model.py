@@ -31,7 +31,7 @@ from typing import Final, Protocol, get_args, runtime_checkable
 
 import msgspec
 
-from storage.events import (
+from storage import (
     FinishChunk,
     FinishReason,
     LlmFailure,

@@ -13,15 +13,19 @@ from typing import Final
 
 import msgspec
 
-from storage.events import CancelCause, DisposedCause, HookCause, ParentCause, UserCause
+from storage import (
+    JSON_BYTES_PER_CHAR,
+    MAX_CAUSE_REASON_CHARS,
+    CancelCause,
+    DisposedCause,
+    HookCause,
+    ParentCause,
+    UserCause,
+)
 
 from .errors import InvalidMessageError
 
-__all__ = ["MAX_CAUSE_REASON_CHARS", "TurnSignal", "checked_cause", "loggable_cause"]
-
-MAX_CAUSE_REASON_CHARS: Final = 16_384
-"""The longest ``HookCause.reason`` a cancel or an abort takes (a longer one is refused):
-the cause is logged in the turn's ``turn/end``, which must fit ``max_event_bytes``."""
+__all__ = ["TurnSignal", "checked_cause", "loggable_cause"]
 
 _CAUSE_TYPES: Final = (UserCause, ParentCause, HookCause, DisposedCause)
 _CAUSE_ENCODER: Final = msgspec.json.Encoder()
@@ -90,7 +94,7 @@ def loggable_cause(cause: object, max_bytes: int) -> CancelCause:
     budget = max(0, max_bytes)
     text = text[:budget].encode("utf-8", "replace").decode("utf-8")  # a lone surrogate: "?"
     if len(_CAUSE_ENCODER.encode(text)) > budget:  # an escape takes up to 6 bytes
-        text = text[: budget // 6]
+        text = text[: budget // JSON_BYTES_PER_CHAR]
     return HookCause(reason=text)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from storage.events import StreamChunk
+from storage import StreamChunk
 
 from ._ioside import EffectHandle, IoSide, Outcome
 from .effects import StreamEnd

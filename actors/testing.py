@@ -25,17 +25,19 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from typing import Any, cast
 
-from storage.codec import Codec, EventTypes
-from storage.events import (
+from storage import (
     CancelCause,
+    Codec,
+    EventTypes,
     InboxLane,
+    MemorySink,
     RequestConfig,
+    Session,
+    SessionHeader,
     StreamChunk,
     TextBlock,
     UserMessage,
 )
-from storage.memory import MemorySink
-from storage.session import Session, SessionHeader
 
 from ._ioside import IoSide, Outcome
 from .bus import Bus

@@ -19,14 +19,17 @@ from typing import Any, Final
 
 import msgspec
 
-from storage.errors import InvalidEventError
-from storage.events import (
+from storage import (
+    JSON_BYTES_PER_CHAR,
+    RESULT_ROOM,
+    InvalidEventError,
     TextBlock,
     ToolCallBlock,
     ToolError,
     ToolMessage,
     ToolResultData,
     ToolSpec,
+    tool_id_bytes,
 )
 
 from .effects import JoinTool, StartTool, TurnAborted, outcome_of
@@ -37,10 +40,6 @@ from .tools import MAX_PARALLEL_TOOLS, Tool, ToolOutcome, described, outcome_fro
 
 __all__ = ["RESULT_ROOM", "ReadOnlyDict", "ToolPhase", "ToolPlan", "ToolRun", "unanswerable"]
 
-RESULT_ROOM: Final = 1024
-"""Bytes of an event that a call's id and name must leave free, so that its last-resort
-``tool/result`` (``_LAST_RESORT``: some 420 bytes besides them) can always be logged."""
-
 _LAST_RESORT: Final = "the tool result could not be logged"
 _JSON: Final = msgspec.json.Encoder()
 
@@ -50,11 +49,11 @@ def unanswerable(calls: Sequence[ToolCallBlock], max_event_bytes: int) -> str | 
     which every result repeats, leave less than :data:`RESULT_ROOM` bytes of an event),
     or None. Such a call is a malformed model reply: it must not be logged, since a
     ``tool/call`` nothing can answer leaves a step no one can close."""
-    room = max_event_bytes - RESULT_ROOM
+    room = tool_id_bytes(max_event_bytes)
     for call in calls:
         # A JSON string takes at most 6 bytes a character (\u escapes): measured only
         # when that bound does not fit.
-        if 6 * (len(call.call_id) + len(call.name)) + 4 <= room:
+        if JSON_BYTES_PER_CHAR * (len(call.call_id) + len(call.name)) + 4 <= room:
             continue
         size = len(_JSON.encode(call.call_id)) + len(_JSON.encode(call.name))
         if size > room:

@@ -16,7 +16,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 import msgspec
 
-from storage.events import TextBlock, ToolError, ToolSpec
+from storage import TextBlock, ToolError, ToolSpec
 
 from ._host import Host, unstopped
 from ._pool import BlockingPool, Lease

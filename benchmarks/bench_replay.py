@@ -4,7 +4,7 @@ Cases (each repeated, median reported):
 
 - ``raw cursor``: plain ``lmdb`` and ``msgspec``: one read transaction, a cursor over
   the session's values, each block unpacked into its records (see
-  :mod:`storage.lmdb_env`), no event decoding (the floor for anything that reads the log).
+  :mod:`storage.lmdb.layout`), no event decoding (the floor for anything that reads the log).
 - ``codec.decode only``: the records already in memory, decoded one by one.
 - ``store.read``: :meth:`Store.read` of the whole session (short read transactions
   of 4,096 records, contiguity checks, decoding).

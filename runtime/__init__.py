@@ -22,13 +22,15 @@ from actors import (
     UsageLimits,
     WaitCycleError,
 )
-from storage.errors import CorralError, ReentrantAppendError, StoreClosedError
-from storage.events import (
+from storage import (
+    CorralError,
     DisposedCause,
     HookCause,
     LlmFailure,
     ParentCause,
+    ReentrantAppendError,
     RequestConfig,
+    StoreClosedError,
     TextBlock,
     UserCause,
     UserMessage,

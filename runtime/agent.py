@@ -41,12 +41,14 @@ from actors import (
     waiting_for,
     working_for,
 )
-from storage.events import (
-    AgentInboxSpliced,
+from storage import (
+    CARRIED_BYTES,
+    EMPTY_TEXT_BYTES,
+    JSON_BYTES_PER_CHAR,
+    SPLICE_BYTES,
     CancelCause,
     ContentBlock,
     DisposedCause,
-    Event,
     ImageBlock,
     InboxLane,
     MessageId,
@@ -56,14 +58,14 @@ from storage.events import (
     ToolResultBlock,
     UserCause,
     UserMessage,
-    UserMessageData,
+    message_bytes,
 )
 
 from . import waiting
 from .waiting import check_timeout
 
 if TYPE_CHECKING:
-    from storage.session import Session
+    from storage import Session
 
     from .runtime import Runtime
 
@@ -72,37 +74,6 @@ __all__ = ["Agent", "MessageLike"]
 MessageLike = str | UserMessage | Sequence[ContentBlock]
 _BLOCKS = (TextBlock, ReasoningBlock, ImageBlock, ToolCallBlock, ToolResultBlock)
 _message_decoder = msgspec.json.Decoder(UserMessage)
-# The encoded size of a text message with empty strings: an ASCII string adds at most 6
-# bytes per character (``\u00XX`` escapes), so a short ASCII text message is known to
-# fit without encoding it.
-_EMPTY_TEXT_BYTES = len(
-    msgspec.json.encode(UserMessage(id="", content=(TextBlock(text=""),), source=""))
-)
-
-
-def _carried_bytes() -> tuple[int, int]:
-    """What the durable records that carry a message add to its own JSON: (the most any
-    of them adds to one message, what an ``agent/inbox/spliced`` adds to the messages it
-    inserts, which are separated by commas). The records: its insert (or replace) splice,
-    later its ``user/message``. Measured on their widest: every int field (seq, time,
-    start, removedCount, turn, step) 20 characters (2**64: no log comes near it), the
-    longer lane name, a removal with its outcome. A message that fits with this much
-    more fits in any record that carries it."""
-    probe = UserMessage(id="m", content=(TextBlock(text=""),))
-    size = len(msgspec.json.encode(probe))
-    wide = 2**64
-    splice = AgentInboxSpliced(
-        target="next-step", start=wide, removed_count=wide, inserted=(probe,), outcome="canceled"
-    )
-    records = (
-        Event("agent/inbox/spliced", wide, wide, splice),
-        Event("user/message", wide, wide, UserMessageData(message=probe, turn=wide, step=wide)),
-    )
-    spliced, message = (len(msgspec.json.encode(r)) - size for r in records)
-    return max(spliced, message), spliced
-
-
-_CARRIED_BYTES, _SPLICE_BYTES = _carried_bytes()
 
 
 def _check_id(message_id: object) -> None:
@@ -133,8 +104,8 @@ class Agent:
         self._inbox: Inbox | None = None
         self._new_id = new_id
         self._max_bytes = max_message_bytes
-        # A message's own JSON may take this much: see _carried_bytes.
-        self._max_message_bytes = max_message_bytes - _CARRIED_BYTES
+        # A message's own JSON may take this much: see storage.budget.
+        self._max_message_bytes = message_bytes(max_message_bytes)
         self._ref: ActorRef[Any] | None = None
         self._status: Callable[[], Literal["idle", "running"]] = lambda: "idle"
         self._active_signal: Callable[[], TurnSignal | None] = lambda: None
@@ -233,7 +204,7 @@ class Agent:
             # encodes; only the size is left to check, by a bound when it is far below.
             message_id = self._new_id()
             size = len(value) + len(source) + len(message_id)
-            if _EMPTY_TEXT_BYTES + 6 * size <= self._max_message_bytes:
+            if EMPTY_TEXT_BYTES + JSON_BYTES_PER_CHAR * size <= self._max_message_bytes:
                 return UserMessage(id=message_id, content=(TextBlock(text=value),), source=source)
         if message_id is not None:
             _check_id(message_id)  # an empty id is refused, not replaced by a new one
@@ -279,7 +250,7 @@ class Agent:
         size = len(encoded)
         if size > self._max_message_bytes:
             raise InvalidMessageError(
-                f"the message encodes to {size} bytes; with the {_CARRIED_BYTES} bytes the "
+                f"the message encodes to {size} bytes; with the {CARRIED_BYTES} bytes the "
                 "records that carry it (agent/inbox/spliced, user/message) may add, that is "
                 f"over the {self._max_bytes}-byte event limit"
             )
@@ -575,7 +546,7 @@ class Agent:
             )
         new = tuple(self._message(m, None, "user") for m in messages)
         if len(new) > 1:  # one splice record carries them all
-            size = _SPLICE_BYTES + sum(len(msgspec.json.encode(m)) + 1 for m in new) - 1
+            size = SPLICE_BYTES + sum(len(msgspec.json.encode(m)) + 1 for m in new) - 1
             if size > self._max_bytes:
                 raise InvalidMessageError(
                     f"the splice's record would be {size} bytes, over the {self._max_bytes}-byte "

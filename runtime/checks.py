@@ -12,9 +12,15 @@ from typing import Any, Final, cast
 import msgspec
 
 from actors import WATERFALL_EVENTS, Model, Tool, UsageLimits, implements
-from storage.codec import Codec
-from storage.errors import EventTooLargeError, InvalidEventError
-from storage.events import Event, RequestConfig, RequestHeader, ToolSpec
+from storage import (
+    Codec,
+    Event,
+    EventTooLargeError,
+    InvalidEventError,
+    RequestConfig,
+    RequestHeader,
+    ToolSpec,
+)
 
 from .tool import FunctionTool, check_tool_name
 

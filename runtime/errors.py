@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from actors import AgentDisposedError
-from storage.errors import StoreClosedError
+from storage import StoreClosedError
 
 __all__ = ["RuntimeClosedError"]
 

@@ -31,10 +31,15 @@ import msgspec
 import psutil  # type: ignore[import-untyped]
 
 from actors import AgentSettled, Model, ModelRequest
-from storage.errors import StorageError
-from storage.events import IgnoredRecord, LlmFailure, ToolMessage
-from storage.invariants import check_invariants
-from storage.lmdb_store import Durability, Store
+from storage import (
+    Durability,
+    IgnoredRecord,
+    LlmFailure,
+    StorageError,
+    Store,
+    ToolMessage,
+    check_invariants,
+)
 
 from .policy import RetryPolicy
 from .runtime import Runtime

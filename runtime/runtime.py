@@ -65,10 +65,14 @@ from actors import (
     waiting_on_actors,
     watch,
 )
-from storage.errors import UnknownSessionError
-from storage.events import DisposedCause, RequestConfig
-from storage.lmdb_store import Store, check_session_id
-from storage.session import Session
+from storage import (
+    DisposedCause,
+    RequestConfig,
+    Session,
+    Store,
+    UnknownSessionError,
+    check_session_id,
+)
 
 from . import gctune, waiting
 from .agent import Agent

@@ -21,7 +21,7 @@ from typing import Any, TypeAlias
 import msgspec
 
 from actors import ModelError, ModelRequest, failure_problem
-from storage.events import (
+from storage import (
     FinishChunk,
     LlmFailure,
     StreamChunk,
@@ -31,8 +31,8 @@ from storage.events import (
     Usage,
     UsageChunk,
     UserMessage,
+    lossless_problem,
 )
-from storage.lossless import lossless_problem
 
 __all__ = ["Latency", "ScriptItem", "ScriptedModel", "ToolCall"]
 

@@ -15,9 +15,7 @@ from typing import Any, Final, TypeVar, get_type_hints, overload
 import msgspec
 
 from actors import ToolArgumentError, ToolReturn
-from storage.events import ToolSpec
-from storage.lossless import lossless_problem
-from storage.timeouts import check_timeout
+from storage import ToolSpec, check_timeout, lossless_problem
 
 __all__ = ["FunctionTool", "check_tool_name", "conclude", "tool"]
 

@@ -20,7 +20,7 @@ import time
 from typing import Final
 
 from actors import Idle, WaitTarget, waiting_for, waiting_on_actors
-from storage.timeouts import check_timeout
+from storage import check_timeout
 
 __all__ = ["SLICE_S", "check_timeout", "wait"]
 

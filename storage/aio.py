@@ -16,10 +16,9 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-if TYPE_CHECKING:  # storage.writer imports this module (through storage.session)
-    from storage.writer import FlushCallback
+from storage.records import FlushCallback
 
 __all__ = ["wait_durable"]
 

@@ -25,6 +25,7 @@ from typing import Any, Final, Union
 
 import msgspec
 
+from storage.budget import DEFAULT_MAX_EVENT_BYTES
 from storage.errors import (
     EventTooLargeError,
     InvalidEventError,
@@ -34,9 +35,8 @@ from storage.errors import (
 from storage.events import EVENT_TYPES, SURFACE_TYPES, Event, IgnoredRecord
 from storage.lossless import Check, check_plain_json, describe, run_check, struct_check
 
-__all__ = ["DEFAULT_MAX_EVENT_BYTES", "Codec", "EventKind", "EventTypes"]
+__all__ = ["Codec", "EventKind", "EventTypes"]
 
-DEFAULT_MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
 _SURFACE_KEYS: Final = ("surfaceOp", "sourceEventSeqs")
 
 

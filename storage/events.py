@@ -17,6 +17,10 @@ from outside it, a sent message or a pre-step batch, is decoded again before it 
 
 The envelope of every record is ``{type, seq, time, data}`` (:class:`Event`); ``data``
 is one of the ``*Data`` structs below, chosen by ``type`` (see :data:`EVENT_TYPES`).
+
+One piece, over 500 lines: it is the one vocabulary of the log (CONTRACT 3), read as a
+whole by whoever adds a fact type; its structs refer to each other (content blocks,
+causes, messages) and :data:`EVENT_TYPES` closes over all of them.
 """
 
 from __future__ import annotations

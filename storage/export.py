@@ -28,7 +28,7 @@ from storage.errors import (
     UnknownEventTypeError,
 )
 from storage.events import Event
-from storage.session import SessionHeader
+from storage.records import SessionHeader
 
 __all__ = [
     "EXPORT_FORMAT",

@@ -1,4 +1,4 @@
-"""An in-memory :class:`~storage.session.LogSink` for tests and deterministic runs."""
+"""An in-memory :class:`~storage.records.LogSink` for tests and deterministic runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from storage.errors import StoreClosedError
-from storage.session import PendingRecord, Record
+from storage.records import PendingRecord, Record
 
 __all__ = ["MemorySink"]
 

@@ -13,19 +13,11 @@ The record is handed to the sink *before* the in-memory commit (the order of CON
 then leaves nothing behind, and an observer that calls :meth:`Session.flush` waits for
 the event it is observing.
 
-:meth:`Session.extend` appends a batch of facts the same way, all or nothing: every fact
-is validated (surface rules also against the batch's earlier facts) and encoded before
-any is handed to the sink, all at once; the events are then
-committed together and the observers called once per event, after the whole batch.
-
-Memory stays bounded for a long-lived session: given a :data:`DurableReader` (the store
-passes one), a session keeps its projections and only the *tail* of events not yet
-known to be durable. A successful flush through the session acknowledges everything
-appended before it; acknowledged events are dropped from memory and
-:meth:`Session.events` reads them back from the store. A session that is never
-flushed (durability ``none``) asks its sink for a flush itself when its tail reaches
-``tail_bound`` events, and again each time it grew by as many. Without a reader a
-session keeps every event in memory.
+:meth:`Session.extend` appends a batch of facts the same way, all or nothing (see
+:mod:`storage.batch`). Memory stays bounded for a long-lived session: given a
+:data:`~storage.records.DurableReader` (the store passes one), a session keeps its
+projections and only the *tail* of events not yet known to be durable (see
+:mod:`storage.tail`).
 """
 
 from __future__ import annotations
@@ -34,18 +26,15 @@ import logging
 import sys
 import threading
 import time
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
-from operator import attrgetter
-from typing import Final, NamedTuple, Protocol, cast
+from collections.abc import Callable, Iterable
+from typing import Final
 
 import msgspec
 
-from storage.aio import wait_durable
+from storage.batch import BatchAppends
 from storage.codec import Codec, EventKind
 from storage.errors import InvalidEventError, LogCorruptError, ReentrantAppendError
-from storage.events import SURFACE_TYPES, Event, Message, SurfaceReplace, UserMessage
+from storage.events import SURFACE_TYPES, Event, Message, UserMessage
 from storage.locks import wait_until_free
 from storage.lossless import run_check
 from storage.projections import (
@@ -56,193 +45,21 @@ from storage.projections import (
     TurnTracker,
     repair_plan,
 )
-from storage.timeouts import check_timeout
+from storage.records import DurableReader, LogSink, Outbox, SessionHeader
+from storage.tail import DurableTail
 
-__all__ = [
-    "TAIL_BOUND",
-    "DurableReader",
-    "Fact",
-    "LogSink",
-    "Observer",
-    "Outbox",
-    "PendingRecord",
-    "Record",
-    "Session",
-    "SessionHeader",
-    "epoch_ms",
-]
+__all__ = ["TAIL_BOUND", "Observer", "Session", "epoch_ms"]
 
 _log = logging.getLogger("corral.session")
-_SEQ: Final = attrgetter("seq")
 _INBOX: Final = "agent/inbox/spliced"
 
-Fact = tuple[str, object]
-"""A fact to append: its event type and its data (see :meth:`Session.append`)."""
+Observer = Callable[[Event], None]
 
 TAIL_BOUND: Final = 64
 """Default ``tail_bound``: how many events a store-backed session holds before it asks
 its sink which are durable, and how much its tail grows between two such requests (the
 not-yet-durable tail can be longer while the sink catches up)."""
 
-
-class SessionHeader(msgspec.Struct, frozen=True, rename="camel"):
-    """What a store keeps about a session besides its events.
-
-    ``key`` is the store's compact session key (events are keyed by key + seq);
-    ``created`` is epoch ms. A fork child names its ``parent`` and ``fork_seq`` (the
-    inclusive boundary). Events with ``seq < seed_length`` are the seeded prefix (fork
-    or import) and are not replayed into the pending inbox.
-    """
-
-    id: str
-    key: int
-    created: int
-    parent: str | None = None
-    fork_seq: int | None = None
-    seed_length: int = 0
-
-
-Record = tuple[int, int, bytes]
-"""What :meth:`LogSink.submit` takes: ``(session_key, seq, payload)``. A session hands
-over a plain tuple (building a :class:`PendingRecord` costs a tenth of an append)."""
-
-
-class PendingRecord(NamedTuple):
-    """One encoded record on its way to durable storage (a named :data:`Record`)."""
-
-    session_key: int
-    seq: int
-    payload: bytes
-
-
-class _Checked(NamedTuple):
-    """A batch of facts validated by :meth:`Session.extend`, in parallel lists."""
-
-    names: list[str]
-    datas: list[object]
-    kinds: list[EventKind]
-    surfaces: list[int]
-    """The indexes of the surface facts."""
-    tracked: list[int]
-    """The indexes of the facts that a projection takes (see ``Session._appliers``)."""
-
-
-class Outbox(Protocol):
-    """One session's records on their way to a sink that takes them itself (the log
-    writer's ``outbox(session_key)``, see :class:`LogSink`): the session appends its
-    encoded records to ``records`` (under its own lock, in seq order, without gaps) and
-    the sink takes them from the front when it writes. Cheaper than a call per record:
-    an append costs a list append, and the sink hears of the session once per batch of
-    records.
-
-    Protocol: after appending, a session calls :meth:`announce` if ``records`` holds only
-    what it just appended (the sink may have emptied it: it does not know the session
-    has records) or if ``stopped`` is set (the sink refuses records: closed, failed, or
-    a newer session object of the same id took over). :meth:`announce` either accepts
-    the records or takes them back out of ``records`` and raises; then nothing was
-    appended.
-    """
-
-    records: list[bytes]
-    stopped: bool
-
-    def announce(self, last: bytes, count: int) -> None:
-        """The session just appended ``count`` records, ``last`` the last of them; raises
-        (having removed them) if the sink refuses them."""
-        ...
-
-
-class LogSink(Protocol):
-    """Where a session hands its encoded records for durable writing.
-
-    A sink may also have an ``outbox(session_key)`` method returning an :class:`Outbox`
-    (or ``None``): a session then hands its records over through that instead of
-    :meth:`submit` and :meth:`submit_many`."""
-
-    def submit(self, record: Record) -> None:
-        """Hand over a record for durable write; never blocks long. May refuse (raise).
-
-        A session passes a plain ``(session_key, seq, payload)`` tuple: unpack it, do not
-        read its fields by name."""
-        ...
-
-    def submit_many(self, session_key: int, first_seq: int, payloads: Sequence[bytes]) -> None:
-        """Hand over the records of seqs ``first_seq``, ``first_seq + 1``, ... of one
-        session at once: all are accepted or none (raise). The sink may keep
-        ``payloads`` (the caller gives it away)."""
-        ...
-
-    def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:
-        """Call ``callback`` (from any thread) once everything submitted before is
-        durable, or with the error that prevents it."""
-        ...
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Block until everything submitted before the call is durable."""
-        ...
-
-
-Observer = Callable[[Event], None]
-
-
-class DurableReader(Protocol):
-    """Reads a session's durable events back (the store's ``read`` bound to a session)."""
-
-    def __call__(self, *, lower: int, upper: int) -> list[Event]:
-        """The durable events with ``lower <= seq <= upper`` (inclusive), in seq order."""
-        ...
-
-
-def _blame(err: InvalidEventError, index: int, type: str) -> None:
-    """Prefix ``err``'s message with the batch position of the fact it refuses (the
-    caller re-raises it: same class, traceback and cause)."""
-    err.args = (f"facts[{index}] ({type!r}): {err}", *err.args[1:])
-
-
-class _BatchSurface(SurfaceProjection):
-    """The surface projection as it will be once a batch's surface events are applied,
-    for checking them in order without applying any (a refused batch changes nothing).
-
-    Only :meth:`slot_of` is answered (from the base projection and the batch's earlier
-    events), which is all :meth:`SurfaceProjection.check` consults.
-    """
-
-    __slots__ = ("_base", "_batch", "_length")
-
-    def __init__(self, base: SurfaceProjection) -> None:
-        super().__init__()
-        self._base = base
-        self._batch: dict[int, int] = {}  # seq of a batch surface event -> its slot
-        self._length = len(base)
-
-    def slot_of(self, seq: int) -> int | None:
-        slot = self._batch.get(seq)
-        return slot if slot is not None else self._base.slot_of(seq)
-
-    def check_all(self, events: list[Event], surfaces: list[int]) -> None:
-        """Check ``events[i]`` for each ``i`` of ``surfaces`` (increasing), as if the
-        earlier ones were applied; an error names the index."""
-        for index in surfaces:
-            event = events[index]
-            try:
-                self.check(event)
-            except InvalidEventError as err:
-                _blame(err, index, event.type)
-                raise
-            op = event.data.surface_op
-            if type(op) is SurfaceReplace:
-                slot = self.slot_of(op.seq)
-                assert slot is not None  # Invariant: check() found the target
-                self._batch[event.seq] = slot
-            else:
-                self._batch[event.seq] = self._length
-                self._length += 1
-
-
-_SMALL_BATCH: Final = 16
-"""The most facts :meth:`Session.extend` appends in one Python loop, as ``_commit`` does
-(larger batches take ``_extend_bulk``, whose loops run in C; the crossover is not tuned:
-a turn's batches hold 2-5 facts, a bulk append thousands)."""
 
 _time_ns: Final = time.time_ns
 # type(x), for where a parameter named ``type`` hides it (cheaper than ``x.__class__``).
@@ -266,7 +83,7 @@ def epoch_ms() -> int:
     return _time_ns() // 1_000_000
 
 
-class Session:
+class Session(BatchAppends, DurableTail):
     """One session's log. Thread-safe: appends are serialized by a lock.
 
     ``events`` is already-durable history (loaded from a store): it rebuilds the
@@ -460,195 +277,6 @@ class Session:
             lock.release()
         return event
 
-    def extend(self, facts: Iterable[Fact]) -> list[Event]:
-        """Append several facts at once, all or nothing; return their events.
-
-        Each ``(type, data)`` is validated as by :meth:`append` (known type, lossless
-        JSON, surface rules, size limit); the surface rules see the batch's earlier
-        facts too, so a replace may cite one of them. If any fact is refused nothing is
-        written and the error (the same class :meth:`append` raises) starts with its
-        index: ``facts[3] ('user/message'): ...``. Otherwise the events get the next
-        seqs and one ``time`` (a single clock reading), go to the sink at once (one
-        ``list.extend`` onto the session's outbox, or one :meth:`LogSink.submit_many`),
-        and are committed to the log and projections
-        together; only then are the observers called, once per event in seq order
-        (holding the lock, as for :meth:`append`): an observer never sees a batch half
-        committed. Raises :class:`ReentrantAppendError` when called from an observer
-        and whatever the sink raises if it refuses the batch; then nothing changed.
-        """
-        if self._notifying is not None:
-            self._refuse_reentry("a batch of facts")
-        # A list or tuple as is (no copy): the general path may have to read it again.
-        batch = facts if isinstance(facts, list | tuple) else list(facts)
-        if len(batch) > _SMALL_BATCH:
-            return self._extend_bulk(batch)
-        if not batch:
-            return []
-        # A small batch (a turn's back-to-back facts): _commit's tricks, one frame, one
-        # loop. Anything but typed facts of known types takes the general path.
-        known = self._kinds
-        lock = self._lock
-        while not lock.acquire(False):  # not `with` (hot path): see storage.locks
-            wait_until_free(lock)
-        try:
-            seq = first = self._last_seq + 1
-            now = self._now()
-            events: list[Event] = []
-            payloads: list[bytes] = []
-            surface = -1  # the index of the first surface fact
-            surfaces = 0
-            bad = False  # a fact cannot be encoded, or is too large: which? see below
-            limit = self._max_bytes
-            for name, data in batch:
-                kind = known.get(name)
-                if kind is None or _class(data) is not kind.data_type:
-                    # The general path converts, or raises the right error (the lock is
-                    # reentrant; it gets the clock reading: one per batch).
-                    return self._extend_bulk(batch, now)
-                if kind.check is not None:  # validation errors first, in order, as _validate
-                    try:
-                        run_check(name, kind.check, data)
-                    except InvalidEventError as err:
-                        _blame(err, seq - first, name)
-                        raise
-                event = Event(name, seq, now, data)
-                events.append(event)
-                try:  # Codec.encode_as, inline (as in _commit)
-                    payload = kind.encode(event)
-                except (TypeError, ValueError, OverflowError):
-                    bad = True
-                    payload = b""
-                if len(payload) > limit:
-                    bad = True
-                payloads.append(payload)
-                if kind.surface:
-                    if not surfaces:
-                        surface = seq - first
-                    surfaces += 1
-                seq += 1
-            # Surface rules before the size and encoding errors, as in _extend_bulk.
-            if surfaces == 1:  # nothing earlier in the batch to cite: the projection says
-                try:
-                    self._surface.check(events[surface])
-                except InvalidEventError as err:
-                    _blame(err, surface, events[surface].type)
-                    raise
-            elif surfaces:
-                cited = [index for index, event in enumerate(events) if known[event.type].surface]
-                _BatchSurface(self._surface).check_all(events, cited)
-            if bad:  # raises, naming the fact
-                payloads = self._encode_all([known[event.type] for event in events], events)
-            self._commit_batch(events, payloads, None)
-        finally:
-            lock.release()
-        return events
-
-    def _extend_bulk(self, facts: Sequence[Fact], now: int | None = None) -> list[Event]:
-        """:meth:`extend` of a large batch, or of one with mappings or plugin types (loops
-        in C where it can). ``now``: the batch's time, already read (the lock is held)."""
-        names, datas, kinds, surfaces, tracked = self._validate(facts)
-        if not kinds:
-            return []
-        lock = self._lock
-        while not lock.acquire(False):  # not `with` (hot path): see storage.locks
-            wait_until_free(lock)
-        try:
-            first = self._last_seq + 1
-            if now is None:
-                now = self._now()
-            last = first + len(kinds) - 1
-            events = list(map(Event, names, range(first, last + 1), repeat(now), datas))
-            if surfaces:
-                _BatchSurface(self._surface).check_all(events, surfaces)
-            self._commit_batch(events, self._encode_all(kinds, events), tracked)
-        finally:
-            lock.release()
-        return events
-
-    def _now(self) -> int:
-        """A batch's time: one clock reading, never before the log's last time (the lock
-        is held; ``_commit`` reads the clock inline, as its hot path)."""
-        clock = self._clock
-        now = _time_ns() // 1_000_000 if clock is None else clock()  # None: epoch_ms
-        return max(now, self._last_time)  # Invariant: time never goes backwards in a log
-
-    def _commit_batch(
-        self, events: list[Event], payloads: list[bytes], tracked: list[int] | None
-    ) -> None:
-        """Hand a checked, encoded batch to the sink, then commit it to the log, the
-        projections (``tracked``: the indexes of the events a projection takes; None:
-        look each one up) and the observers. The lock is held."""
-        outbox = self._outbox
-        if outbox is None:
-            self._sink.submit_many(self._key, events[0].seq, payloads)
-        else:  # see Outbox
-            records = outbox.records
-            records.extend(payloads)
-            if len(records) == len(payloads) or outbox.stopped:
-                outbox.announce(payloads[-1], len(payloads))  # may refuse (and take them back)
-        # Commit: cannot fail from here on.
-        tail = self._tail
-        tail.extend(payloads if self._records else events)
-        self._last_seq = events[-1].seq
-        self._last_time = events[0].time  # Invariant: a batch has one time
-        appliers = self._appliers
-        if tracked is None:
-            for event in events:  # in seq order
-                apply = appliers.get(event.type)
-                if apply is not None:
-                    apply(event)
-        else:
-            for index in tracked:  # in seq order
-                event = events[index]
-                appliers[event.type](event)
-        if len(tail) >= self._room_at:
-            self._make_room()
-        if self._observers:
-            for event in events:
-                self._notify(event)
-
-    def _validate(self, facts: Iterable[Fact]) -> _Checked:
-        """``facts`` checked (and converted) one by one as :meth:`append` does; an
-        error names the index of the first bad fact."""
-        batch = _Checked([], [], [], [], [])
-        names, datas, kinds, surfaces, tracked = batch
-        known = self._kinds
-        appliers = self._appliers
-        for index, (name, data) in enumerate(facts):
-            kind = known.get(name)
-            try:
-                if kind is not None and type(data) is kind.data_type:  # as in append
-                    if kind.check is not None:
-                        run_check(name, kind.check, data)
-                    datas.append(data)
-                else:
-                    datas.append(self._codec.prepare(name, data))
-                    kind = known[name]
-            except InvalidEventError as err:
-                _blame(err, index, name)
-                raise
-            names.append(name)
-            kinds.append(kind)
-            if kind.surface:
-                surfaces.append(index)
-            if name in appliers:
-                tracked.append(index)
-        return batch
-
-    def _encode_all(self, kinds: list[EventKind], events: list[Event]) -> list[bytes]:
-        """The records of ``events``; an error names the index of the first bad one."""
-        try:
-            return self._codec.encode_many(kinds, events)
-        except InvalidEventError:
-            pass  # which one? encode them one by one (a failure is rare: take the slow path)
-        for index, (kind, event) in enumerate(zip(kinds, events, strict=True)):
-            try:
-                self._codec.encode_as(kind, event)
-            except InvalidEventError as err:
-                _blame(err, index, event.type)
-                raise
-        raise AssertionError("encode_many refused events that encode_as accepts")
-
     def _projection_updates(self) -> dict[str, Callable[[Event], None]]:
         """What an append calls to update the projections, by event type (types that
         change none are absent): one lookup and one call per fact."""
@@ -742,124 +370,6 @@ class Session:
             if start is None:
                 return []
             return self.extend(repair_plan(self.events(start)))
-
-    # ------------------------------------------------------------------ durability
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Return once everything appended before the call is durable."""
-        timeout = check_timeout(timeout)
-        mark = self._last_seq
-        self._sink.flush(timeout)
-        self.acknowledge(mark)
-
-    def flush_async(self, callback: Callable[[BaseException | None], None]) -> None:
-        """Call ``callback(None)`` (from any thread) once everything appended before the
-        call is durable, or ``callback(error)`` if it cannot be."""
-        if self._reader is None:
-            self._sink.flush_async(callback)
-            return
-        mark = self._last_seq
-        acknowledge = self.acknowledge
-
-        def done(error: BaseException | None) -> None:
-            if error is None:
-                acknowledge(mark)
-            callback(error)
-
-        self._sink.flush_async(done)
-
-    async def aflush(self) -> None:
-        """:meth:`flush` for asyncio code: ``await session.aflush()`` returns once
-        everything appended before the call is durable, without blocking the event
-        loop; it raises what :meth:`flush` would. The loop is woken once per commit,
-        however many of its tasks wait (see :mod:`storage.aio`)."""
-        await wait_durable(self.flush_async)
-
-    def acknowledge(self, mark: int) -> None:
-        """Everything through seq ``mark`` is durable (a flush of this session's sink,
-        asked for once the event of seq ``mark`` was appended, succeeded): drop it from
-        memory if the lock is free; else a later acknowledgement or :meth:`_make_room`
-        does it. Callable from any thread; it never waits for the lock (it runs on the
-        writer thread, and an observer holding the lock may be waiting for that thread).
-
-        Raises ``ValueError`` for a mark past the last event appended (no flush covers
-        an event not yet appended)."""
-        if mark > self._last_seq:
-            raise ValueError(
-                f"cannot acknowledge seq {mark} of session {self.id!r}: its last event is "
-                f"seq {self._last_seq}"
-            )
-        if self._reader is None:
-            return
-        if mark > self._durable:  # noqa: PLR1730 -- a plain store: see _durable
-            self._durable = mark
-        lock = self._lock
-        if lock.acquire(False):  # not blocking=False: a keyword costs more (once per flush)
-            try:
-                self._trim()
-            finally:
-                lock.release()
-
-    def _trim(self) -> None:
-        """Drop the events known durable from the tail (the lock is held)."""
-        durable = self._durable
-        dropped = self._dropped
-        if durable > dropped:
-            tail = self._tail
-            # Invariant: the tail's seqs are dropped + 1, dropped + 2, ... (appends never
-            # skip one, and a session with a reader keeps no loaded event).
-            del tail[: durable - dropped]
-            self._dropped = durable
-            self._room_at = len(tail) + self._bound
-
-    def _make_room(self) -> None:
-        """The tail grew by ``tail_bound`` events (the lock is held): drop what is known
-        durable; if the tail is still full, ask the sink (once at a time) what is
-        durable now. A session that is never flushed (durability ``none``) learns here."""
-        self._trim()
-        if len(self._tail) >= self._bound and not self._probing:
-            self._probing = True
-            mark = self._last_seq
-
-            def done(error: BaseException | None) -> None:
-                self._probing = False
-                if error is None:
-                    self.acknowledge(mark)
-
-            self._sink.flush_async(done)
-        self._room_at = len(self._tail) + self._bound
-
-    # ------------------------------------------------------------------ reading
-
-    def events(self, lower: int = 0, upper: int | None = None) -> list[Event]:
-        """Committed events with ``lower <= seq <= upper`` (``upper`` inclusive, like the
-        store's ``read`` and fork boundaries); ``None`` means through the last.
-
-        Events already dropped from memory are read back through the reader (so this
-        raises what the store raises, e.g. :class:`StoreClosedError` once it is closed)."""
-        with self._lock:
-            tail = self._tail
-            dropped = self._dropped
-            if self._records:  # seqs dropped + 1, dropped + 2, ...
-                start = max(lower - dropped - 1, 0)
-                stop = len(tail) if upper is None else max(upper - dropped, 0)
-            else:
-                start = bisect_left(tail, lower, key=_SEQ)
-                stop = len(tail) if upper is None else bisect_right(tail, upper, key=_SEQ)
-            kept = tail[start:stop]
-        if self._records:  # records never change: decoded without the lock
-            first = dropped + 1 + start
-            held = self._codec.decode_run(
-                cast(list[bytes], kept), first_seq=first, session_id=self.id
-            )
-        else:
-            held = cast(list[Event], kept)
-        if lower > dropped or (upper is not None and upper < lower):
-            return held
-        assert self._reader is not None  # Invariant: nothing is dropped without a reader
-        # Dropped events are durable and never change: no need to hold the lock.
-        durable = self._reader(lower=lower, upper=dropped if upper is None else min(upper, dropped))
-        return durable + held
 
     def derive_messages(self) -> list[Message]:
         """The model-visible history (surface facts only), as a new list."""

@@ -18,7 +18,7 @@ from typing import Any, assert_never
 
 from pykka._envelope import Envelope
 
-from storage.events import CancelCause, DisposedCause, InboxLane, UserMessage
+from storage import CancelCause, DisposedCause, InboxLane, UserMessage
 
 from .._dispatcher import work_for
 from .._ioside import IoSide, Outcome

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
-from storage.events import CancelCause, InboxLane, MessageId, UserMessage
+from storage import CancelCause, InboxLane, MessageId, UserMessage
 
 from ..inbox import Inbox
 from ..signal import TurnSignal

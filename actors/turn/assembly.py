@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from storage.events import (
+from storage import (
     AssistantMessage,
     AssistantPart,
     FinishChunk,

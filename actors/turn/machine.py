@@ -23,12 +23,12 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from storage.errors import InvalidEventError
-from storage.events import (
+from storage import (
     Aborted,
     Blocked,
     Completed,
     Errored,
+    InvalidEventError,
     LimitExceeded,
     LlmFailure,
     LlmRetry,
@@ -44,6 +44,7 @@ from storage.events import (
     TurnStart,
     UserMessage,
     UserMessageData,
+    cause_reason_bytes,
 )
 
 from ..effects import Admit, Checkpoint, Sleep, TurnAborted, outcome_of
@@ -79,7 +80,6 @@ Durability = Literal["write-ahead", "turn", "none"]
 
 
 _GO_ON: Final = (Completed, MaxTokens)  # turn ends after which queued work starts at once
-_TURN_END_BYTES: Final = 256  # what an aborted turn/end takes besides its cause's reason
 
 
 def _always(_name: str) -> bool:
@@ -300,7 +300,7 @@ class TurnMachine:
         assert signal.reason is not None
         # The signal checked the cause; a cause changed since must still give a turn/end
         # that can be logged (and read back), not crash the actor or corrupt the log.
-        cause = loggable_cause(signal.reason, self._max_event_bytes - _TURN_END_BYTES)
+        cause = loggable_cause(signal.reason, cause_reason_bytes(self._max_event_bytes))
         return Aborted(reason=cause)
 
     def _error(self, turn: int, step: int | None, failure: LlmFailure) -> Errored:

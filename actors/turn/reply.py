@@ -10,15 +10,19 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from storage.codec import DEFAULT_MAX_EVENT_BYTES
-from storage.errors import EventTooLargeError, InvalidEventError
-from storage.events import (
+from storage import (
+    CITATION_BYTES,
+    CITED_SHARE,
+    DIRECT_SHARE,
     AssistantChunk,
     AssistantMessageData,
+    EventTooLargeError,
+    InvalidEventError,
     LlmFailure,
     MaxTokens,
     ToolCallData,
     TurnEndReason,
+    reply_bytes,
 )
 
 from ..effects import Flush, NextBatch, OpenStream, StreamEnd, TurnAborted
@@ -48,13 +52,8 @@ class StepResult(msgspec.Struct, frozen=True):
 
 DONE: Final = StepResult()  # a step that ended normally, nothing more to do
 FLUSH: Final = Flush()  # stateless: one instance serves every wait
-# A reply's ``assistant/message`` cites each of its chunk events (CONTRACT 4). Its chunks
-# are logged one per delta while their citations take less than 1/_DIRECT_SHARE of the
-# event limit; past that, deltas are gathered (:class:`HeldChunks`) so that the citations
-# stay within about 1/_CITED_SHARE of it, however many deltas the reply came in.
-_DIRECT_SHARE: Final = 64
-_CITED_SHARE: Final = 32
-_SEQ_BYTES: Final = 12  # what one citation takes at most: a seq's digits and a comma
+# A reply's chunks are logged one per delta, then gathered (:class:`HeldChunks`): see
+# the citation shares in storage.budget.
 
 
 def _announced(stream: Any) -> Sequence[Any] | None:
@@ -93,9 +92,9 @@ def _too_large(assembler: Assembler, limit: int) -> StepResult:
 def _gather_size(assembler: Assembler, limit: int) -> int:
     """How many characters a gathered chunk should hold before it is logged: enough that
     the chunks still to come, however small the deltas, cite within what is left of the
-    citation budget (``limit // _CITED_SHARE``) for the largest reply the limit allows."""
-    left = limit // _CITED_SHARE - assembler.cited
-    return max(1, (limit - assembler.streamed) * _SEQ_BYTES // max(left, _SEQ_BYTES))
+    citation budget (``limit // CITED_SHARE``) for the largest reply the limit allows."""
+    left = limit // CITED_SHARE - assembler.cited
+    return max(1, (limit - assembler.streamed) * CITATION_BYTES // max(left, CITATION_BYTES))
 
 
 class Exchange:
@@ -143,8 +142,8 @@ class Exchange:
     ) -> StepResult:
         append = self.session.append_fact
         assembler = Assembler(turn, step)
-        limit = request.max_reply_bytes or DEFAULT_MAX_EVENT_BYTES
-        direct = limit // _DIRECT_SHARE  # citation bytes up to which deltas are logged one by one
+        limit = reply_bytes(request.max_reply_bytes)
+        direct = limit // DIRECT_SHARE  # citation bytes up to which deltas are logged one by one
         held: HeldChunks | None = None  # made once deltas are gathered
         stream: Any = None
         done = False

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import msgspec
 
-from storage.events import LimitExceeded, RequestConfig, RequestHeader, ToolSpec, UserMessage
+from storage import LimitExceeded, RequestConfig, RequestHeader, ToolSpec, UserMessage
 
 from ..limits import UsageMeter
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 
-from storage.events import LlmFailure
+from storage import MAX_FAILURE_CHARS, LlmFailure
 
 from ..effects import TurnAborted
 from ..errors import ListenerError
@@ -23,7 +23,6 @@ __all__ = ["Waterfall", "bounded", "decide_retry", "listener_failure"]
 
 log = logging.getLogger("corral.turn")
 
-_MAX_FAILURE_CHARS: Final = 16_384
 
 Waterfall = Callable[[str, Any, Callable[[], Any]], Awaitable[Any]]
 """``TurnMachine``'s waterfall: ``(name, event, default)``, awaited for its outcome."""
@@ -35,9 +34,9 @@ def bounded(failure: LlmFailure) -> LlmFailure:
     text that is not UTF-8 (a lone surrogate)."""
     failure = checked_failure(failure)
     message = failure.message
-    if len(message) > _MAX_FAILURE_CHARS:
-        rest = len(message) - _MAX_FAILURE_CHARS
-        message = f"{message[:_MAX_FAILURE_CHARS]}... ({rest} more characters)"
+    if len(message) > MAX_FAILURE_CHARS:
+        rest = len(message) - MAX_FAILURE_CHARS
+        message = f"{message[:MAX_FAILURE_CHARS]}... ({rest} more characters)"
     message = message.encode("utf-8", "replace").decode("utf-8")
     if message == failure.message:
         return failure

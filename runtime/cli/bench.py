@@ -22,8 +22,7 @@ from rich.text import Text
 
 from actors import Model
 from runtime.load import LoadProgress, LoadReport, LoadSamples, LoadSpec, run_bench
-from storage.errors import SchemaVersionError, StorageError
-from storage.lmdb_store import Durability, Store
+from storage import Durability, SchemaVersionError, StorageError, Store
 
 from .errors import CliError, InvariantsError
 from .options import (

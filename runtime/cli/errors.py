@@ -19,7 +19,7 @@ from typing import Any, Final
 import click
 
 from actors import AgentStateError
-from storage.errors import (
+from storage import (
     DuplicateSessionError,
     InvalidEventError,
     LogCorruptError,

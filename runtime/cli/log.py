@@ -28,15 +28,18 @@ from rich.table import Table
 from rich.text import Text
 
 from runtime.load import check_store, store_bytes
-from storage.errors import (
+from storage import (
+    SCHEMA_VERSION,
     DuplicateSessionError,
+    Event,
+    IgnoredRecord,
     InvalidEventError,
+    InvalidSessionIdError,
     LogCorruptError,
+    Store,
     UnknownSessionError,
+    check_session_id,
 )
-from storage.events import Event, IgnoredRecord
-from storage.lmdb_env import SCHEMA_VERSION
-from storage.lmdb_store import InvalidSessionIdError, Store, check_session_id
 
 from .errors import CliError, InvariantsError
 from .options import STORE_FILES, FiniteFloatRange, refuse_store_file, store_option

@@ -23,7 +23,7 @@ from typing import cast
 import click
 
 from runtime.runtime import Runtime
-from storage.lmdb_store import Durability
+from storage import Durability
 
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, CliError, ScriptError
 from .options import durability_option, store_option, threads_option

@@ -19,7 +19,7 @@ from typing import Any, Final
 import msgspec
 from rich.text import Text
 
-from storage.events import (
+from storage import (
     AgentInboxSpliced,
     AssistantChunk,
     AssistantMessageData,

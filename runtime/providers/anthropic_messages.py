@@ -17,7 +17,7 @@ from typing import Final
 import msgspec
 
 from actors import ModelRequest
-from storage.events import StreamChunk
+from storage import StreamChunk
 
 from .anthropic_wire import (
     EventMapper,

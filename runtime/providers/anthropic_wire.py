@@ -20,7 +20,7 @@ from typing import Any, Final, Literal, TypeAlias
 import msgspec
 
 from actors import ModelError, ModelRequest
-from storage.events import (
+from storage import (
     FinishChunk,
     FinishReason,
     ImageBlock,

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Protocol, Self
 
 from actors import ModelError
-from storage.events import FinishReason, StreamChunk
+from storage import FinishReason, StreamChunk
 
 from .bodies import JsonBody, open_body
 from .failures import empty_response, finished_with_error, request_id_from, to_model_error

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from actors import ModelError
-from storage.events import FailureCode, LlmFailure
+from storage import FailureCode, LlmFailure
 
 from .secrets import Secret, scrub
 from .sse import SseEventTooLargeError

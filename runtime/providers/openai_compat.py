@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from actors import ModelRequest
-from storage.events import StreamChunk
+from storage import StreamChunk
 
 from .base import HttpProvider
 from .bodies import JsonBody, plain_reply

@@ -23,7 +23,7 @@ from typing import Any, Final, Literal, TypeAlias
 import msgspec
 
 from actors import ModelRequest
-from storage.events import (
+from storage import (
     AssistantMessage,
     FinishChunk,
     FinishReason,

@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 from tests.cli.conftest import assert_one_error_line, corral
 
 REPORT_FIELDS = {

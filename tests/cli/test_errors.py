@@ -11,8 +11,8 @@ import lmdb
 import msgspec
 import pytest
 
-from storage.lmdb_env import EVENTS_DB, META_DB, SCHEMA_VERSION_KEY, event_key
-from storage.lmdb_store import Store
+from storage.lmdb.layout import EVENTS_DB, META_DB, SCHEMA_VERSION_KEY, event_key
+from storage.lmdb.store import Store
 from tests.cli.conftest import assert_one_error_line, corral, write_script
 
 RECORDS = [

@@ -24,7 +24,7 @@ import pytest
 
 from runtime import RetryPolicy, Runtime
 from storage import Event, check_invariants
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 
 WAIT = 10.0
 WATCHDOG_S = 60.0

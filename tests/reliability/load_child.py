@@ -40,7 +40,7 @@ finds behind the turn. A ``pay`` body prints ``ran <k>`` and then waits for good
 write-ahead no body may run (the turn waits for its ``tool/call`` facts to be durable);
 under ``turn`` or ``none`` all three run while their ``tool/call`` facts are not durable.
 
-``import`` opens the store with :class:`~storage.lmdb_store.Store` and imports the export
+``import`` opens the store with :class:`~storage.Store` and imports the export
 ``JSONL`` again and again as sessions ``imp<run>-<i>``: it prints ``importing <id>``
 before ``store.import_jsonl`` and ``imported <id>`` once the flush after it returned.
 """
@@ -61,8 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from runtime import LlmFailure, RetryPolicy, Runtime, ScriptedModel, ToolCall, tool
 from runtime.scripted import ScriptItem
 from storage.events import ToolMessage
-from storage.lmdb_store import Store
-from storage.writer import LogWriter
+from storage.lmdb.store import Store
+from storage.lmdb.writer import LogWriter
 
 FAST_RETRY = RetryPolicy(max_retries=8, base_s=0.001, cap_s=0.004)
 SERVER = LlmFailure(message="scripted server failure", code="SERVER", status=503)

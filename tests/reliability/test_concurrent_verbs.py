@@ -46,7 +46,7 @@ from runtime import (
     UserMessage,
     tool,
 )
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 
 from .conftest import INBOX_EVENTS, WAIT, InboxFates, check_whole_store, seeded
 

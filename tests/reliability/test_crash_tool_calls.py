@@ -23,7 +23,7 @@ import pytest
 from runtime import Runtime, ScriptedModel
 from storage import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, check_invariants
 from storage.events import ToolCallBlock
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 
 from .conftest import after_lines, assert_killed, child_command, run_until_killed
 

@@ -37,7 +37,7 @@ from storage.events import (
     UserMessage,
     UserMessageData,
 )
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 
 from .conftest import (
     FAST_RETRY,

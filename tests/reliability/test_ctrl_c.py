@@ -24,7 +24,7 @@ import pytest
 
 from runtime import Runtime, ScriptedModel
 from storage.events import StepStart
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 
 WAIT = 10.0
 

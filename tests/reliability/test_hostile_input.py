@@ -56,10 +56,10 @@ from storage import (
     Store,
     UnknownEventTypeError,
     UnknownSessionError,
-    lmdb_env,
 )
 from storage.events import FinishChunk, TextDelta, ToolCallDelta, ToolSpec, Usage, UsageChunk
-from storage.lmdb_env import SCHEMA_VERSION, decode_row, encode_row, event_key
+from storage.lmdb import layout as layout_module
+from storage.lmdb.layout import SCHEMA_VERSION, decode_row, encode_row, event_key
 
 from .conftest import FAST_RETRY, WAIT, check_whole_store, corral, one_error_line, python
 
@@ -1186,7 +1186,7 @@ def damage_pages(tmp_path: Path, marker: bytes) -> tuple[Path, dict[str, list[An
 def record_per_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """Store one record per ``events`` value (blocks of one), as versions 1 and 2 did:
     records then sit in the B-tree's leaf pages, not in a block's overflow pages."""
-    monkeypatch.setattr(lmdb_env, "BLOCK_RECORDS", 1)
+    monkeypatch.setattr(layout_module, "BLOCK_RECORDS", 1)
 
 
 @pytest.mark.parametrize("layout", ["blocks", "record-per-value"])
@@ -1194,7 +1194,7 @@ def test_a_damaged_page_a_read_starts_on_is_a_clear_error_for_its_session_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
     if layout == "record-per-value":
-        monkeypatch.setattr(lmdb_env, "BLOCK_RECORDS", 1)  # records in leaf pages
+        monkeypatch.setattr(layout_module, "BLOCK_RECORDS", 1)  # records in leaf pages
     path, built = damage_pages(tmp_path, rb"victim-marker-000")  # the session's first page
     found = open_in_child(path)
     assert found["bystander"] == len(built["bystander"]), found
@@ -1285,7 +1285,9 @@ def test_a_store_of_a_future_schema_version_is_refused_with_one_clear_message(
         lambda: Store.open(path, readonly=True),
         lambda: Runtime.open(path),
     ):
-        with pytest.raises(SchemaVersionError, match=f"schema version {future}"):
+        # What it found and what this corral supports (the one test of this refusal).
+        refusal = rf"schema version {future}.*supports version {SCHEMA_VERSION}"
+        with pytest.raises(SchemaVersionError, match=refusal):
             opener()
     assert f"schema version {future}" in one_error_line(corral("log", "ls", "--store", path))
     set_schema_version(path, str(SCHEMA_VERSION).encode())  # the refusals changed nothing

@@ -19,7 +19,7 @@ import pytest
 
 from runtime import Runtime, ScriptedModel, ToolCall, tool, waiting
 from storage import assert_invariants
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 
 WAIT = 10.0
 

@@ -14,7 +14,7 @@ import pytest
 
 from runtime import Runtime
 from storage import assert_invariants
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 
 WAIT = 10.0
 

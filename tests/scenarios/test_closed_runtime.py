@@ -25,7 +25,7 @@ from runtime import (
     waiting,
 )
 from storage.errors import StoreClosedError
-from storage.writer import LogWriter
+from storage.lmdb.writer import LogWriter
 
 from .conftest import WAIT, check_store
 

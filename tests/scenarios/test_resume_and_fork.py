@@ -28,7 +28,7 @@ from runtime import (
 )
 from storage import assert_invariants, pending_inbox
 from storage.events import DisposedCause, MessageTrigger, StepStart, ToolCallData, TurnStart
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 
 from .conftest import WAIT, HeldActor, Timeline, check_store
 

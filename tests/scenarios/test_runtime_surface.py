@@ -25,7 +25,7 @@ from storage import (
     assert_invariants,
     pending_inbox,
 )
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 
 from .conftest import WAIT, HeldActor, Timeline, check_store
 

@@ -23,7 +23,6 @@ import sys
 from typing import Literal, cast
 
 from storage import Session, Store
-from storage import writer as writer_module
 from storage.events import (
     AssistantChunk,
     AssistantMessage,
@@ -39,6 +38,8 @@ from storage.events import (
     UserMessage,
     UserMessageData,
 )
+from storage.lmdb import compaction as compaction_module
+from storage.lmdb import writer as writer_module
 
 
 def chunk_at(session: Session, turn: int, seq: int) -> AssistantChunk:
@@ -88,10 +89,10 @@ def main() -> None:
         threshold = int(sys.argv[4])
         writer_module.JOURNAL_MAX_RECORDS = threshold  # type: ignore[misc]
         # Rounds of a step per session, so that kills land in the middle of rounds too.
-        writer_module.COMPACT_STEP_RECORDS = 1  # type: ignore[misc]
-        writer_module.COMPACT_STEP_FACTOR = 0  # type: ignore[misc]
+        compaction_module.COMPACT_STEP_RECORDS = 1  # type: ignore[misc]
+        compaction_module.COMPACT_STEP_FACTOR = 0  # type: ignore[misc]
     if len(sys.argv) > 5:
-        writer_module.DIRECT_MIN_BYTES = int(sys.argv[5])  # type: ignore[misc]
+        compaction_module.DIRECT_MIN_BYTES = int(sys.argv[5])  # type: ignore[misc]
     store = Store.open(path, durability=durability)
     sessions: list[Session] = []
     for index in range(count):

@@ -14,7 +14,7 @@ import pytest
 from storage import StorageError, Store, StoreClosedError
 from storage.aio import _LoopWaker, wait_durable
 from storage.events import Completed, MessageTrigger, TurnEnd, TurnStart
-from storage.writer import FlushCallback
+from storage.records import FlushCallback
 from tests.storage.builders import ticking_clock
 
 WAIT = 30.0
@@ -123,9 +123,9 @@ def test_aflush_on_a_closed_store_raises_store_closed(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "s")
     session = store.create_session("a")
     store.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
         run(session.aflush())
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
         run(store.aflush())
 
 

@@ -1,4 +1,4 @@
-"""The ``events`` layout: a session's records stored as blocks (see storage.lmdb_env)."""
+"""The ``events`` layout: a session's records stored as blocks (see storage.lmdb.layout)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from storage import lmdb_env
 from storage.errors import LogCorruptError, StorageError
-from storage.lmdb_env import LmdbEnv, event_key, event_records, put_spans, read_events
+from storage.lmdb import layout
+from storage.lmdb.env import LmdbEnv
+from storage.lmdb.layout import event_key, put_spans
+from storage.lmdb.reads import event_records, read_events
 
 
 def record(key: int, seq: int, size: int = 0) -> bytes:
@@ -31,7 +33,7 @@ def values(env: LmdbEnv) -> list[tuple[int, int]]:
     out = []
     with env.env.begin() as txn:
         for key, value in txn.cursor(db=env.dbs.events):
-            out.append((int.from_bytes(key[8:], "big"), lmdb_env._size(value, key)))
+            out.append((int.from_bytes(key[8:], "big"), layout._size(value, key)))
     return out
 
 
@@ -50,8 +52,8 @@ def every_range_reads_back(env: LmdbEnv, key: int, records: list[bytes]) -> None
 def test_a_span_is_cut_into_blocks_within_the_record_and_byte_bounds(
     env: LmdbEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lmdb_env, "BLOCK_RECORDS", 4)
-    monkeypatch.setattr(lmdb_env, "BLOCK_BYTES", 200)
+    monkeypatch.setattr(layout, "BLOCK_RECORDS", 4)
+    monkeypatch.setattr(layout, "BLOCK_BYTES", 200)
     records = [record(1, s) for s in range(10)] + [record(1, 10, size=500)]
     records += [record(1, s, size=60) for s in range(11, 17)]
     with env.env.begin(write=True) as txn:

@@ -29,7 +29,7 @@ import lmdb
 import pytest
 
 from storage import Store, check_invariants
-from storage import writer as writer_module
+from storage.lmdb import writer as writer_module
 
 CHILD = Path(__file__).with_name("crash_child.py")
 SESSIONS = 3

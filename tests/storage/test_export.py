@@ -17,8 +17,8 @@ from storage import (
     UnknownEventTypeError,
     UnknownSessionError,
 )
-from storage import writer as writer_module
 from storage.events import MessageTrigger, TurnStart
+from storage.lmdb import writer as writer_module
 from tests.storage.builders import (
     LogBuilder,
     completed_turn,
@@ -106,7 +106,7 @@ def test_an_export_holds_the_stored_bytes_of_every_record(source: Store) -> None
 def test_export_returns_the_number_of_records(source: Store) -> None:
     log = realistic(source)
     assert source.export_jsonl("agent-1", io.BytesIO()) == len(log.events)
-    with pytest.raises(UnknownSessionError):
+    with pytest.raises(UnknownSessionError, match="'nobody'"):
         source.export_jsonl("nobody", io.BytesIO())
 
 

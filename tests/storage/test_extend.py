@@ -28,7 +28,6 @@ from storage import (
     UnknownEventTypeError,
     derive_messages,
 )
-from storage import writer as writer_module
 from storage.events import (
     AssistantChunk,
     AssistantMessage,
@@ -44,9 +43,12 @@ from storage.events import (
     TurnStart,
     UserMessageData,
 )
-from storage.lmdb_env import LmdbEnv, scan_journal
-from storage.session import Fact
-from storage.writer import LogWriter
+from storage.lmdb import compaction as compaction_module
+from storage.lmdb import writer as writer_module
+from storage.lmdb.env import LmdbEnv
+from storage.lmdb.reads import scan_journal
+from storage.lmdb.writer import LogWriter
+from storage.batch import Fact
 from tests.storage import builders
 from tests.storage.builders import START_TIME, user_message
 from tests.storage.test_session_memory import DurableSink, durable_session
@@ -340,7 +342,7 @@ def test_a_refusing_sink_leaves_nothing_behind() -> None:
     session = new_session(sink=sink)
     session.append("turn/start", TURN_1)
     sink.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match="memory sink is closed"):
         session.extend([("plugin", {"n": 1}), ("plugin", {"n": 2})])
     assert session.last_seq == 0
     assert len(session.events()) == 1
@@ -351,7 +353,7 @@ def test_a_batch_refused_by_a_closed_store_leaves_nothing(tmp_path: Path) -> Non
     session = store.create_session("s")
     session.append("turn/start", TURN_1)
     store.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
         session.extend([("step/start", StepStart(turn=1, step=1))])
     assert session.last_seq == 0
     assert session.state.open_step is None
@@ -390,7 +392,7 @@ def test_a_batch_is_stored_and_read_back_whole(
 ) -> None:
     """Straight to ``events`` (``direct=1``) or through the journal, interleaved with
     single appends and another session's records."""
-    monkeypatch.setattr(writer_module, "DIRECT_MIN_BYTES", direct)
+    monkeypatch.setattr(compaction_module, "DIRECT_MIN_BYTES", direct)
     path = tmp_path / "s"
     types = codec().types
     with Store.open(path, event_types=types) as store:
@@ -428,7 +430,7 @@ def test_the_writer_refuses_a_batch_out_of_order_and_queues_none_of_it(tmp_path:
         assert writer.statistics().events_written == 2
     finally:
         writer.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
         writer.submit_many(1, 2, [b"{}"])
     env.close()
 
@@ -481,7 +483,7 @@ def test_a_large_run_of_a_session_with_nothing_in_the_journal_goes_straight_to_e
     monkeypatch.setattr(writer_module, "JOURNAL_IDLE_S", 3600.0)  # no compaction meanwhile
     env = LmdbEnv(tmp_path / "env", readonly=False, map_size=1 << 20, sync=True)
     writer = LogWriter(env, sync_on_flush=False)
-    big = [b'{"pad":"%s"}' % (b"x" * 1000)] * (writer_module.DIRECT_MIN_BYTES // 1000 + 1)
+    big = [b'{"pad":"%s"}' % (b"x" * 1000)] * (compaction_module.DIRECT_MIN_BYTES // 1000 + 1)
     try:
         for key in (1, 2):
             writer.track(

@@ -183,7 +183,7 @@ def test_a_fork_of_a_log_its_child_could_not_load_fails_and_leaves_no_child(
         store.fork("parent", early, "early")  # the store goes on: a fork before the damage
     with Store.open(tmp_path / "s", readonly=True) as store:
         assert not store.has_session("child")
-        with pytest.raises(UnknownSessionError):
+        with pytest.raises(UnknownSessionError, match="no durable session 'child'"):
             store.stats("child")
         assert [h.id for h in store.sessions()] == ["parent", "early"]
 

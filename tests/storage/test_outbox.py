@@ -14,11 +14,11 @@ import lmdb
 import pytest
 
 from storage import Codec, EventTypes, Session, StorageError, Store, StoreClosedError
-from storage import writer as writer_module
 from storage.events import Completed, MessageTrigger, TurnEnd, TurnStart
-from storage.lmdb_env import LmdbEnv
-from storage.session import SessionHeader
-from storage.writer import LogWriter
+from storage.lmdb import writer as writer_module
+from storage.lmdb.env import LmdbEnv
+from storage.lmdb.writer import LogWriter
+from storage.records import SessionHeader
 
 WAIT = 10.0
 
@@ -238,9 +238,9 @@ def test_an_append_the_closing_writer_has_not_taken_is_refused_and_not_written(
         session.append(*_fact(1))  # announced: pending, and accepted
         closer.start()
         assert stopped.wait(WAIT)  # closing: the last batch will take seq 1
-        with pytest.raises(StoreClosedError):
+        with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
             session.append(*_fact(2))
-        with pytest.raises(StoreClosedError):
+        with pytest.raises(StoreClosedError, match=r"is closed(:|;) open it again"):
             session.extend([_fact(2), _fact(3)])
     finally:
         release.set()

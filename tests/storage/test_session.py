@@ -192,7 +192,7 @@ def test_a_sink_that_refuses_the_record_leaves_nothing_behind() -> None:
     sink = MemorySink()
     session = new_session(sink=sink)
     sink.close()
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match="memory sink is closed"):
         session.append("turn/start", TURN_1)
     assert session.events() == []
     assert session.state.last_turn == 0
@@ -509,5 +509,5 @@ def test_flush_and_flush_async_delegate_to_the_sink() -> None:
     sink.close()
     session.flush_async(outcomes.append)
     assert isinstance(outcomes[-1], StoreClosedError)
-    with pytest.raises(StoreClosedError):
+    with pytest.raises(StoreClosedError, match="memory sink is closed"):
         session.flush()

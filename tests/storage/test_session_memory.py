@@ -24,7 +24,7 @@ from storage import (
     derive_messages,
 )
 from storage.events import AssistantChunk, TextDelta
-from storage.lmdb_store import Store
+from storage.lmdb.store import Store
 from storage.session import TAIL_BOUND
 from tests.storage.builders import (
     START_TIME,

@@ -1,7 +1,7 @@
 """The log writer: the one thread that owns every LMDB write transaction of a store.
 
 A session puts its encoded records in its *outbox* (:meth:`LogWriter.outbox`, see
-``storage.session.Outbox``): a list append per record, and a word to the writer (under
+``storage.records.Outbox``): a list append per record, and a word to the writer (under
 its lock) only when the list was empty. Other producers hand records over through
 :meth:`LogWriter.submit` or a batch of one session's records through
 :meth:`LogWriter.submit_many`. Records wait as *runs* (one session's consecutive seqs),
@@ -13,36 +13,13 @@ therefore acknowledged only once every record appended before it is on disk. (Ha
 records over through outboxes instead of a :meth:`LogWriter.submit` per record: 5-8%
 more turns per second with 1,000 agents, see benchmarks/README.md.)
 
-A group commit appends its records to the journal (a page or two for the whole batch,
-see :mod:`storage.lmdb_env`) and updates the in-memory copy of the journal that the
-store's readers merge. The writer *compacts* the journal into the session-major
-``events`` database. After :data:`JOURNAL_IDLE_S` without work, and at close, it
-compacts the whole journal in one transaction. Under load, once the records not yet
-compacted reach :data:`JOURNAL_MAX_RECORDS` or :data:`JOURNAL_MAX_BYTES`, it starts a
-*round*: the sessions that have records in the journal at that moment are compacted a
-few at a time, one *step* per commit (see :meth:`LogWriter._next_step`), each with
-every record it has then; the round's last step deletes the journal frames written
-before the round began, every record of them being in ``events`` by then. (In one
-commit, a whole compaction held every flush that waited on that commit for as long as
-it took to write and sync all of it.) A large run of a session that has nothing in the
-journal (a bulk append, a batch) skips the journal and goes straight to ``events``
-with its session row (see :class:`_Batch`).
-
-Blocking :meth:`LogWriter.flush` callers of one commit are woken in a chain, each by
-the previous one as soon as it runs (see :class:`_Waiter`; each waits on a pipe of its
-own, :class:`_PipeGate`, up to :data:`_MAX_GATES` at once): woken all at once, dozens
-of threads would queue for the GIL, and each would sleep and wake again on its way;
-woken only when the previous one blocks again, each would wait out a whole thread
-wake-up with the GIL idle. The writer
-then waits (at most :data:`GATHER_S`) for the end of the chain before it drains the
-next batch, so that threads that flush after every append share one commit instead
-of splitting into small ones. It does not commit while the chain still runs: that
-would overlap the commit's fsync (which releases the GIL) with the chain, but the
-flushers then split into groups that take turns in alternate commits, every commit
-carries fewer records, and the writer's Python work competes with the chain for the
-GIL; measured with 64 threads flushing after every append, that was slower, whether
-the writer went on from the middle of the chain or as soon as the commit would
-overlap what was left of it.
+A group commit appends its records to the journal and updates the in-memory copy of
+the journal that the store's readers merge (see :mod:`storage.lmdb.layout`); the
+writer compacts the journal into ``events`` when idle, at close, and in rounds of steps
+under load (see :mod:`storage.lmdb.compaction`). Blocking :meth:`LogWriter.flush`
+callers of one commit are woken in a chain (see :mod:`storage.lmdb.waiters`), and the
+writer waits (at most :data:`GATHER_S`) for the end of the chain before it drains the
+next batch, so that threads that flush after every append share one commit.
 
 Failure semantics:
 
@@ -59,137 +36,65 @@ Failure semantics:
 - Close and append race safely: an append that returns is written by the close's last
   batch; one the close refuses raises and leaves nothing (see :class:`_Outbox`).
 
-The layout it writes is described in :mod:`storage.lmdb_env`.
+The layout it writes is described in :mod:`storage.lmdb.layout`.
+
+One piece, over 500 lines: the producers' side (outboxes, runs, flush requests) and
+the commit loop share one lock and one set of fields (what is queued, what the journal
+holds, the state), which each method reads and changes together; split, each half would
+reach into the other's fields.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
-import select
 import struct
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import itemgetter
-from typing import Any, Final, NamedTuple
+from typing import Final
 
 import lmdb
 import msgspec
 
 from storage.errors import StorageError, StoreClosedError
-from storage.lmdb_env import (
+from storage.lmdb.compaction import (
+    JOURNAL_IDLE_S,
+    JOURNAL_MAX_BYTES,
+    JOURNAL_MAX_RECORDS,
+    NO_STEP,
+    Batch,
+    Step,
+    compact,
+    next_step,
+    route,
+    step_spans,
+    trim_journal,
+)
+from storage.lmdb.env import LmdbEnv
+from storage.lmdb.layout import (
     NEXT_KEY_KEY,
-    LmdbEnv,
     Span,
     Tail,
-    compact,
     decode_u64,
     encode_frame,
     encode_row,
     encode_u64,
     put_spans,
-    trim_journal,
 )
+from storage.lmdb.waiters import SoloWaiter, Waiter, call, resolve, spare, wake
 from storage.locks import wait_until_free
-from storage.session import Record, SessionHeader
+from storage.records import FlushCallback, Record, SessionHeader
 from storage.threads import start_thread
 
-__all__ = [
-    "COMPACT_STEP_BYTES",
-    "COMPACT_STEP_FACTOR",
-    "COMPACT_STEP_RECORDS",
-    "DIRECT_MIN_BYTES",
-    "GATHER_S",
-    "JOURNAL_IDLE_S",
-    "JOURNAL_MAX_BYTES",
-    "JOURNAL_MAX_RECORDS",
-    "FlushCallback",
-    "LogWriter",
-    "WriterStatistics",
-]
+__all__ = ["GATHER_S", "LogWriter", "WriterStatistics"]
 
-_log = logging.getLogger(__name__)
-
-FlushCallback = Callable[[BaseException | None], None]
+_log = logging.getLogger("storage.writer")  # its name before the move into storage.lmdb
 
 _COUNTER: Final = struct.Struct(">Q")  # a journal key
-_PAYLOADS: Final = itemgetter(2)  # a span's records
 _header_encoder: Final = msgspec.json.Encoder()
 _get_ident: Final = threading.get_ident
 
 
-class _Spare(threading.local):
-    """This thread's idle waiter (``slot[0]``), reused by its next blocking flush: two
-    locks less per flush; and how many of its blocking flushes wait (``slot[1]``: more
-    than one when a signal handler flushes while the flush it interrupted waits). A
-    list, so that a flush looks the thread's storage up once."""
-
-    def __init__(self) -> None:
-        self.slot: list[Any] = [None, 0]  # [_Waiter | None, int]
-
-
-_spare: Final = _Spare()
-
-
-class _Step(NamedTuple):
-    """One commit's part of a compaction round: the sessions whose records it moves to
-    ``events`` (with how many records and bytes their tails hold), and whether it is the
-    round's last (which deletes the journal frames the round covers)."""
-
-    keys: list[int]
-    last: bool
-    records: int
-    size: int
-
-
-_NO_STEP: Final = _Step([], False, 0, 0)
-
-
-class _Batch(NamedTuple):
-    """The records of one group commit, routed.
-
-    A session's records are stored as seqs ``0..k`` in ``events`` and ``k + 1..m`` in
-    the journal (see :mod:`storage.lmdb_env`). A run goes ``direct`` to ``events``,
-    with its session row, when it fills pages of its own (:data:`DIRECT_MIN_BYTES`)
-    and its session has nothing in the journal: a bulk append or a large
-    ``submit_many`` is written once instead of twice (journal, then compaction), and
-    builds no in-memory tail. Other runs are ``journaled``.
-    """
-
-    direct: list[Span]
-    journaled: list[Span]
-    records: int
-    size: int
-    journal_records: int
-    journal_bytes: int
-
-
-# Compaction thresholds: a round starts once the records not yet compacted reach them.
-# Larger ones give each session's block more records, so compaction costs less per
-# record (1,000 agents x 40 turns, the close charged, three runs each: 9,791-10,223
-# turns/s at 16,384 records / 8 MiB, 10,989-11,291 at 65,536 / 32 MiB); smaller ones
-# keep short the journal that read-only processes scan and the writer's in-memory copy
-# of what it has not compacted. The frames a round writes stay until the next round
-# ends: the journal on disk holds up to about twice this much, plus what arrives
-# during a round.
-JOURNAL_MAX_RECORDS: Final = 65536
-JOURNAL_MAX_BYTES: Final = 32 << 20
-JOURNAL_IDLE_S: Final = 0.5
-# A compaction under load goes in steps, one per commit, of at least this many records
-# or bytes (see LogWriter._next_step): the whole 16,384-record journal in one commit
-# held every flush waiting on it for the ~50 ms it took to write and sync (1,000 agents
-# x 20 turns: the dispatcher idle ~20% of the run).
-COMPACT_STEP_RECORDS: Final = 2048
-COMPACT_STEP_BYTES: Final = 1 << 20
-# ... and this many times what the commit journals: a round ends after a few commits
-# however fast records come in (and the tails it leaves in memory stay bounded).
-COMPACT_STEP_FACTOR: Final = 2
-# A run of a session with nothing in the journal goes straight to ``events`` from this
-# size on (4 pages): smaller ones share the journal's pages with other sessions' runs.
-DIRECT_MIN_BYTES: Final = 16 << 10
 GATHER_S: Final = 0.002
 
 
@@ -215,7 +120,7 @@ class _Tracked:
 
 
 class _Outbox:
-    """A session's records not taken yet (see ``storage.session.Outbox``). The session
+    """A session's records not taken yet (see ``storage.records.Outbox``). The session
     appends to ``records`` under its own lock; the writer takes them from the front
     under its lock, in the same critical section in which it takes the flush requests
     they precede (:meth:`LogWriter._take`).
@@ -246,7 +151,7 @@ _OPEN, _FAILED, _CLOSED = 0, 1, 2  # _OPEN is falsy; _CLOSED also while the last
 
 
 class LogWriter:
-    """The single writer thread of one store; implements ``storage.session.LogSink``."""
+    """The single writer thread of one store; implements ``storage.records.LogSink``."""
 
     def __init__(
         self, store: LmdbEnv, *, sync_on_flush: bool, name: str = "corral-log-writer"
@@ -333,7 +238,7 @@ class LogWriter:
 
     def outbox(self, session_key: int) -> _Outbox | None:
         """A new outbox for the records of session ``session_key`` (see
-        ``storage.session.Outbox``), from the next seq on; a session's earlier outbox is
+        ``storage.records.Outbox``), from the next seq on; a session's earlier outbox is
         refused from now on (a stale session object must not interleave its records with
         a reopened one's). ``None`` for an unknown session or once the writer is down:
         :meth:`submit` then refuses the session's records with the reason."""
@@ -448,26 +353,26 @@ class LogWriter:
                 if len(self._callbacks) == 1:
                     self._wake.notify()
         if refusal is not None:
-            _call(callback, refusal)
+            call(callback, refusal)
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until everything submitted before the call is durable."""
         if _get_ident() == self._thread_id:
             self._refuse_on_writer_thread("flush()")  # raises
-        slot = _spare.slot
+        slot = spare.slot
         nested = slot[1]
         if nested:
             # A signal handler's flush while this thread's flush waits: woken by the
             # writer itself, not in a chain. In the interrupted flush's chain it would
             # wait for this very thread to pass the turn on, after the handler returns.
-            waiter: _Waiter = _SoloWaiter()
+            waiter: Waiter = SoloWaiter()
         else:
             waiter = slot[0]
             if waiter is None:
-                waiter = _Waiter()
+                waiter = Waiter()
             else:
                 slot[0] = None  # in use
-        held = waiter._done
+        held = waiter.gate
         done = woken = False  # done: woken while waiting (flush_async and wait, inline)
         try:
             slot[1] = nested + 1
@@ -482,9 +387,9 @@ class LogWriter:
         finally:  # also if an exception (KeyboardInterrupt) comes once the waiter is queued
             slot[1] = nested
             if done:
-                _wake(waiter.next)
+                wake(waiter.next)
             else:
-                woken = waiter._give_up()
+                woken = waiter.give_up()
         if not (done or woken):
             raise TimeoutError(f"log flush did not complete within {timeout} s")
         error = waiter.error
@@ -495,7 +400,7 @@ class LogWriter:
             # wake, the waker set _woken before releasing _done (held again now). The
             # waker may still hold _guard, which only delays a later wake or give-up of
             # this waiter. One that gave up is never reused: the writer may still hold it.
-            waiter._woken = False
+            waiter.woken = False
             waiter.next = None
             slot[0] = waiter
 
@@ -586,7 +491,7 @@ class LogWriter:
             return end, int(txn.stat(self._dbs.journal)["entries"])
 
     def _run(self) -> None:
-        chain: _Waiter | None = None  # the end of the last chain of woken flush() callers
+        chain: Waiter | None = None  # the end of the last chain of woken flush() callers
         while True:
             if chain is not None:
                 chain.wait(GATHER_S)
@@ -620,7 +525,11 @@ class LogWriter:
             ):
                 self._round = list(self._store.tails)
                 self._round_end = self._counter
-            step = _NO_STEP if compacting or self._round_end is None else self._next_step(batch)
+            step = (
+                NO_STEP
+                if compacting or self._round_end is None
+                else next_step(self._round, self._store.tails, batch)
+            )
             error: StorageError | None = None
             try:
                 if runs or headers or compacting or step.keys or step.last:
@@ -631,7 +540,7 @@ class LogWriter:
             except Exception as err:  # noqa: BLE001 -- any failure fails the flushes, loudly
                 error, late = self._fail(err)
                 callbacks.extend(late)
-            chain = _resolve(callbacks, error)
+            chain = resolve(callbacks, error)
             if error is not None or stop:
                 return  # after ``close`` nothing more can be queued
 
@@ -651,53 +560,13 @@ class LogWriter:
             self._headers = []
         return failure, late
 
-    def _route(self, runs: list[Span]) -> _Batch:
+    def _route(self, runs: list[Span]) -> Batch:
         """Split ``runs`` into those written straight to ``events`` and those appended
-        to the journal (see :class:`_Batch`)."""
-        sizes = [sum(map(len, payloads)) for _, _, payloads in runs]
-        records = sum(map(len, map(_PAYLOADS, runs)))
-        size = sum(sizes)
-        if not sizes or max(sizes) < DIRECT_MIN_BYTES:  # the usual batch: loops in C only
-            return _Batch([], runs, records, size, records, size)
-        tails = self._store.tails
-        direct: list[Span] = []
-        journaled: list[Span] = []
-        journaled_keys: set[int] = set()
-        journal_records = journal_bytes = 0
-        for run, run_size in zip(runs, sizes, strict=True):
-            key, _, payloads = run
-            if run_size >= DIRECT_MIN_BYTES and key not in tails and key not in journaled_keys:
-                direct.append(run)
-            else:
-                journaled.append(run)
-                journaled_keys.add(key)
-                journal_records += len(payloads)
-                journal_bytes += run_size
-        return _Batch(direct, journaled, records, size, journal_records, journal_bytes)
-
-    def _next_step(self, batch: _Batch) -> _Step:
-        """The sessions the next commit compacts: the round's next ones, at least
-        :data:`COMPACT_STEP_RECORDS` records or :data:`COMPACT_STEP_BYTES` bytes and
-        :data:`COMPACT_STEP_FACTOR` times what ``batch`` journals (a step is at least
-        one session, so a round always ends). The round's last step also deletes the
-        journal frames the round covers."""
-        tails = self._store.tails
-        pending = self._round
-        want_records = max(COMPACT_STEP_RECORDS, COMPACT_STEP_FACTOR * batch.journal_records)
-        want_bytes = max(COMPACT_STEP_BYTES, COMPACT_STEP_FACTOR * batch.journal_bytes)
-        keys: list[int] = []
-        records = size = 0
-        while pending and records < want_records and size < want_bytes:
-            key = pending.pop()
-            tail = tails.get(key)
-            if tail is not None:  # Invariant: only a step or a whole compaction drops one
-                keys.append(key)
-                records += len(tail.records)
-                size += sum(map(len, tail.records))
-        return _Step(keys, not pending, records, size)
+        to the journal (see :func:`storage.lmdb.compaction.route`)."""
+        return route(runs, self._store.tails)
 
     def _commit(
-        self, headers: list[SessionHeader], batch: _Batch, *, compacting: bool, step: _Step
+        self, headers: list[SessionHeader], batch: Batch, *, compacting: bool, step: Step
     ) -> None:
         while True:
             try:
@@ -745,7 +614,7 @@ class LogWriter:
             self._compactions += 1
 
     def _write(
-        self, headers: list[SessionHeader], batch: _Batch, *, compacting: bool, step: _Step
+        self, headers: list[SessionHeader], batch: Batch, *, compacting: bool, step: Step
     ) -> int:
         """One commit: ``headers``, ``batch`` and the ``step`` of a compaction round, or
         ``batch`` and the whole journal (``compacting``). Returns how many journal
@@ -778,28 +647,12 @@ class LogWriter:
                         f"the journal refused key {self._counter} (the store is damaged?)"
                     )
             if step.keys:
-                rows = self._put_events(txn, self._step_spans(step.keys, batch))
+                rows = self._put_events(txn, step_spans(step.keys, batch, self._store.tails))
                 txn.cursor(db=dbs.sessions).putmulti(rows)
             if step.last:
                 assert self._round_end is not None
                 return trim_journal(txn, dbs, self._round_end)
             return 0
-
-    def _step_spans(self, keys: list[int], batch: _Batch) -> list[Span]:
-        """The records of a step's sessions: their tails, and what ``batch`` appends to
-        them (compacted in the same commit, so that no tail is left behind in memory)."""
-        tails = self._store.tails
-        wanted = set(keys)
-        more: dict[int, list[bytes]] = {}
-        for key, _, payloads in batch.journaled:
-            if key in wanted:
-                more.setdefault(key, []).extend(payloads)
-        spans: list[Span] = []
-        for key in keys:
-            tail = tails[key]
-            extra = more.get(key)
-            spans.append((key, tail.first, tail.records + extra if extra else tail.records))
-        return spans
 
     def _put_events(
         self, txn: lmdb.Transaction[bytes], spans: list[Span]
@@ -818,189 +671,3 @@ class LogWriter:
         size = self._store.grow()
         self._resizes += 1
         _log.info("the log map was full; grown to %d bytes", size)
-
-
-_MAX_GATES: Final = 128
-_MAX_POLL_MS: Final = 2**31 - 1
-"""The longest ``select.poll`` waits in one call."""
-
-
-class _GateCount:
-    """How many :class:`_PipeGate` objects are open (two file descriptors each)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.open = 0
-
-    def take(self) -> bool:
-        with self.lock:
-            if self.open >= _MAX_GATES:
-                return False
-            self.open += 1
-            return True
-
-    def give_back(self) -> None:
-        with self.lock:
-            self.open -= 1
-
-
-_gates: Final = _GateCount()
-
-
-class _PipeGate:
-    """A lock-shaped gate over a pipe: ``release`` writes a byte, ``acquire`` reads it.
-
-    A blocking flush waits on one. The kernel wakes the reader of a pipe as a "sync"
-    wake-up (the waker is about to sleep), which tends to run it on the waker's CPU: a
-    thread woken in a chain then does not start on the other CPU while the waker still
-    holds the GIL, sleep on the GIL and wake a second time (see benchmarks/README.md).
-    Starts held; a release lets exactly one acquire through."""
-
-    __slots__ = ("_read", "_write")
-
-    def __init__(self, read: int, write: int) -> None:
-        self._read = read
-        self._write = write
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        if timeout is not None and timeout >= 0:
-            poller = select.poll()
-            poller.register(self._read, select.POLLIN)
-            # poll() takes a C int of milliseconds (~24.8 days): a longer wait polls
-            # again until its deadline (a flush(timeout) may take up to TIMEOUT_MAX).
-            until = time.monotonic() + timeout
-            while not poller.poll(min(_MAX_POLL_MS, math.ceil(timeout * 1000))):
-                timeout = until - time.monotonic()
-                if timeout <= 0:
-                    return False
-        os.read(self._read, 1)
-        return True
-
-    def release(self) -> None:
-        os.write(self._write, b"\0")
-
-    def __del__(self) -> None:
-        try:
-            os.close(self._read)
-            os.close(self._write)
-            _gates.give_back()
-        except Exception:  # noqa: BLE001, S110 - at interpreter exit the module may be gone
-            pass
-
-
-def _new_gate() -> Any:
-    """A held gate for a waiter: a pipe while fewer than :data:`_MAX_GATES` are open,
-    otherwise (or out of file descriptors) a lock, which does as well a little slower."""
-    if _gates.take():
-        try:
-            read, write = os.pipe()
-        except OSError:
-            _gates.give_back()
-        else:
-            return _PipeGate(read, write)
-    lock = threading.Lock()
-    lock.acquire()
-    return lock
-
-
-class _Waiter:
-    """A blocking flush. Waiters resolved by one commit are linked (``next``) and woken
-    in order, each by the previous one as soon as it runs, so that about one thread at
-    a time wakes up for the GIL. A waiter that gives up (timeout, an exception such as
-    KeyboardInterrupt) is skipped, or passes the turn on if it was woken meanwhile.
-    A thread's next :meth:`LogWriter.flush` reuses its waiter if it was woken while
-    waiting (see ``_Spare``).
-    """
-
-    __slots__ = ("_done", "_gone", "_guard", "_woken", "error", "next")
-
-    def __init__(self) -> None:
-        self._done = _new_gate()  # held until woken
-        self._guard = threading.Lock()  # orders a wake against giving up
-        self._woken = False
-        self._gone = False
-        self.error: BaseException | None = None
-        self.next: _Waiter | None = None
-
-    def __call__(self, error: BaseException | None) -> None:
-        """Resolve this waiter alone (as any flush callback)."""
-        self.error = error
-        _wake(self)
-
-    def wait(self, timeout: float | None) -> bool:
-        """Wait until woken (then wake the next waiter) or give up after ``timeout``;
-        return whether woken."""
-        woken = False
-        try:
-            woken = self._done.acquire(timeout=-1 if timeout is None else timeout)
-        finally:
-            if woken:
-                _wake(self.next)
-            else:
-                woken = self._give_up()
-        return woken
-
-    def _give_up(self) -> bool:
-        """Leave the chain; return whether this waiter was woken meanwhile."""
-        with self._guard:
-            self._gone = True
-            woken = self._woken
-        if woken:
-            _wake(self.next)  # the rest of the chain waits for us to pass the turn on
-        return woken
-
-
-class _SoloWaiter(_Waiter):
-    """A blocking flush that the writer wakes itself, as any other flush callback
-    (:func:`_resolve` chains only plain :class:`_Waiter` objects)."""
-
-    __slots__ = ()
-
-
-def _wake(waiter: _Waiter | None) -> None:
-    """Wake the first waiter of the chain that still waits."""
-    while waiter is not None:
-        with waiter._guard:
-            if not waiter._gone:
-                waiter._woken = True
-                waiter._done.release()
-                return
-        waiter = waiter.next
-
-
-def _resolve(callbacks: list[FlushCallback], error: BaseException | None) -> _Waiter | None:
-    """Call every callback of a batch; chain its blocking waiters and wake the first.
-
-    Returns a waiter at the end of the chain, woken once every waiter of the batch
-    was (``None`` without waiters).
-    """
-    first: _Waiter | None = None
-    last: _Waiter | None = None
-    others: list[FlushCallback] = []
-    for callback in callbacks:
-        if type(callback) is _Waiter:
-            callback.error = error
-            if last is None:
-                first = callback
-            else:
-                last.next = callback
-            last = callback
-        else:
-            others.append(callback)
-    end = None
-    if last is not None:
-        end = last.next = _Waiter()
-    _wake(first)
-    for callback in others:
-        try:  # as _call does, without a frame per callback
-            callback(error)
-        except Exception:  # noqa: BLE001 -- a caller's callback must not kill the writer
-            _log.exception("a flush callback failed; the failure is contained")
-    return end
-
-
-def _call(callback: FlushCallback, error: BaseException | None) -> None:
-    try:
-        callback(error)
-    except Exception:  # noqa: BLE001 -- a caller's callback must not kill the writer
-        _log.exception("a flush callback failed; the failure is contained")

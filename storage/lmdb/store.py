@@ -1,9 +1,9 @@
 """The LMDB session store: one environment directory holding every session log.
 
-Layout (see :mod:`storage.lmdb_env`): ``events`` (session key + seq → record bytes),
+Layout (see :mod:`storage.lmdb.layout`): ``events`` (session key + seq → record bytes),
 ``journal`` (append counter → records not yet compacted into ``events``), ``sessions``
 (id → last compacted seq + header), ``session-order`` (session key → id) and ``meta``
-(schema version, next session key). One :class:`~storage.writer.LogWriter` thread
+(schema version, next session key). One :class:`~storage.lmdb.writer.LogWriter` thread
 owns all writes; readers use short read transactions and never block it, and see
 the journal's records merged with ``events``.
 Another process may open the same directory ``readonly=True`` while this one writes;
@@ -11,14 +11,16 @@ a second *writing* process is refused (an advisory lock on ``writer.lock``).
 
 Reads have journal semantics: they see what is durable (committed); an unknown session
 reads as empty with highest seq 0 (:meth:`Store.stats` tells the two apart).
+
+A little over 500 lines, one piece: :class:`Store` is the facade whose methods are the
+store's verbs (open, sessions, read, fork, import/export, flush, close), each a short
+composition of the environment, the writer and sessions.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import threading
-import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -39,24 +41,22 @@ from storage.errors import (
     UnknownSessionError,
 )
 from storage.events import Event, IgnoredRecord, SessionEndSeed
-from storage.lmdb_env import SCHEMA_VERSION, LmdbEnv, SessionRow
+from storage.lmdb.env import LmdbEnv
+from storage.lmdb.layout import SessionRow
+from storage.lmdb.writer import LogWriter
 from storage.projections import derive_messages, fork_prefix
-from storage.session import Record, Session, SessionHeader, epoch_ms
+from storage.records import FlushCallback, Record, SessionHeader
+from storage.session import Session, epoch_ms
+from storage.session_ids import check_session_id, new_session_id
 from storage.timeouts import check_timeout
-from storage.writer import FlushCallback, LogWriter
 
-__all__ = ["SCHEMA_VERSION", "InvalidSessionIdError", "SessionStats", "Store", "StoreStatistics"]
+__all__ = ["Durability", "SessionStats", "Store", "StoreStatistics"]
 
 DEFAULT_PATH: Final = "./.corral/"
 _LOAD_WINDOW: Final = 4096  # seqs decoded at a time when a session is opened
-MAX_SESSION_ID_CHARS: Final = 200
 
 Durability = Literal["write-ahead", "turn", "none"]
 _DURABILITIES: Final = ("write-ahead", "turn", "none")
-
-
-class InvalidSessionIdError(InvalidEventError, ValueError):
-    """A session id is empty, too long, or contains control characters."""
 
 
 class StoreStatistics(msgspec.Struct, frozen=True):
@@ -68,7 +68,7 @@ class StoreStatistics(msgspec.Struct, frozen=True):
     bytes_written: int
     map_size: int
     resizes: int
-    compactions: int = 0  # journal compactions (see storage.writer)
+    compactions: int = 0  # journal compactions (see storage.lmdb.compaction)
 
 
 class SessionStats(msgspec.Struct, frozen=True):
@@ -77,35 +77,6 @@ class SessionStats(msgspec.Struct, frozen=True):
     session_id: str
     event_count: int
     last_seq: int | None
-
-
-def new_session_id(clock: Callable[[], int] = epoch_ms) -> str:
-    """A fresh id that sorts by creation time: 11 hex digits of epoch ms + 12 random."""
-    return f"{clock():011x}{secrets.token_hex(6)}"
-
-
-def check_session_id(session_id: object, *, max_key_bytes: int = 511) -> str:
-    """Return ``session_id`` if usable as a session id, else raise InvalidSessionIdError."""
-    if not isinstance(session_id, str):
-        raise InvalidSessionIdError(f"a session id must be a str, got {type(session_id).__name__}")
-    if not session_id:
-        raise InvalidSessionIdError("a session id must not be empty; pass None to generate one")
-    if len(session_id) > MAX_SESSION_ID_CHARS:
-        raise InvalidSessionIdError(
-            f"session id {session_id[:40]!r}... has {len(session_id)} characters; "
-            f"the limit is {MAX_SESSION_ID_CHARS}"
-        )
-    for index, char in enumerate(session_id):
-        if unicodedata.category(char) in ("Cc", "Cs"):
-            raise InvalidSessionIdError(
-                f"session id {session_id!r} contains the control character {char!r} at "
-                f"index {index}; use printable characters"
-            )
-    if len(session_id.encode("utf-8")) > max_key_bytes:
-        raise InvalidSessionIdError(
-            f"session id {session_id[:40]!r}... is over {max_key_bytes} bytes in UTF-8"
-        )
-    return session_id
 
 
 class _ReadOnlySink:
