@@ -25,10 +25,15 @@ def shout_tool():  # type: ignore[no-untyped-def]
     return shout
 
 
-def count_requests(rt: Runtime) -> None:
-    """A shard setup: an agent/request waterfall that runs inside the shard."""
+def block_forbidden(rt: Runtime) -> None:
+    """A shard setup: an agent/pre-step waterfall, run inside the shard, that rejects a
+    step whose messages say 'forbidden'."""
+    from runtime import Reject
 
-    def request(event, next):  # type: ignore[no-untyped-def]
+    def pre_step(event, next):  # type: ignore[no-untyped-def]
+        texts = [block.text for m in event.messages for block in m.content]
+        if any("forbidden" in text for text in texts):
+            return Reject(reason="forbidden")
         return next()
 
-    rt.on("agent/request", request)
+    rt.on("agent/pre-step", pre_step)
