@@ -26,6 +26,7 @@ __all__ = [
     "journal_path",
     "shard_path",
     "shard_stores",
+    "stores_for",
 ]
 
 LAYOUT_FILE = "cluster.json"
@@ -86,3 +87,17 @@ def shard_stores(root: str | os.PathLike[str]) -> list[Path]:
     shards = _read_shards(top)
     paths = [shard_path(top, k) for k in range(shards)]
     return [path for path in paths if (path / "data.mdb").exists()]
+
+
+def stores_for(root: str | os.PathLike[str], session: str | None = None) -> list[Path]:
+    """The stores a reader of ``root`` opens: ``[root]`` for a single store; for a
+    cluster store, the one shard store that holds ``session`` (its id routes there), or
+    every shard store."""
+    top = Path(root)
+    if not is_sharded(top):
+        return [top]
+    if session is None:
+        return shard_stores(top)
+    from .routing import Router  # noqa: PLC0415 - only readers of one session need it
+
+    return [shard_path(top, Router(_read_shards(top)).shard_of(session))]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,9 +26,12 @@ ray = pytest.importorskip(
 def ray_cluster() -> Iterator[Any]:
     from ray.cluster_utils import Cluster as RayCluster
 
-    assert os.environ.get("PYTHONPATH"), (
-        "export PYTHONPATH=$PWD: Ray's workers import tests.cluster.stack"
-    )
+    # Ray's workers inherit the environment of the raylets started here: with the repo
+    # root on their path they import this tree and tests.cluster.stack's factories.
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
     common = {"object_store_memory": 80 << 20}
     cluster = RayCluster(
         initialize_head=True,

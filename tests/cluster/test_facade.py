@@ -120,7 +120,7 @@ def test_a_duplicate_id_and_an_unportable_model_are_refused_with_their_errors(
         cluster.spawn(model=ECHO, session_id="twice")
     with pytest.raises(UnportableError, match="cannot be sent"):
         cluster.spawn(model=object())  # type: ignore[arg-type]
-    with pytest.raises(UnportableError, match="package.module:function"):
+    with pytest.raises(UnportableError, match=r"package\.module:function"):
         cluster.spawn(model=ECHO, tools=[lambda: None])  # type: ignore[list-item]
     with pytest.raises(UnportableError, match="cannot be imported"):
         cluster.spawn(model="no_such_module_here:factory")
