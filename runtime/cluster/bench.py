@@ -162,7 +162,7 @@ def run_sharded_bench(
 ) -> tuple[LoadReport, LoadSamples, list[ShardRun]]:
     """Run ``spec`` split over ``shards`` shard processes; the merged report, its
     samples (latencies only) and every shard's own run."""
-    from .cluster import _ray  # noqa: PLC0415 - Ray is imported only here
+    from .cluster import _ray, start_local_ray  # noqa: PLC0415 - Ray is imported only here
 
     phase = on_phase or (lambda _what: None)
     if shards > spec.agents:
@@ -174,12 +174,7 @@ def run_sharded_bench(
     if owns_ray:
         phase("starting Ray")
         if address is None:
-            ray.init(
-                num_cpus=max(1, round(shards * shard_cpus)),
-                include_dashboard=False,
-                log_to_driver=False,
-                _node_ip_address="127.0.0.1",
-            )
+            start_local_ray(shards, shard_cpus)
         else:
             ray.init(address=address, log_to_driver=False)
     try:

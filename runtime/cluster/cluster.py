@@ -27,7 +27,7 @@ from .handle import ClusterAgent
 from .layout import claim_layout
 from .routing import Router
 from .shard import Send, Shard, ShardInfo, ShardOptions
-from .transport import ShardLink
+from .transport import ORDERED_GROUP, ShardLink
 
 __all__ = ["Cluster"]
 
@@ -38,6 +38,20 @@ def _ray() -> Any:
     except ImportError as err:
         raise RayMissingError from err
     return ray
+
+
+def start_local_ray(shards: int, shard_cpus: float) -> None:
+    """Start a local Ray instance with room for ``shards`` shards. Its workers run at
+    niceness 0: Ray's default, 15, makes a shard yield its core to any other process of
+    the machine, which a shard that owns a core should not."""
+    ray = _ray()
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(
+        num_cpus=max(1, round(shards * shard_cpus)),
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
 
 
 class Cluster:
@@ -54,6 +68,8 @@ class Cluster:
         self._lock = threading.Lock()
         self._prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
+        # sends handed over without waiting (wait=False): settled by flush()
+        self._unacked: list[tuple[int, Any, tuple[Any, ...]]] = []
 
     @classmethod
     def open(
@@ -98,13 +114,7 @@ class Cluster:
         owns_ray = not ray.is_initialized()
         if owns_ray:
             if address is None:
-                cpus = shards if shards is not None else os.cpu_count() or 1
-                ray.init(
-                    num_cpus=max(1, round(cpus * shard_cpus)),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    _node_ip_address="127.0.0.1",
-                )
+                start_local_ray(shards if shards is not None else os.cpu_count() or 1, shard_cpus)
             else:
                 ray.init(address=address, log_to_driver=False)
         try:
@@ -125,6 +135,7 @@ class Cluster:
                 "max_restarts": max_restarts,
                 "max_task_retries": 0,
                 "max_concurrency": max_concurrency,
+                "concurrency_groups": {ORDERED_GROUP: 1},
             }
             nodes = _shard_nodes(ray, shard_cpus) if pin_to_nodes else []
             links: list[ShardLink] = []
@@ -267,9 +278,26 @@ class Cluster:
         results = self._each("agents", dict.fromkeys(range(self.shards), ()))
         return [ClusterAgent(self, a, k) for k in sorted(results) for a in results[k]]
 
-    def send_batch(self, shard: int, sends: list[Send]) -> None:
-        """Hand ``sends`` (of agents in ``shard``) to it; raises the first refusal."""
-        self._raise_first([self.link(shard).call("send", sends, retried=True)])
+    def send_batch(self, shard: int, sends: list[Send], wait: bool = True) -> None:
+        """Hand ``sends`` (of agents in ``shard``) to it; raises the first refusal.
+        Without ``wait``, returns once the call is on its way: :meth:`flush` waits for
+        it and raises its refusal, if any."""
+        link = self.link(shard)
+        if wait:
+            self._raise_first([link.call("send", sends, retried=True)])
+            return
+        ref = link.submit("send", sends, retried=True)
+        with self._lock:
+            self._unacked.append((shard, ref, (sends,)))
+
+    def _settle_unacked(self) -> None:
+        """Wait for every send handed over without waiting; raise the first refusal."""
+        with self._lock:
+            pending, self._unacked = self._unacked, []
+        outcomes = [
+            self._links[shard].wait(ref, "send", args, True, None) for shard, ref, args in pending
+        ]
+        self._raise_first(outcomes)
 
     def send_many(
         self,
@@ -326,7 +354,10 @@ class Cluster:
 
     def flush(self, timeout: float | None = None) -> None:
         """Return once everything every shard appended, and every send handed to one
-        before the call, is durable on its disk."""
+        before the call, is durable on its disk (the acknowledgement of those sends: a
+        shard's crash loses nothing a flush acknowledged). Raises the refusal of a send
+        made with ``wait=False``, if any."""
+        self._settle_unacked()
         self._each("flush", dict.fromkeys(range(self.shards), (timeout,)))
 
     def shard_info(self) -> list[ShardInfo]:

@@ -4,6 +4,11 @@ The verbs of :class:`~runtime.Agent`, each one Ray call to the agent's shard (se
 :class:`~runtime.cluster.Cluster` for the batched forms). A send's ``MessageId`` is chosen
 here, in the driver, so that a send the driver repeats after a shard restart is
 recognised by the shard and applied once.
+
+A send returns once the shard has it in the agent's mailbox (``wait=True``, one Ray round
+trip), or once the call is on its way (``wait=False``, no round trip: its refusal, if any,
+is raised by the cluster's next ``flush()``). Sends to one shard are applied in the order
+they were made either way.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class ClusterAgent:
         wake: bool,
         message_id: str | None,
         source: str,
+        wait: bool,
     ) -> str:
         if isinstance(message, UserMessage):
             if message_id is not None and message_id != message.id:
@@ -59,26 +65,41 @@ class ClusterAgent:
             raise TypeError(f"a message is a str or a UserMessage, got {type(message).__name__}")
         mid = message_id if message_id is not None else self._cluster.new_message_id()
         send = Send(agent=self.id, message=message, id=mid, lane=lane, wake=wake, source=source)
-        self._cluster.send_batch(self.shard, [send])
+        self._cluster.send_batch(self.shard, [send], wait)
         return mid
 
     def followup(
-        self, message: str | UserMessage, *, id: str | None = None, source: str = "user"
+        self,
+        message: str | UserMessage,
+        *,
+        id: str | None = None,
+        source: str = "user",
+        wait: bool = True,
     ) -> str:
         """Queue ``message`` as its own next turn and wake the agent; its ``MessageId``."""
-        return self._send(message, "next-turn", True, id, source)
+        return self._send(message, "next-turn", True, id, source, wait)
 
     def steer(
-        self, message: str | UserMessage, *, id: str | None = None, source: str = "user"
+        self,
+        message: str | UserMessage,
+        *,
+        id: str | None = None,
+        source: str = "user",
+        wait: bool = True,
     ) -> str:
         """Add ``message`` to the next step of the running turn (or a new turn) and wake."""
-        return self._send(message, "next-step", True, id, source)
+        return self._send(message, "next-step", True, id, source, wait)
 
     def inject(
-        self, message: str | UserMessage, *, id: str | None = None, source: str = "user"
+        self,
+        message: str | UserMessage,
+        *,
+        id: str | None = None,
+        source: str = "user",
+        wait: bool = True,
     ) -> str:
         """Add ``message`` to the next step without waking an idle agent."""
-        return self._send(message, "next-step", False, id, source)
+        return self._send(message, "next-step", False, id, source, wait)
 
     # ------------------------------------------------------------------ control
 

@@ -17,9 +17,16 @@ from typing import Any
 
 from .errors import ShardUnavailableError
 
-__all__ = ["ShardLink"]
+__all__ = ["ORDERED", "ORDERED_GROUP", "ShardLink"]
 
 log = logging.getLogger("corral.cluster")
+
+ORDERED_GROUP = "ordered"
+ORDERED = frozenset({"send", "spawn", "resume", "dispose", "close"})
+"""The shard verbs run one at a time, in the order the shard received them (a Ray
+concurrency group of one thread): two sends to an agent are applied in the order they
+were made even when the driver did not wait for the first. Waits, reads and the event
+poll run beside them on the actor's other threads."""
 
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
@@ -46,8 +53,13 @@ class ShardLink:
 
     def submit(self, method: str, *args: Any, retried: bool = False) -> Any:
         """Start ``method(*args)`` and return its Ray object ref (see :meth:`wait`)."""
-        full = (*args, False) if retried else args
-        return getattr(self.handle, method).remote(*full)
+        return self._remote(method, (*args, False) if retried else args)
+
+    def _remote(self, method: str, args: tuple[Any, ...]) -> Any:
+        bound = getattr(self.handle, method)
+        if method in ORDERED:
+            bound = bound.options(concurrency_group=ORDERED_GROUP)
+        return bound.remote(*args)
 
     def wait(
         self, ref: Any, method: str, args: tuple[Any, ...], retried: bool, timeout: float | None
@@ -80,5 +92,4 @@ class ShardLink:
                 log.info("shard %d unavailable during %s (%s); retrying", self.index, method, err)
                 time.sleep(backoff)  # waiting for Ray to restart the process
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
-                full = (*args, True) if retried else args
-                ref = getattr(self.handle, method).remote(*full)
+                ref = self._remote(method, (*args, True) if retried else args)

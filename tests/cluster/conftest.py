@@ -32,6 +32,7 @@ def ray_cluster() -> Iterator[Any]:
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    os.environ.setdefault("RAY_worker_niceness", "0")  # as the test process (Ray: 15)
     common = {"object_store_memory": 80 << 20}
     cluster = RayCluster(
         initialize_head=True,
