@@ -203,3 +203,20 @@ def test_an_agent_log_is_the_same_as_a_single_process_run_of_the_same_script(
 
     assert len(single) > 10
     assert shape(sharded) == shape(single)
+
+
+def test_unwaited_sends_are_applied_in_order_and_a_refusal_surfaces_at_flush(
+    cluster: Cluster,
+) -> None:
+    agent = cluster.spawn(model=ECHO, session_id="pipelined")
+    ids = [agent.followup(f"n{i}", wait=False) for i in range(20)]
+    cluster.flush()  # their acknowledgement
+    assert agent.wait_idle(30)
+    claimed = [e.data.message.id for e in agent.events() if e.type == "user/message"]
+    assert claimed == ids
+    gone = cluster.spawn(model=ECHO, session_id="gone")
+    assert gone.dispose(timeout=30)
+    gone.followup("refused later", wait=False)  # no round trip: nothing raised here
+    with pytest.raises(AgentDisposedError, match="gone"):
+        cluster.flush()
+    cluster.flush()  # reported once
