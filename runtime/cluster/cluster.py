@@ -129,13 +129,13 @@ class Cluster:
                 max_running_turns=max_running_turns,
                 setup=setup,
             )
-            actor = ray.remote(Shard)
+            # (concurrency groups are a class option: Ray refuses them in .options())
+            actor = ray.remote(concurrency_groups={ORDERED_GROUP: 1})(Shard)
             base = {
                 "num_cpus": shard_cpus,
                 "max_restarts": max_restarts,
                 "max_task_retries": 0,
                 "max_concurrency": max_concurrency,
-                "concurrency_groups": {ORDERED_GROUP: 1},
             }
             nodes = _shard_nodes(ray, shard_cpus) if pin_to_nodes else []
             links: list[ShardLink] = []
