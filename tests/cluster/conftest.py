@@ -27,18 +27,20 @@ def ray_cluster() -> Iterator[Any]:
     from ray.cluster_utils import Cluster as RayCluster
 
     # Ray's workers inherit the environment of the raylets started here: with the repo
-    # root on their path they import this tree and tests.cluster.stack's factories.
+    # root on their path they import this tree and tests.cluster.stack's factories; at
+    # niceness 0 (Ray's default is 15) as the test process.
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "RAY_worker_niceness")}
     root = str(Path(__file__).resolve().parents[2])
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    os.environ.setdefault("RAY_worker_niceness", "0")  # as the test process (Ray: 15)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *(p for p in paths if p != root)])
+    os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - Ray reads this exact name
     common = {"object_store_memory": 80 << 20}
-    cluster = RayCluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, **common},
-    )
+    cluster = None
     try:
+        cluster = RayCluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 0, "include_dashboard": False, **common},
+        )
         for _ in range(2):
             cluster.add_node(num_cpus=1, **common)
         cluster.wait_for_nodes()
@@ -46,4 +48,10 @@ def ray_cluster() -> Iterator[Any]:
         yield cluster
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
