@@ -24,7 +24,7 @@ from .events import ClusterEvent
 from .factories import AgentRecipe, recipe
 from .forwarding import Forwarding
 from .handle import ClusterAgent
-from .layout import claim_layout
+from .layout import claim_layout, layout_shards
 from .routing import Router
 from .shard import Send, Shard, ShardInfo, ShardOptions
 from .transport import ORDERED_GROUP, ShardLink
@@ -92,8 +92,9 @@ class Cluster:
     ) -> Cluster:
         """Open the cluster store at ``path`` with ``shards`` shards.
 
-        - ``shards``: default, the CPUs of the Ray cluster (of this machine when local).
-          A store keeps its shard count: reopen it with the same.
+        - ``shards``: default, the count the store at ``path`` was made with, else the
+          CPUs of the Ray cluster (of this machine when local). A store keeps its shard
+          count: it refuses another.
         - ``address``: a running Ray cluster's (``"auto"``, ``"ray://..."``, host:port);
           None starts a local Ray instance with ``shards * shard_cpus`` CPUs (unless this
           process already called ``ray.init``).
@@ -111,6 +112,8 @@ class Cluster:
         """
         ray = _ray()
         root = os.path.abspath(os.fspath(path))
+        if shards is None:
+            shards = layout_shards(root)  # a store made before keeps its count
         owns_ray = not ray.is_initialized()
         if owns_ray:
             if address is None:

@@ -26,6 +26,7 @@ class _Line(msgspec.Struct, frozen=True, omit_defaults=True):
     spec: AgentRecipe | None = None
     agent: str | None = None
     disposed: str | None = None
+    closed: bool = False  # the shard closed cleanly here (see Journal.clean)
 
 
 _encode = msgspec.json.Encoder().encode
@@ -41,6 +42,9 @@ class Journal:
         self._recipes: dict[AgentRecipe, int] = {}
         self._by_number: dict[int, AgentRecipe] = {}
         self.agents: dict[str, AgentRecipe] = {}  # live agents, in spawn order
+        # Whether the last record is a clean close: the shard's runtime closed (running
+        # turns aborted, inboxes kept, all flushed) rather than its process dying.
+        self.clean = False
         if path.exists():
             data = path.read_bytes()
             if data and not data.endswith(b"\n"):  # a torn tail: cut it, or the next
@@ -55,6 +59,7 @@ class Journal:
                 line = _decode(raw)
             except msgspec.DecodeError:
                 continue  # a torn tail (see module doc)
+            self.clean = line.closed
             if line.spec is not None and line.recipe is not None:
                 self._recipes[line.spec] = line.recipe
                 self._by_number[line.recipe] = line.spec
@@ -89,5 +94,13 @@ class Journal:
             self._file.flush()
             os.fsync(self._file.fileno())
 
-    def close(self) -> None:
+    def opened(self) -> None:
+        """Record that a shard started on this journal: until its clean close, a later
+        start reads a crash."""
+        self._write([_encode(_Line())])
+
+    def close(self, clean: bool = False) -> None:
+        """Close the file; ``clean``: record a clean close first."""
+        if clean:
+            self._write([_encode(_Line(closed=True))])
         self._file.close()

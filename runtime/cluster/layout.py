@@ -24,6 +24,7 @@ __all__ = [
     "claim_layout",
     "is_sharded",
     "journal_path",
+    "layout_shards",
     "shard_path",
     "shard_stores",
     "stores_for",
@@ -55,6 +56,12 @@ def _read_shards(root: Path) -> int:
     if type(shards) is not int or shards < 1:
         raise ClusterLayoutError(f"{root / LAYOUT_FILE}: shards must be an int >= 1")
     return shards
+
+
+def layout_shards(root: str | os.PathLike[str]) -> int | None:
+    """The shard count the cluster store at ``root`` was made with (None: none yet)."""
+    top = Path(root)
+    return _read_shards(top) if is_sharded(top) else None
 
 
 def claim_layout(root: str | os.PathLike[str], shards: int) -> None:

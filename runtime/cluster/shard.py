@@ -112,6 +112,7 @@ class Shard:
         if options.setup is not None:
             load_factory(options.setup, "the shard setup")(self._rt)
         resumed, rewoken = self._resume_journal()
+        self._journal.opened()
         self._info = ShardInfo(
             index=index,
             pid=os.getpid(),
@@ -134,6 +135,10 @@ class Shard:
             return parts
 
     def _resume_journal(self) -> tuple[int, int]:
+        """Resume every agent of the journal. After a clean close they stay idle until
+        a waking send, as ``Runtime.resume`` leaves them; after a crash, those whose
+        work the crash stopped are woken (:func:`_rewake`)."""
+        clean = self._journal.clean
         resumed = rewoken = 0
         for agent_id, recipe in list(self._journal.agents.items()):
             model, tools = self._parts(recipe)
@@ -145,7 +150,8 @@ class Shard:
                 self._journal.disposed([agent_id])
                 continue
             resumed += 1
-            rewoken += _rewake(agent)
+            if not clean:
+                rewoken += _rewake(agent)
         return resumed, rewoken
 
     # ------------------------------------------------------------------ verbs
@@ -344,17 +350,23 @@ class Shard:
         self._listening.clear()
         self._rt.close(timeout)
         with self._lock:
-            self._journal.close()
+            self._journal.close(clean=True)
         self._buffer.wake()
 
 
-def _rewake(agent: Any) -> int:
-    """Wake ``agent`` if its resumed inbox holds work (``Runtime.resume`` leaves it idle
-    until a waking send, and after a restart nobody else would send one): its pending
-    messages are cleared and sent again with their own ids, in order. Returns 1 if it
-    was woken."""
+def _rewake(agent: Agent) -> int:
+    """Wake ``agent`` if its resumed inbox holds work that a crash stopped: a plain
+    ``Runtime.resume`` leaves it idle until a waking send, and after a restart nobody
+    would send one. Its pending messages are cleared and sent again with their own ids,
+    in order. Work a turn ending ``blocked``, ``error`` or ``aborted`` parked (a clean
+    close aborts running turns) stays parked, as in one process; so do messages
+    injected without a wake after a completed turn. Returns 1 if it was woken."""
     next_turn, next_step = agent.session.pending_inbox()
     if not next_turn and not next_step:
+        return 0
+    last = _last_end(agent)
+    stopped = last in (None, "completed", "interrupted")  # not parked by the loop
+    if not ((next_turn and stopped) or (next_step and last == "interrupted")):
         return 0
     agent.clear()
     for message in next_step:
@@ -362,6 +374,21 @@ def _rewake(agent: Any) -> int:
     for message in next_turn:
         agent.followup(message)
     return 1
+
+
+def _last_end(agent: Agent) -> str | None:
+    """The reason kind of the agent's last ``turn/end`` (None: no turn yet)."""
+    session = agent.session
+    upper = session.last_seq
+    window = 64
+    while upper >= 0:
+        lower = max(0, upper - window + 1)
+        for event in reversed(session.events(lower, upper)):
+            if event.type == "turn/end":
+                kind: str = event.data.reason.kind
+                return kind
+        upper, window = lower - 1, window * 4
+    return None
 
 
 def _unknown(agent_id: str) -> AgentDisposedError:

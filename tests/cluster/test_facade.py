@@ -220,3 +220,33 @@ def test_unwaited_sends_are_applied_in_order_and_a_refusal_surfaces_at_flush(
     with pytest.raises(AgentDisposedError, match="gone"):
         cluster.flush()
     cluster.flush()  # reported once
+
+
+def test_a_reopened_cluster_resumes_its_agents_and_parked_work_waits_for_a_wake(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    root = tmp_path / "store"
+    with Cluster.open(root, shards=2) as cluster:
+        agents = cluster.spawn_many(6, model=ECHO)
+        for agent in agents:
+            agent.followup("first")
+            assert agent.wait_idle(30)
+            agent.inject("parked")  # pending, no wake
+        cluster.flush()
+    with Cluster.open(root) as cluster:  # the store's shard count
+        assert cluster.shards == 2
+        info = cluster.shard_info()
+        assert sum(i.resumed for i in info) == 6
+        assert sum(i.rewoken for i in info) == 0  # a clean close: nothing woken
+        assert sorted(a.id for a in cluster.agents()) == sorted(a.id for a in agents)
+        again = cluster.get(agents[0].id)
+        assert again.wait_idle(30)
+        texts = [m.content[0].text for m in again.messages()]
+        assert texts == ["first", "first"]  # "parked" is still pending
+        again.followup("wake")
+        assert again.wait_idle(30)
+        users = [e.data.message.content[0].text for e in again.events() if e.type == "user/message"]
+        assert users[0] == "first"
+        assert sorted(users[1:]) == ["parked", "wake"]  # both in the woken turn
+        turns = [e.data.turn for e in again.events() if e.type == "turn/start"]
+        assert turns == [1, 2]
