@@ -14,9 +14,10 @@ they were made either way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from runtime import UserMessage
+from runtime import HookCause, ParentCause, UserCause, UserMessage
+from storage.events import Event, Message
 
 from .events import ClusterEvent
 from .shard import Send
@@ -103,7 +104,9 @@ class ClusterAgent:
 
     # ------------------------------------------------------------------ control
 
-    def cancel(self, cause: Any = None, *, keep_inbox: bool = False) -> None:
+    def cancel(
+        self, cause: UserCause | ParentCause | HookCause | None = None, *, keep_inbox: bool = False
+    ) -> None:
         """As :meth:`runtime.Agent.cancel` (``cause`` a ``UserCause()``, ...)."""
         self._cluster.link(self.shard).call("cancel", self.id, cause, keep_inbox)
 
@@ -126,13 +129,13 @@ class ClusterAgent:
         status: Literal["idle", "running"] = self._cluster.link(self.shard).call("status", self.id)
         return status
 
-    def events(self, lower: int = 0, upper: int | None = None) -> list[Any]:
+    def events(self, lower: int = 0, upper: int | None = None) -> list[Event]:
         """The session's committed events with ``lower <= seq <= upper`` (as
         ``agent.session.events``)."""
-        events: list[Any] = self._cluster.link(self.shard).call("events", self.id, lower, upper)
+        events: list[Event] = self._cluster.link(self.shard).call("events", self.id, lower, upper)
         return events
 
-    def messages(self) -> list[Any]:
+    def messages(self) -> list[Message]:
         """The model-visible history (``agent.session.messages()``)."""
-        messages: list[Any] = self._cluster.link(self.shard).call("messages", self.id)
+        messages: list[Message] = self._cluster.link(self.shard).call("messages", self.id)
         return messages
