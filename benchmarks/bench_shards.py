@@ -56,6 +56,7 @@ def load_cases(agents: int, turns: int, repeats: int) -> dict[str, Any]:
 
     spec = LoadSpec(agents=agents, turns=turns)
     runs: dict[str, list[float]] = {"runtime": [], "1 shard": [], "2 shards": []}
+    cores: dict[str, list[float]] = {"1 shard": [], "2 shards": []}
     checks: dict[str, bool] = {}
     for r in range(repeats):
         with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
@@ -65,18 +66,30 @@ def load_cases(agents: int, turns: int, repeats: int) -> dict[str, Any]:
             if not ray.is_initialized():
                 start_local_ray(2, 1.0)  # its workers at niceness 0, as this process
             for shards, name in ((1, "1 shard"), (2, "2 shards")):
-                merged, _, _ = run_sharded_bench(Path(tmp) / f"s{shards}", spec, shards=shards)
+                merged, _, shard_runs = run_sharded_bench(
+                    Path(tmp) / f"s{shards}", spec, shards=shards
+                )
                 runs[name].append(merged.turns_per_s)
+                # the cores the shards got: CPU seconds over wall seconds of their runs
+                cores[name].append(
+                    sum(r.cpu_s / (r.report.spawn_s + r.report.wall_s) for r in shard_runs)
+                )
                 checks[f"{name}/{r}"] = (
                     bool(merged.invariants_ok) and merged.settled == agents * turns
                 )
-        print(f"  repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in runs.items()))
+        print(
+            f"  repeat {r + 1}: "
+            + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in runs.items())
+            + "; cores the shards got: "
+            + ", ".join(f"{k} {v[-1]:.2f}" for k, v in cores.items())
+        )
     tps = {name: median(values) for name, values in runs.items()}
     return {
         "agents": agents,
         "turns": turns,
         "turns_per_s": tps,
         "runs": runs,
+        "shard_cores_used": cores,
         "all_settled_and_checked": all(checks.values()),
         "two_shards_over_runtime": tps["2 shards"] / tps["runtime"],
         "scaling_efficiency": tps["2 shards"] / (2 * tps["1 shard"]),

@@ -45,6 +45,7 @@ class ShardRun(msgspec.Struct, frozen=True):
     report: LoadReport
     latencies_ms: list[float]
     ended: float  # epoch seconds of the end of its load window
+    cpu_s: float = 0.0  # CPU seconds its process used over the load (spawns included)
 
 
 class _Gate:
@@ -87,8 +88,10 @@ def run_shard_load(
             resolved = resolve_model(model)
         driver = LoadDriver(rt, spec, model=resolved)
         ray.get(gate.arrive.remote(600.0))
+        cpu = time.process_time()
         report = driver.run()
         ended = time.time()
+        cpu_s = time.process_time() - cpu
     finally:
         rt.close()
     with Store.open(path, readonly=True) as store:
@@ -100,7 +103,7 @@ def run_shard_load(
         invariants_ok=check.ok and not report.violations,
         violations=[*report.violations, *check.lines(limit=50)],
     )
-    return ShardRun(index, report, list(driver.samples.latencies_ms), ended)
+    return ShardRun(index, report, list(driver.samples.latencies_ms), ended, round(cpu_s, 3))
 
 
 def merge(runs: list[ShardRun], spec: LoadSpec) -> LoadReport:

@@ -11,8 +11,14 @@ def echo_model() -> ScriptedModel:
 
 
 def slow_echo_model() -> ScriptedModel:
-    """An echo that takes 20 ms a reply: turns are in flight when a shard is killed."""
+    """An echo that takes 20 ms a reply."""
     return ScriptedModel.echo(latency=0.02)
+
+
+def slower_echo_model() -> ScriptedModel:
+    """An echo that takes 100 ms a reply: queued turns are still owed when a shard is
+    killed."""
+    return ScriptedModel.echo(latency=0.1)
 
 
 @tool

@@ -14,9 +14,9 @@ from typing import Any
 
 from runtime.cluster import Cluster, ClusterEvent
 
-SLOW = "tests.cluster.stack:slow_echo_model"  # 20 ms a reply: turns in flight at the kill
+SLOW = "tests.cluster.stack:slower_echo_model"  # 100 ms a reply: work owed at the kill
 AGENTS = 24
-ROUNDS_BEFORE, ROUNDS_AFTER = 3, 3
+ROUNDS_BEFORE, ROUNDS_AFTER = 6, 2
 
 
 def test_sigkill_of_a_shard_under_load_loses_no_acknowledged_send_and_resumes_every_agent(
@@ -59,6 +59,7 @@ def test_sigkill_of_a_shard_under_load_loses_no_acknowledged_send_and_resumes_ev
         after = cluster.shard_info()[0]
         assert after.pid != before.pid  # a new process
         assert after.resumed == len(victims)  # every agent of the shard came back
+        assert after.rewoken > 0  # it was killed with work owed, which it took up again
 
         logged: dict[str, list[str]] = {}
         for agent in agents:
