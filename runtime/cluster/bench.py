@@ -76,7 +76,7 @@ def run_shard_load(
     import ray  # noqa: PLC0415 - the optional extra, present in a shard
 
     from runtime import Runtime  # noqa: PLC0415
-    from storage.lmdb_store import Store  # noqa: PLC0415
+    from storage import Store  # noqa: PLC0415
 
     path = shard_path(root, index)
     rt = Runtime.open(path, durability=durability, threads=threads, retry_policy=FAST_RETRY)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage.errors import CorralError
+from storage import CorralError
 
 __all__ = [
     "ClusterClosedError",

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from runtime import HookCause, ParentCause, UserCause, UserMessage
-from storage.events import Event, Message
+from storage import Event, Message
 
 from .events import ClusterEvent
 from .shard import Send

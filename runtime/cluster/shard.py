@@ -31,7 +31,7 @@ from runtime import (
     Runtime,
     UserMessage,
 )
-from storage.errors import UnknownSessionError
+from storage import UnknownSessionError
 
 from .errors import DuplicateAgentError, ShardStartError
 from .events import FORWARDED, ClusterEvent, EventBuffer, portable
