@@ -25,6 +25,7 @@ from .factories import AgentRecipe, recipe
 from .forwarding import Forwarding
 from .handle import ClusterAgent
 from .layout import claim_layout, layout_shards
+from .outbox import Outbox
 from .routing import Router
 from .shard import Send, Shard, ShardInfo, ShardOptions
 from .transport import ORDERED_GROUP, ShardLink
@@ -68,8 +69,7 @@ class Cluster:
         self._lock = threading.Lock()
         self._prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
-        # sends handed over without waiting (wait=False): settled by flush()
-        self._unacked: list[tuple[int, Any, tuple[Any, ...]]] = []
+        self._outboxes = [Outbox(link) for link in links]  # every send, in order
 
     @classmethod
     def open(
@@ -282,25 +282,11 @@ class Cluster:
         return [ClusterAgent(self, a, k) for k in sorted(results) for a in results[k]]
 
     def send_batch(self, shard: int, sends: list[Send], wait: bool = True) -> None:
-        """Hand ``sends`` (of agents in ``shard``) to it; raises the first refusal.
-        Without ``wait``, returns once the call is on its way: :meth:`flush` waits for
-        it and raises its refusal, if any."""
-        link = self.link(shard)
-        if wait:
-            self._raise_first([link.call("send", sends, retried=True)])
-            return
-        ref = link.submit("send", sends, retried=True)
-        with self._lock:
-            self._unacked.append((shard, ref, (sends,)))
-
-    def _settle_unacked(self) -> None:
-        """Wait for every send handed over without waiting; raise the first refusal."""
-        with self._lock:
-            pending, self._unacked = self._unacked, []
-        outcomes = [
-            self._links[shard].wait(ref, "send", args, True, None) for shard, ref, args in pending
-        ]
-        self._raise_first(outcomes)
+        """Hand ``sends`` (of agents in ``shard``) to its outbox, in order; with
+        ``wait``, once applied, raising the first refusal. Without, at once:
+        :meth:`flush` raises its refusal, if any."""
+        self._check_open()
+        self._raise_first([self._outboxes[shard].put(sends, wait)])
 
     def send_many(
         self,
@@ -319,8 +305,9 @@ class Cluster:
             ids.append(mid)
             send = Send(agent=agent_id, message=message, id=mid, lane=lane, wake=wake)
             per_shard.setdefault(self.router.shard_of(agent_id), []).append(send)
-        results = self._each("send", {k: (s,) for k, s in per_shard.items()}, retried=True)
-        self._raise_first(results.values())
+        self._check_open()
+        tickets = [self._outboxes[k].queue(sends, True) for k, sends in per_shard.items()]
+        self._raise_first(ticket() for ticket in tickets)  # every shard's in flight at once
         return ids
 
     def dispose(self, agents: Iterable[ClusterAgent | str], timeout: float | None = None) -> bool:
@@ -360,7 +347,9 @@ class Cluster:
         before the call, is durable on its disk (the acknowledgement of those sends: a
         shard's crash loses nothing a flush acknowledged). Raises the refusal of a send
         made with ``wait=False``, if any."""
-        self._settle_unacked()
+        errors = [error for outbox in self._outboxes for error in outbox.drain()]
+        if errors:
+            raise errors[0]
         self._each("flush", dict.fromkeys(range(self.shards), (timeout,)))
 
     def shard_info(self) -> list[ShardInfo]:
@@ -376,6 +365,8 @@ class Cluster:
                 return
             self._closed = True
         try:
+            for outbox in self._outboxes:  # what is queued is sent before the shards close
+                outbox.close()
             refs = [link.submit("close", timeout) for link in self._links]
             for link, ref in zip(self._links, refs, strict=True):
                 try:

@@ -22,11 +22,11 @@ __all__ = ["ORDERED", "ORDERED_GROUP", "ShardLink"]
 log = logging.getLogger("corral.cluster")
 
 ORDERED_GROUP = "ordered"
-ORDERED = frozenset({"send", "spawn", "resume", "dispose", "close"})
-"""The shard verbs run one at a time, in the order the shard received them (a Ray
-concurrency group of one thread): two sends to an agent are applied in the order they
-were made even when the driver did not wait for the first. Waits, reads and the event
-poll run beside them on the actor's other threads."""
+ORDERED = frozenset({"spawn", "resume", "dispose", "close"})
+"""The shard verbs that change which agents it hosts run one at a time (a Ray
+concurrency group of one thread; Ray does not keep their order: see
+:mod:`runtime.cluster.outbox` for how sends keep theirs). Sends, waits, reads and the
+event poll run beside them on the actor's other threads."""
 
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
