@@ -6,9 +6,9 @@ here, in the driver, so that a send the driver repeats after a shard restart is
 recognised by the shard and applied once.
 
 A send returns once the shard has it in the agent's mailbox (``wait=True``, one Ray round
-trip), or once the call is on its way (``wait=False``, no round trip: its refusal, if any,
-is raised by the cluster's next ``flush()``). Sends to one shard are applied in the order
-they were made either way.
+trip), or once it is queued in the shard's outbox (``wait=False``, no round trip: its
+refusal, if any, is raised by the cluster's next ``flush()``). Sends to one shard are
+applied in the order they were made either way (see :mod:`runtime.cluster.outbox`).
 """
 
 from __future__ import annotations
