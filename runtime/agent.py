@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import msgspec
 from pykka import ActorDeadError, ActorRef, Future, Timeout
@@ -65,6 +66,8 @@ from . import waiting
 from .waiting import check_timeout
 
 if TYPE_CHECKING:
+    from actors.model import Model
+    from actors.tools import Tool
     from storage import Session
 
     from .runtime import Runtime
@@ -189,6 +192,16 @@ class Agent:
     @property
     def disposed(self) -> bool:
         return self._disposed.is_set()
+
+    @property
+    def model(self) -> Model:
+        """The model this agent was started with (its requests' ``provider`` and ``name``)."""
+        return cast("Model", self._spec.model)
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """The agent's tools by name, read-only (what it was started with)."""
+        return MappingProxyType(self._spec.tools)
 
     # ------------------------------------------------------------------ messages
 

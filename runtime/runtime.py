@@ -15,7 +15,7 @@ import sys
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from itertools import count
@@ -287,6 +287,7 @@ class Runtime:
         blocking_workers: int = 32,
         max_event_bytes: int = 4 << 20,
         map_size: int = 64 << 20,
+        hooks: str | os.PathLike[str] | Mapping[str, Any] | None = None,
     ) -> Runtime:
         """Open a runtime over the embedded LMDB store at ``path`` (default ``./.corral/``).
 
@@ -308,6 +309,8 @@ class Runtime:
           effects.
         - ``max_event_bytes`` (4 MiB) and ``map_size`` (64 MiB, grows by itself): the
           store's record limit and initial map.
+        - ``hooks``: a Claude Code / Codex command-hook settings file (or its mapping)
+          whose hooks run for every agent (see :mod:`runtime.hooks`, docs/hooks.md).
         """
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
@@ -318,7 +321,7 @@ class Runtime:
             path, durability=durability, max_event_bytes=max_event_bytes, map_size=map_size
         )
         try:
-            return cls(
+            rt = cls(
                 store,
                 durability=durability,
                 threads=threads,
@@ -334,6 +337,15 @@ class Runtime:
         except BaseException:
             store.close()
             raise
+        if hooks is not None:
+            from .hooks import install  # noqa: PLC0415 - only a runtime with hooks loads it
+
+            try:
+                install(rt, hooks)
+            except BaseException:
+                rt.close()
+                raise
+        return rt
 
     def __enter__(self) -> Runtime:
         return self
