@@ -464,12 +464,16 @@ def run_bench(
     on_progress: Callable[[LoadProgress], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
     interval_s: float = 0.5,
+    hooks: str | Path | None = None,
 ) -> tuple[LoadReport, LoadSamples]:
     """Open a runtime over the store at ``path``, run the load, close it, then reopen the
     store read-only and check every session log. Returns the report and raw samples.
-    ``on_phase`` hears what happens after the load ("closing the runtime", ...)."""
+    ``on_phase`` hears what happens after the load ("closing the runtime", ...);
+    ``hooks`` is a hook settings file every agent runs (``Runtime.open(hooks=...)``)."""
     phase = on_phase or (lambda _what: None)
-    rt = Runtime.open(path, durability=durability, threads=threads, retry_policy=retry_policy)
+    rt = Runtime.open(
+        path, durability=durability, threads=threads, retry_policy=retry_policy, hooks=hooks
+    )
     try:
         driver = LoadDriver(rt, spec, model=model, on_progress=on_progress, interval_s=interval_s)
         report = driver.run()

@@ -1,4 +1,5 @@
-"""The ``corral`` command line: ``corral bench``, ``corral log ...``, ``corral run SCRIPT``.
+"""The ``corral`` command line: ``corral bench``, ``corral log ...``, ``corral run SCRIPT``,
+``corral acp``.
 
 ``main`` is the console-script entry point (``corral = "runtime.cli:main"``); the global
 ``--debug`` flag prints tracebacks, otherwise every error is one line on stderr (see
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import click
 
+from .acp import acp
 from .bench import bench
 from .errors import CorralGroup
 from .log import log
@@ -29,6 +31,7 @@ def cli(debug: bool) -> None:
     """corral: host many LLM agents in one process, benchmark them, read their logs."""
 
 
+cli.add_command(acp)
 cli.add_command(bench)
 cli.add_command(log)
 cli.add_command(run)

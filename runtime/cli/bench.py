@@ -31,6 +31,7 @@ from .options import (
     FiniteFloatRange,
     NewFilePath,
     durability_option,
+    hooks_option,
     refuse_store_file,
     store_option,
     threads_option,
@@ -343,6 +344,7 @@ def _resolve(model: str) -> Model:
     default=None,
     help="With --shards: a running Ray cluster's address (default: a local Ray).",
 )
+@hooks_option
 def bench(
     *,
     agents: int,
@@ -364,6 +366,7 @@ def bench(
     quiet: bool,
     shards: int | None,
     address: str | None,
+    hooks: Path | None,
 ) -> None:
     """Host N agents for T turns each and report throughput, latency and memory."""
     if json_path is not None:  # before the run, which may make the store there
@@ -373,6 +376,8 @@ def bench(
         _check_plot_support()
     if address is not None and shards is None:
         raise click.UsageError("--address goes with --shards")
+    if hooks is not None and shards is not None:  # the shards open runtimes of their own
+        raise click.UsageError("--hooks does not go with --shards")
     model = _resolve(model_spec) if model_spec and shards is None else None
     spec = LoadSpec(
         agents=agents,
@@ -400,6 +405,7 @@ def bench(
             on_progress=display.update,
             on_phase=display.phase,
             interval_s=0.25 if display.live else 0.5,
+            hooks=hooks,
         )
     # two lines, each within 80 columns (rich wraps a pipe's output there) but a long model
     out.print(

@@ -17,6 +17,7 @@ __all__ = [
     "FiniteFloatRange",
     "NewFilePath",
     "durability_option",
+    "hooks_option",
     "refuse_store_file",
     "store_option",
     "threads_option",
@@ -47,6 +48,16 @@ def durability_option(fn: F) -> F:
         default="write-ahead",
         show_default=True,
         help="When appended facts are synced to disk.",
+    )(fn)
+
+
+def hooks_option(fn: F) -> F:
+    return click.option(
+        "--hooks",
+        "hooks",
+        type=click.Path(path_type=Path, dir_okay=False, exists=True),
+        default=None,
+        help="A Claude Code / Codex hook settings file whose hooks every agent runs.",
     )(fn)
 
 
