@@ -9,7 +9,7 @@ from pathlib import Path
 from runtime import ModelRequest, ScriptedModel, ToolCall, tool
 from runtime.acp import needs_permission
 from runtime.scripted import last_user_text
-from storage.events import FinishChunk, TextDelta
+from storage.events import FinishChunk, LlmFailure, TextDelta
 
 NOTES = Path("notes.txt")  # relative: the test runs corral acp in its tmp_path
 
@@ -41,6 +41,16 @@ class SlowModel:
 
 def slow() -> SlowModel:
     return SlowModel()
+
+
+def echo_or_fail() -> ScriptedModel:
+    """Echoes, but a prompt saying "fail" gets an AUTH failure (never retried)."""
+
+    def reply(request: ModelRequest) -> object:
+        text = last_user_text(request.messages)
+        return LlmFailure(message="the key was refused", code="AUTH") if "fail" in text else text
+
+    return ScriptedModel(reply, chunks=3)
 
 
 def note_taker() -> ScriptedModel:

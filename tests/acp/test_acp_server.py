@@ -28,6 +28,7 @@ from acp.schema import (
 )
 
 from runtime.acp import PERMISSION, PermissionDecision
+from runtime.hooks import HOOK_RUN, HookRun
 from storage.events import Event
 from storage.invariants import assert_invariants
 from storage.lmdb_store import Store
@@ -102,6 +103,7 @@ def run(main: Callable[[], Any]) -> Any:
 def logged(tmp_path: Path, session_id: str) -> list[Event]:
     with Store.open(tmp_path / "store", readonly=True) as store:
         store.register_event_type(PERMISSION, PermissionDecision, ignorable=True)
+        store.register_event_type(HOOK_RUN, HookRun, ignorable=True)
         events = store.read(session_id)
     assert_invariants(events)
     return events
@@ -111,18 +113,25 @@ def test_a_prompt_streams_its_turn_and_answers_with_its_stop_reason(tmp_path: Pa
     client = Client()
 
     async def main() -> tuple[str, list[str]]:
-        async with corral_acp(tmp_path, client, "--model", "scripted:echo") as (conn, _):
+        model = f"{FACTORIES}:echo_or_fail"
+        async with corral_acp(tmp_path, client, "--model", model) as (conn, _):
             session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
-            first = await conn.prompt(session_id=session.session_id, prompt=[text_block("hello there")])
-            second = await conn.prompt(session_id=session.session_id, prompt=[text_block("again")])
-            return session.session_id, [first.stop_reason, second.stop_reason]
+            sid = session.session_id
+            first = await conn.prompt(session_id=sid, prompt=[text_block("hello there")])
+            with pytest.raises(RequestError) as failed:  # ACP has no stop reason for an error
+                await conn.prompt(session_id=sid, prompt=[text_block("now fail")])
+            assert failed.value.data["code"] == "AUTH"
+            assert failed.value.data["details"] == "the key was refused"
+            second = await conn.prompt(session_id=sid, prompt=[text_block("again")])
+            return sid, [first.stop_reason, second.stop_reason]
 
     session_id, reasons = run(main)
     assert reasons == ["end_turn", "end_turn"]
     assert client.text() == "hello thereagain"
+    assert len(client.of(AgentMessageChunk)) == 6  # streamed: three chunks a reply
     assert {sid for sid, _ in client.updates} == {session_id}
     turns = [e.data.turn for e in logged(tmp_path, session_id) if e.type == "turn/end"]
-    assert turns == [1, 2]
+    assert turns == [1, 2, 3]
 
 
 def test_a_tool_that_needs_permission_asks_the_client_and_the_answer_is_a_durable_fact(
@@ -292,3 +301,57 @@ def test_cancel_while_the_user_is_asked_refuses_the_call_and_answers_cancelled(
     [decision] = [e.data for e in events if e.type == PERMISSION]
     assert decision.outcome == "reject" and "cancelled" in (decision.reason or "")
     assert [e.data.reason.kind for e in events if e.type == "turn/end"] == ["aborted"]
+
+
+def test_hooks_under_acp_a_pre_tool_use_ask_asks_the_client_and_an_allow_skips_it(
+    tmp_path: Path,
+) -> None:
+    hook = tmp_path / "gate.py"
+    hook.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        "call = json.load(sys.stdin)\n"
+        "decision = 'ask' if 'careful' in call['tool_input']['text'] else 'allow'\n"
+        "print(json.dumps({'hookSpecificOutput': {'hookEventName': 'PreToolUse',"
+        " 'permissionDecision': decision, 'permissionDecisionReason': 'the hook asks'}}))\n"
+    )
+    hook.chmod(0o755)
+    settings = tmp_path / "hooks.json"
+    refuse = "grep -q forbidden && { echo 'not that' >&2; exit 2; } || exit 0"
+    settings.write_text(
+        json.dumps(
+            {
+                "hooks": {
+                    "PreToolUse": [{"hooks": [{"command": str(hook)}]}],
+                    "UserPromptSubmit": [{"hooks": [{"command": refuse}]}],
+                }
+            }
+        )
+    )
+    client = Client(answers=["allow_once"])
+    args = ("--model", f"{FACTORIES}:note_taker", "--tools", f"{FACTORIES}:TOOLS", "--hooks", str(settings))
+
+    async def main() -> str:
+        async with corral_acp(tmp_path, client, *args) as (conn, _):
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            for text in ("be careful", "just do it"):
+                answer = await conn.prompt(session_id=session.session_id, prompt=[text_block(text)])
+                assert answer.stop_reason == "end_turn"
+            refused = await conn.prompt(session_id=session.session_id, prompt=[text_block("forbidden")])
+            assert refused.stop_reason == "refusal"  # the turn ended blocked
+            return session.session_id
+
+    sid = run(main)
+    assert (tmp_path / "notes.txt").read_text() == "be careful\njust do it\n"
+    [(tool_call, _)] = client.asked  # the hook's allow skipped the tool's own permission
+    assert tool_call.title == "write_note: the hook asks"
+    events = logged(tmp_path, sid)
+    assert [e.data.outcome for e in events if e.type == PERMISSION] == ["allow"]
+    runs = [(e.data.event, e.data.decision) for e in events if e.type == HOOK_RUN]
+    assert runs == [
+        ("UserPromptSubmit", None),
+        ("PreToolUse", "ask"),
+        ("UserPromptSubmit", None),
+        ("PreToolUse", "allow"),
+        ("UserPromptSubmit", "block"),
+    ]
