@@ -222,8 +222,9 @@ def test_load_after_the_process_was_killed_replays_the_history_and_goes_on(
 
     async def after_kill() -> str:
         async with corral_acp(tmp_path, second, "--model", f"{FACTORIES}:slow") as (conn, _):
-            with pytest.raises(RequestError):
+            with pytest.raises(RequestError) as unknown:
                 await conn.load_session(cwd=str(tmp_path), session_id="no-such-session", mcp_servers=[])
+            assert unknown.value.code == -32002  # resource not found
             await conn.load_session(cwd=str(tmp_path), session_id=sid, mcp_servers=[])
             replayed = list(second.updates)
             answer = await conn.prompt(session_id=sid, prompt=[text_block("quick, after the crash")])
