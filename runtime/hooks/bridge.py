@@ -133,7 +133,7 @@ class HookBridge:
             on("tools/post-execute", self._post_execute)
         if has("Stop"):
             on("agent/turn-stopping", self._turn_stopping)
-        on("agent/disposed", self._disposed)
+        on("agent/disposed", self._session_end if has("SessionEnd") else self._forget)
         return self
 
     def _listen(self, name: str, listener: Callable[..., Any]) -> None:
@@ -355,17 +355,22 @@ class HookBridge:
         else:
             self._stop_active.discard(key)
 
-    async def _disposed(self, event: Any) -> None:
-        agent: Agent = event.agent
+    async def _session_end(self, event: Any) -> None:
         try:
-            await self._run("SessionEnd", agent, {"reason": "other"}, value="other")
+            await self._run("SessionEnd", event.agent, {"reason": "other"}, value="other")
         finally:
-            self._starts.pop(agent.id, None)
-            self._cwds.pop(agent.id, None)
-            self._stop_active = {k for k in self._stop_active if k[0] != agent.id}
-            for key in [k for k in self._rewrites if k[0] == agent.id]:
-                del self._rewrites[key]
-            self._transcripts.forget(agent.id)
+            self._forget(event)
+
+    def _forget(self, event: Any) -> None:
+        """Drop what the bridge kept of a disposed agent."""
+        agent_id = event.agent.id
+        self._starts.pop(agent_id, None)
+        self._cwds.pop(agent_id, None)
+        for active in [k for k in list(self._stop_active) if k[0] == agent_id]:
+            self._stop_active.discard(active)  # (in place: the I/O loop may add meanwhile)
+        for key in [k for k in list(self._rewrites) if k[0] == agent_id]:
+            self._rewrites.pop(key, None)
+        self._transcripts.forget(agent_id)
 
 
 def _last_reply(agent: Agent) -> str | None:

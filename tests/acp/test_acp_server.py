@@ -34,6 +34,7 @@ from storage.invariants import assert_invariants
 from storage.lmdb_store import Store
 
 TIMEOUT = 60.0
+ROOT = Path(__file__).resolve().parents[2]  # the tree under test, for the server's imports
 FACTORIES = "tests.acp.factories"
 
 
@@ -78,7 +79,7 @@ async def corral_acp(
     tmp_path: Path, client: Client, *args: str
 ) -> AsyncIterator[tuple[ClientSideConnection, asyncio.subprocess.Process]]:
     stderr = (tmp_path / "acp-stderr.log").open("ab")
-    env = {**os.environ, "PYTHONPATH": os.getcwd(), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     command = ["-m", "runtime.cli", "acp", "--store", str(tmp_path / "store"), *args]
     try:
         async with spawn_agent_process(
