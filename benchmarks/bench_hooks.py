@@ -58,7 +58,9 @@ CASES: dict[str, dict[str, Any] | None] = {
 }
 
 
-def run_case(store: Path, hooks: dict[str, Any] | None, agents: int, turns: int) -> tuple[float, int]:
+def run_case(
+    store: Path, hooks: dict[str, Any] | None, agents: int, turns: int
+) -> tuple[float, int]:
     """Seconds to settle every turn, and the hook runs logged."""
     rt = Runtime.open(store, hooks=hooks)
     try:
@@ -112,7 +114,10 @@ def main() -> None:
             "added_ms_per_hook_run": per_run_ms,
         }
         rows.append([name, total / took, runs[name], runs[name] / took, base / took, per_run_ms])
-    print(f"{args.agents} agents x {args.turns} turns, one tool call per turn, median of {args.repeats}")
+    print(
+        f"{args.agents} agents x {args.turns} turns, one tool call per turn, "
+        f"median of {args.repeats}"
+    )
     print_table(
         ["case", "turns/s", "hook runs", "runs/s", "x baseline", "ms added / run"], rows
     )
