@@ -60,7 +60,7 @@ def install(
     """Load ``hooks`` (a settings file, a mapping of its shape, or loaded settings) and
     run them for every agent of ``rt``; returns the bridge (``bridge.close()`` removes
     it). ``cwd`` is where the commands run (default: this process's working directory);
-    ``transcripts`` the directory of the ``transcript_path`` exports (default
-    ``<store>/hook-transcripts/``)."""
+    ``transcripts`` the directory of the ``transcript_path`` exports (default: a
+    private temporary directory, removed with the bridge or at the process's exit)."""
     settings = load_settings(hooks)
     return HookBridge(rt, settings, cwd=cwd, transcripts=transcripts).install()

@@ -29,7 +29,10 @@ import concurrent.futures
 import json
 import logging
 import os
+import shutil
+import tempfile
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -112,7 +115,10 @@ class HookBridge:
         self._starts: dict[str, concurrent.futures.Future[list[str]]] = {}
         self._rewrites: dict[tuple[str, str], Any] = {}
         self._stop_active: set[tuple[str, int]] = set()
-        self._transcripts = Transcripts(transcripts or rt.store.path / "hook-transcripts")
+        if transcripts is None:  # private (0700), gone with the bridge or the process
+            transcripts = Path(tempfile.mkdtemp(prefix="corral-hook-transcripts-"))
+            weakref.finalize(self, shutil.rmtree, transcripts, ignore_errors=True)
+        self._transcripts = Transcripts(transcripts)
         self._disposers: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ wiring

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from runtime.cli.options import STORE_FILES
 from tests.cli.conftest import assert_one_error_line, corral, run_ok, write_script
 
 SCRIPT = '''
@@ -73,3 +74,7 @@ def test_corral_bench_runs_every_agents_hooks(tmp_path: Path) -> None:
     out = run_ok(["bench", "--agents", "5", "--turns", "2", "--store", store, "--hooks", hooks, "-q"])
     assert "invariants: 5 sessions OK" in out
     assert count.read_text().count("x") == 10  # one Stop per turn
+    assert {p.name for p in store.iterdir()} <= STORE_FILES  # transcripts live elsewhere
+    again = ["bench", "--agents", "2", "--turns", "1", "--store", store, "--fresh", "--hooks", hooks, "-q"]
+    assert "invariants: 2 sessions OK" in run_ok(again)
+    assert count.read_text().count("x") == 12
