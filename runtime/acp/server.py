@@ -132,6 +132,7 @@ class CorralAcpAgent:
             on("agent/inbox/claimed", self._on_claimed),
             on("agent/inbox/discarded", self._on_discarded),
             on("agent/settled", lambda e: self._hand("settled", e.agent.id, e.turn, e.reason)),
+            on("agent/disposed", lambda e: self._hand("disposed", e.agent.id, e.agent.crash)),
         ]
 
     def detach(self) -> None:
@@ -183,8 +184,34 @@ class CorralAcpAgent:
                         future.set_result(PromptResponse(stop_reason="cancelled"))
                 elif kind == "settled":
                     self._settle(session, item[0], item[1])
+                elif kind == "disposed":
+                    self._end(session, item[0])
+                    return
             except Exception:  # a client that went away: the pump goes on for the others
                 log.exception("session %s: cannot send an update", session.id)
+
+    def _end(self, session: _Session, crash: BaseException | None) -> None:
+        """The agent is gone (disposed, or crashed): every open prompt is answered (a
+        crash as an error saying to load the session again) and the session closed."""
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
+        open_prompts = [*session.pending.values(), *(f for _, f in session.claimed)]
+        session.pending.clear()
+        session.claimed.clear()
+        for future in open_prompts:
+            if future.done():
+                continue
+            if crash is None:
+                future.set_result(PromptResponse(stop_reason="cancelled"))
+            else:
+                future.set_exception(
+                    RequestError.internal_error(
+                        {
+                            "details": f"the agent crashed ({crash!r}); session/load it to "
+                            "go on from its log"
+                        }
+                    )
+                )
 
     def _settle(self, session: _Session, turn: int, reason: TurnEndReason) -> None:
         answered = [(t, f) for t, f in session.claimed if t <= turn]
