@@ -8,8 +8,9 @@ not pay for it.
 from __future__ import annotations
 
 import asyncio
+import tomllib
 from pathlib import Path
-from typing import cast
+from typing import Any, Final, cast
 
 import click
 
@@ -21,8 +22,50 @@ from .options import durability_option, hooks_option, store_option, threads_opti
 
 __all__ = ["acp"]
 
+_CONFIG_KEYS: Final = {
+    "model": "model_spec",
+    "tools": "tool_specs",
+    "ask": "asked",
+    "system": "system",
+    "store": "store",
+    "durability": "durability",
+    "threads": "threads",
+    "hooks": "hooks",
+}
+_CONFIG_PATHS: Final = ("store", "hooks")
+
+
+def _config(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    """``--config FILE``: a TOML file of the other options' defaults (its ``store`` and
+    ``hooks`` relative to the file); the command line wins over it."""
+    if value is None:
+        return
+    try:
+        data: dict[str, Any] = tomllib.loads(value.read_text(encoding="utf-8"))
+    except (OSError, UnicodeError, tomllib.TOMLDecodeError) as err:
+        raise click.BadParameter(f"cannot read {value}: {err}", ctx, param) from err
+    unknown = sorted(set(data) - set(_CONFIG_KEYS))
+    if unknown:
+        known = ", ".join(_CONFIG_KEYS)
+        raise click.BadParameter(
+            f"{value}: unknown key(s) {', '.join(unknown)} (known: {known})", ctx, param
+        )
+    for key in _CONFIG_PATHS:
+        if isinstance(data.get(key), str):
+            data[key] = str(value.parent / Path(data[key]).expanduser())
+    ctx.default_map = {**(ctx.default_map or {}), **{_CONFIG_KEYS[k]: v for k, v in data.items()}}
+
 
 @click.command()
+@click.option(
+    "--config",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    is_eager=True,
+    expose_value=False,
+    callback=_config,
+    help="A TOML file of these options (model, tools, ask, system, store, durability, "
+    "threads, hooks); the command line wins.",
+)
 @click.option(
     "--model",
     "model_spec",

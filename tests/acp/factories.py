@@ -74,3 +74,6 @@ def write_note(text: str) -> str:
 
 
 TOOLS = [needs_permission(write_note)]
+
+
+PLAIN_TOOLS = [write_note]  # gated by name: --ask write_note

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -357,3 +358,33 @@ def test_hooks_under_acp_a_pre_tool_use_ask_asks_the_client_and_an_allow_skips_i
         ("PreToolUse", "allow"),
         ("UserPromptSubmit", "block"),
     ]
+
+
+def test_a_config_file_gives_the_options_and_ask_gates_a_tool_by_name(tmp_path: Path) -> None:
+    config = tmp_path / "acp.toml"
+    config.write_text(
+        f'model = "{FACTORIES}:note_taker"\n'
+        f'tools = ["{FACTORIES}:PLAIN_TOOLS"]\n'
+        'ask = ["write_note"]\n'
+        'store = "store"\n'
+    )
+    client = Client(answers=["reject_once"])
+
+    async def main() -> str:
+        async with corral_acp(tmp_path, client, "--config", str(config)) as (conn, _):
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            answer = await conn.prompt(session_id=session.session_id, prompt=[text_block("x")])
+            assert answer.stop_reason == "end_turn"
+            return session.session_id
+
+    sid = run(main)
+    assert len(client.asked) == 1 and not (tmp_path / "notes.txt").exists()
+    [decision] = [e.data for e in logged(tmp_path, sid) if e.type == PERMISSION]
+    assert (decision.outcome, decision.option) == ("reject", "reject_once")
+    config.write_text('model = "scripted:echo"\nmodle = "typo"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "acp", "--config", str(config)],
+        capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert result.returncode == 2 and "unknown key(s) modle" in result.stderr
