@@ -20,7 +20,7 @@ from typing import Any
 from actors.model import Model
 from actors.tools import Tool
 from runtime.providers.resolve import KNOWN_SCHEMES, resolve_model
-from storage.errors import CorralError
+from storage import CorralError
 
 __all__ = ["AcpConfigError", "load_object", "load_tools", "model_factory"]
 

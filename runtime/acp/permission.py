@@ -28,7 +28,7 @@ from acp.schema import (
 
 from actors.live import Allow, Deny, PreExecute
 from actors.tools import Tool
-from storage.events import Event, ToolSpec
+from storage import Event, ToolSpec
 
 if TYPE_CHECKING:
     from runtime.agent import Agent

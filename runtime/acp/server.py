@@ -41,8 +41,7 @@ from acp.schema import (
 
 from actors.model import Model
 from actors.tools import Tool
-from storage.errors import CorralError, UnknownSessionError
-from storage.events import Event, TurnEndReason, UserMessage
+from storage import CorralError, Event, TurnEndReason, UnknownSessionError, UserMessage
 
 from .permission import PermissionGate
 from .updates import (

@@ -36,7 +36,7 @@ from acp.schema import (
     ToolCallStatus,
 )
 
-from storage.events import (
+from storage import (
     AssistantChunk,
     AssistantMessageData,
     ImageBlock,
@@ -49,7 +49,7 @@ from storage.events import (
     TurnEndReason,
     UserMessageData,
 )
-from storage.events import Event as Fact
+from storage import Event as Fact
 
 __all__ = ["PromptBlock", "live_updates", "prompt_content", "replay_updates", "stop_reason"]
 

@@ -15,7 +15,7 @@ from typing import Any, Final, cast
 import click
 
 from runtime.runtime import Runtime
-from storage.lmdb_store import Durability
+from storage import Durability
 
 from .errors import CliError
 from .options import durability_option, hooks_option, store_option, threads_option

@@ -48,8 +48,7 @@ from actors.live import (
     ToolExecute,
     TurnStopping,
 )
-from storage.errors import CorralError
-from storage.events import AssistantMessage, HookCause, TextBlock, UserMessage
+from storage import AssistantMessage, CorralError, HookCause, TextBlock, UserMessage
 
 from .decisions import UNSET, HookOutcome, read_outcome
 from .facts import HOOK_RUN, HookRun, clipped

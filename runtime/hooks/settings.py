@@ -29,7 +29,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 
-from storage.errors import CorralError
+from storage import CorralError
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

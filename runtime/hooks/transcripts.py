@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from storage.session import Session
+from storage import Session
 
 __all__ = ["Transcripts"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from runtime import ModelRequest, ScriptedModel, ToolCall, tool
 from runtime.acp import needs_permission
 from runtime.scripted import last_user_text
-from storage.events import FinishChunk, LlmFailure, TextDelta
+from storage import FinishChunk, LlmFailure, TextDelta
 
 NOTES = Path("notes.txt")  # relative: the test runs corral acp in its tmp_path
 

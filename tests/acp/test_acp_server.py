@@ -30,9 +30,7 @@ from acp.schema import (
 
 from runtime.acp import PERMISSION, PermissionDecision
 from runtime.hooks import HOOK_RUN, HookRun
-from storage.events import Event
-from storage.invariants import assert_invariants
-from storage.lmdb_store import Store
+from storage import Event, Store, assert_invariants
 
 TIMEOUT = 60.0
 ROOT = Path(__file__).resolve().parents[2]  # the tree under test, for the server's imports
@@ -213,10 +211,11 @@ def test_load_after_the_process_was_killed_replays_the_history_and_goes_on(
             done = await conn.prompt(session_id=sid, prompt=[text_block("quick hello")])
             assert done.stop_reason == "end_turn"
             first.chunk.clear()
-            asyncio.ensure_future(conn.prompt(session_id=sid, prompt=[text_block("a long story")]))
+            story = asyncio.ensure_future(conn.prompt(session_id=sid, prompt=[text_block("a long story")]))
             await asyncio.wait_for(first.chunk.wait(), TIMEOUT)  # the second turn runs
             process.send_signal(signal.SIGKILL)
             await process.wait()
+            story.cancel()  # never answered: its process is gone
             return sid
 
     sid = run(before_kill)

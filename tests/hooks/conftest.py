@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from runtime import Runtime
-from storage.events import Event
-from storage.invariants import assert_invariants
+from storage import Event, assert_invariants
 
 
 @pytest.fixture

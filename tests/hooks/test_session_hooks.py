@@ -10,8 +10,7 @@ import pytest
 
 from runtime import Runtime, ScriptedModel, ToolCall, tool
 from runtime.hooks import HOOK_RUN, HookRun, HookSettingsError, load_settings
-from storage.events import TurnEnd, UserMessageData
-from storage.lmdb_store import Store
+from storage import Store, TurnEnd, UserMessageData
 
 from .conftest import checked, hook_runs, settings
 

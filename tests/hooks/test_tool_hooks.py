@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runtime import Runtime, ScriptedModel, ToolCall, tool
-from storage.events import ToolResultData
+from storage import ToolResultData
 
 from .conftest import checked, hook_runs, settings
 
