@@ -66,8 +66,7 @@ from . import waiting
 from .waiting import check_timeout
 
 if TYPE_CHECKING:
-    from actors.model import Model
-    from actors.tools import Tool
+    from actors import Model, Tool
     from storage import Session
 
     from .runtime import Runtime

@@ -15,8 +15,7 @@ import acp
 from acp.agent.connection import AgentSideConnection
 from acp.stdio import stdio_streams
 
-from actors.model import Model
-from actors.tools import Tool
+from actors import Model, Tool
 
 from .config import AcpConfigError, load_object, load_tools, model_factory
 from .permission import PERMISSION, PermissionDecision, PermissionGate, needs_permission

@@ -17,8 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors.model import Model
-from actors.tools import Tool
+from actors import Model, Tool
 from runtime.providers.resolve import KNOWN_SCHEMES, resolve_model
 from storage import CorralError
 

@@ -26,8 +26,7 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
-from actors.live import Allow, Deny, PreExecute
-from actors.tools import Tool
+from actors import Allow, Deny, PreExecute, Tool
 from storage import Event, ToolSpec
 
 if TYPE_CHECKING:

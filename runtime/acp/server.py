@@ -39,8 +39,7 @@ from acp.schema import (
     PromptResponse,
 )
 
-from actors.model import Model
-from actors.tools import Tool
+from actors import Model, Tool
 from storage import CorralError, Event, TurnEndReason, UnknownSessionError, UserMessage
 
 from .permission import PermissionGate

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from actors.live import (
+from actors import (
     Allow,
     Deny,
     Enter,
