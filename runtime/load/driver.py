@@ -10,8 +10,8 @@ agent) for the next agent to settle, else is shed.
 
 A turn's latency runs from its arrival (closed loop: its ``followup`` call) to its
 ``agent/settled`` event, so an automatic retry chain counts as one (longer) turn.
-Failed requests are counted live by code from ``agent/error`` (with the first message
-of each code); retry turns, events and the per-turn breakdown
+Failed requests are counted live by code by an observing ``agent/request-error``
+listener (with the first message of each code); retry turns, events and the per-turn breakdown
 (:mod:`runtime.load.breakdown`) are read from the agents' session logs afterwards, so
 the load adds no ``session/event`` listener to the hot path.
 """
@@ -22,12 +22,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import psutil  # type: ignore[import-untyped]
 
-from actors.live import AgentError, AgentSettled
+from actors.live import AgentSettled, RequestError
 from actors.model import Model
 
 from .breakdown import TurnTimes, breakdown, turn_times
@@ -214,10 +214,12 @@ class LoadDriver:
         ):
             self._finished.set()
 
-    def _on_error(self, event: AgentError) -> None:
+    def _on_request_error(self, event: RequestError, next_: Callable[[], Any]) -> Any:
+        """Counts every failed request (retried or not), then lets the others decide."""
         if event.agent.id in self._states:
             with self._lock:
-                self._failures.request(event.error.code, event.error.message)
+                self._failures.request(event.failure.code, event.failure.message)
+        return next_()
 
     def _on_settled(self, event: AgentSettled) -> None:
         now = time.perf_counter()
@@ -357,7 +359,7 @@ class LoadDriver:
         t0 = time.perf_counter()
         deadline = t0 + spec.timeout_s  # spawning counts: a huge --agents still ends
         agents: list[Agent] = []
-        disposers = [rt.on("agent/error", self._on_error)]
+        disposers = [rt.on("agent/request-error", self._on_request_error)]
         started = wall_s = 0.0
         try:
             agents = self._spawn(deadline)
