@@ -1,4 +1,5 @@
-"""The ``corral`` command line: ``corral bench``, ``corral log ...``, ``corral run SCRIPT``.
+"""The ``corral`` command line: ``corral bench``, ``corral compare``, ``corral log ...``,
+``corral run SCRIPT``.
 
 ``main`` is the console-script entry point (``corral = "runtime.cli:main"``); the global
 ``--debug`` flag prints tracebacks, otherwise every error is one line on stderr (see
@@ -10,6 +11,7 @@ from __future__ import annotations
 import click
 
 from .bench import bench
+from .compare import compare
 from .errors import CorralGroup
 from .log import log
 from .run import run
@@ -30,6 +32,7 @@ def cli(debug: bool) -> None:
 
 
 cli.add_command(bench)
+cli.add_command(compare)
 cli.add_command(log)
 cli.add_command(run)
 

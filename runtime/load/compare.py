@@ -2,8 +2,10 @@
 
 Each compared metric has a direction: higher is better (throughput) or lower is better
 (latencies, errors, memory). B regressed on a metric when it is worse than A by more
-than ``threshold`` (a fraction: 0.1 is 10%). Metrics that are 0 in A are compared by
-difference: any worsening from 0 is a regression (0 errored turns before, 3 now).
+than ``threshold`` (a fraction: 0.1 is 10%) and by more than the metric's noise floor
+(1 ms for latencies; 2 ms for the breakdown, read from whole-millisecond fact times).
+A metric that is 0 in A regresses by any worsening past its floor (0 errored turns
+before, 3 now).
 A sweep report is compared point by point (the points with the same swept value).
 """
 
@@ -31,23 +33,29 @@ def _breakdown(part: str, pct: str) -> Getter:
     return get
 
 
-METRICS: Final[tuple[tuple[str, bool, Getter], ...]] = (
-    # (name, higher is better, getter)
-    ("turns/s", True, lambda r: r.turns_per_s),
-    ("events/s", True, lambda r: r.events_per_s),
-    ("latency p50 ms", False, lambda r: r.latency_ms.p50),
-    ("latency p95 ms", False, lambda r: r.latency_ms.p95),
-    ("latency p99 ms", False, lambda r: r.latency_ms.p99),
-    ("error rate", False, lambda r: r.error_rate),
-    ("errored", False, lambda r: float(r.errored)),
-    ("shed", False, lambda r: None if r.open_loop is None else float(r.open_loop.shed)),
-    ("queue p99 ms", False, lambda r: None if r.open_loop is None else r.open_loop.queue_ms.p99),
-    ("ttft p50 ms", False, _breakdown("ttft", "p50")),
-    ("model p50 ms", False, _breakdown("model", "p50")),
-    ("tool p50 ms", False, _breakdown("tool", "p50")),
-    ("hooks p50 ms", False, _breakdown("hooks", "p50")),
-    ("commit p99 ms", False, _breakdown("commit", "p99")),
-    ("RSS peak MB", False, lambda r: r.rss_peak_mb),
+METRICS: Final[tuple[tuple[str, bool, float, Getter], ...]] = (
+    # (name, higher is better, noise floor: a smaller difference never regresses, getter)
+    ("turns/s", True, 0.0, lambda r: r.turns_per_s),
+    ("events/s", True, 0.0, lambda r: r.events_per_s),
+    ("latency p50 ms", False, 1.0, lambda r: r.latency_ms.p50),
+    ("latency p95 ms", False, 1.0, lambda r: r.latency_ms.p95),
+    ("latency p99 ms", False, 1.0, lambda r: r.latency_ms.p99),
+    ("error rate", False, 0.0, lambda r: r.error_rate),
+    ("errored", False, 0.0, lambda r: float(r.errored)),
+    ("shed", False, 0.0, lambda r: None if r.open_loop is None else float(r.open_loop.shed)),
+    (
+        "queue p99 ms",
+        False,
+        1.0,
+        lambda r: None if r.open_loop is None else r.open_loop.queue_ms.p99,
+    ),
+    # the log's times are whole milliseconds: a 1 ms step is its resolution, not a change
+    ("ttft p50 ms", False, 2.0, _breakdown("ttft", "p50")),
+    ("model p50 ms", False, 2.0, _breakdown("model", "p50")),
+    ("tool p50 ms", False, 2.0, _breakdown("tool", "p50")),
+    ("hooks p50 ms", False, 2.0, _breakdown("hooks", "p50")),
+    ("commit p99 ms", False, 2.0, _breakdown("commit", "p99")),
+    ("RSS peak MB", False, 1.0, lambda r: r.rss_peak_mb),
 )
 
 
@@ -63,7 +71,9 @@ class Comparison(msgspec.Struct, frozen=True):
     point: float | None = None  # the swept value, comparing sweeps
 
 
-def _worse(a: float, b: float, higher_is_better: bool, threshold: float) -> bool:
+def _worse(a: float, b: float, higher_is_better: bool, threshold: float, floor: float) -> bool:
+    if abs(b - a) <= floor:
+        return False
     if a == 0:
         return b < 0 if higher_is_better else b > 0
     change = (b - a) / abs(a)
@@ -75,12 +85,12 @@ def compare_reports(
 ) -> list[Comparison]:
     """Every metric both reports hold, side by side."""
     out: list[Comparison] = []
-    for name, higher, get in METRICS:
+    for name, higher, floor, get in METRICS:
         va, vb = get(a), get(b)
         if va is None or vb is None:
             continue
         ratio = round(vb / va, 4) if va else None
-        regressed = _worse(va, vb, higher, threshold)
+        regressed = _worse(va, vb, higher, threshold, floor)
         out.append(Comparison(name, va, vb, ratio, higher, regressed, point))
     return out
 
