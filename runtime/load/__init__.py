@@ -25,7 +25,7 @@ from .bench import (
     run_sweep,
     store_bytes,
 )
-from .breakdown import PARTS, TurnTimes, breakdown, turn_times
+from .breakdown import PARTS, TurnTimes, breakdown, latency_of, turn_times
 from .compare import Comparison, compare_reports, compare_sweeps, read_report
 from .driver import LoadDriver, LoadSpec, run_load
 from .report import (
@@ -88,6 +88,7 @@ __all__ = [
     "compare_reports",
     "compare_sweeps",
     "knee",
+    "latency_of",
     "load_factory",
     "lookup_tool",
     "percentile",

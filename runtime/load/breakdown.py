@@ -33,10 +33,11 @@ from typing import Final
 import msgspec
 
 from storage.events import AgentInboxSpliced, Event, TurnStart
+from storage.lmdb_store import Store
 
 from .report import Breakdown, summary
 
-__all__ = ["PARTS", "TurnTimes", "breakdown", "turn_times"]
+__all__ = ["PARTS", "TurnTimes", "breakdown", "latency_of", "turn_times"]
 
 PARTS: Final = ("queue", "hooks", "ttft", "model", "tool", "engine", "retry")
 
@@ -163,3 +164,11 @@ def breakdown(times: Sequence[TurnTimes], commit_ms: Sequence[float] | None = No
         retry=summary([float(t.retry) for t in times]),
         commit=summary(commit_ms) if commit_ms else None,
     )
+
+
+def latency_of(store: Store) -> Breakdown:
+    """The breakdown of every ended turn of every session in ``store``."""
+    times: list[TurnTimes] = []
+    for header in store.sessions():
+        times += turn_times(store.read(header.id))
+    return breakdown(times)
