@@ -41,7 +41,7 @@ from storage.events import (
     UserMessage,
 )
 
-__all__ = ["Dist", "SimulatedModel"]
+__all__ = ["Dist", "Draw", "SimulatedModel", "placeholder_arguments"]
 
 _TEXT: Final = (
     "the agent looked at the task and found a short answer that reads like a reply of a "
@@ -90,6 +90,16 @@ class Dist(msgspec.Struct, frozen=True):
 
     def __str__(self) -> str:
         return f"{self.mean:g}~{self.spread:g}" if self.spread else f"{self.mean:g}"
+
+
+class Draw(msgspec.Struct, frozen=True):
+    """One request's draws."""
+
+    ttft_s: float
+    tokens_per_s: float
+    reply_tokens: int
+    tool: ToolSpec | None  # the tool to call, or None: a text reply
+    number: int  # the request's number (1, 2, ...)
 
 
 def placeholder_arguments(spec: ToolSpec) -> dict[str, Any]:
@@ -165,8 +175,8 @@ class SimulatedModel:
             f"reply_tokens={self.reply_tokens}, tool_probability={self.tool_probability:g})"
         )
 
-    def _plan(self, request: ModelRequest) -> tuple[float, float, int, ToolSpec | None, int]:
-        """One request's draws: (ttft, tokens/s, reply tokens, tool to call, number)."""
+    def plan(self, request: ModelRequest) -> Draw:
+        """The next request's draws (what :meth:`stream` does with ``request``)."""
         with self._lock:
             self.requests += 1
             number = self.requests
@@ -179,10 +189,10 @@ class SimulatedModel:
             wants = request.tools and first_step and self.tool_probability > 0
             if wants and self._rng.random() < self.tool_probability:
                 tool = self._rng.choice(list(request.tools))
-        return ttft, speed, tokens, tool, number
+        return Draw(ttft, speed, tokens, tool, number)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
-        ttft, speed, tokens, tool, number = self._plan(request)
+        ttft, speed, tokens, tool, number = msgspec.structs.astuple(self.plan(request))
         if ttft > 0:
             await asyncio.sleep(ttft)
         usage = Usage(input_tokens=_prompt_tokens(request.messages))
