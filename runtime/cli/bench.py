@@ -398,8 +398,9 @@ def bench(ctx: click.Context, /, **p: Any) -> None:
         factory, factory_name = load_factory(p["agent_target"])
     model: Model | None = None
     if p["model_spec"]:
-        _confirm_cost(p)
-        model = _resolve(p["model_spec"])
+        model = _resolve(p["model_spec"])  # a bad string is refused before any question
+        if model.provider != "scripted":
+            _confirm_cost(p)
     elif _given(ctx, "ttft", "tokens_per_s", "reply_tokens", "tool_probability"):
         model = _simulated(p)
         if factory is None:
@@ -431,7 +432,7 @@ def bench(ctx: click.Context, /, **p: Any) -> None:
         wipe_store(store)
     out, err = _plain_console(), _plain_console(stderr=True)
     durability = cast(Durability, p["durability"])
-    loop = _loop_text(spec, traffic)
+    loop = _loop_text(spec, traffic, sweep)
     title = f"corral bench: {loop} ({durability})"
     bench_args: dict[str, Any] = {
         "durability": durability,
@@ -472,17 +473,25 @@ def bench(ctx: click.Context, /, **p: Any) -> None:
             write_sweep_plot(p["plot_path"], result, title)
         else:
             write_plot(p["plot_path"], result, samples, title)
-    for report in reports:
-        _finish(out, report, p["max_error_rate"])
+    _finish(out, reports, p["max_error_rate"])
 
 
-def _loop_text(spec: LoadSpec, traffic: Traffic | None) -> str:
+def _loop_text(
+    spec: LoadSpec, traffic: Traffic | None, sweep: tuple[str, tuple[float, ...]] | None
+) -> str:
+    if sweep is not None and sweep[0] == "agents":
+        return f"agents {_values(sweep[1])} x {plural(spec.turns, 'turn')}"
     if traffic is None:
         return _load(spec.agents, spec.turns)
+    rate = f"{_values(sweep[1])}/s" if sweep is not None else f"{traffic.rate:,g}/s"
     return (
-        f"{plural(spec.agents, 'agent')}, {traffic.shape} arrivals at {traffic.rate:,g}/s "
+        f"{plural(spec.agents, 'agent')}, {traffic.shape} arrivals at {rate} "
         f"for {traffic.duration_s:g} s"
     )
+
+
+def _values(values: tuple[float, ...]) -> str:
+    return ",".join(f"{v:g}" for v in values)
 
 
 def _print_run(out: Console, report: LoadReport) -> None:
@@ -522,15 +531,24 @@ def _print_sweep(out: Console, sweep: SweepReport) -> None:
             out.print(failures_table(point.report.failures))
 
 
-def _finish(out: Console, report: LoadReport, max_error_rate: float) -> None:
-    if report.invariants_ok:
-        out.print(f"invariants: {plural(report.sessions_checked or 0, 'session')} OK")
+def _finish(out: Console, reports: list[LoadReport], max_error_rate: float) -> None:
+    """The invariants' verdict over every run (a sweep's points), then the exit status:
+    the first run's that failed, or success."""
+    if all(r.invariants_ok for r in reports):
+        checked = sum(r.sessions_checked or 0 for r in reports)
+        out.print(f"invariants: {plural(checked, 'session')} OK")
     else:
-        for line in report.violations[:20]:
+        violations = [line for r in reports for line in r.violations]
+        for line in violations[:20]:
             out.print(Text(f"  {shown(line)}"))
-        more = len(report.violations) - 20
+        more = len(violations) - 20
         if more > 0:
             out.print(f"  ... and {more} more (see `corral log check`)")
+    for report in reports:
+        _exit_status(report, max_error_rate)
+
+
+def _exit_status(report: LoadReport, max_error_rate: float) -> None:
     total = report.turns_total or report.agents * report.turns
     if report.interrupted:
         raise InterruptedRunError(
