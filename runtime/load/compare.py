@@ -40,7 +40,7 @@ METRICS: Final[tuple[tuple[str, bool, float, Getter], ...]] = (
     ("latency p50 ms", False, 1.0, lambda r: r.latency_ms.p50),
     ("latency p95 ms", False, 1.0, lambda r: r.latency_ms.p95),
     ("latency p99 ms", False, 1.0, lambda r: r.latency_ms.p99),
-    ("error rate", False, 0.0, lambda r: r.error_rate),
+    ("error rate", False, 0.0, lambda r: r.errored / r.settled if r.settled else 0.0),
     ("errored", False, 0.0, lambda r: float(r.errored)),
     ("shed", False, 0.0, lambda r: None if r.open_loop is None else float(r.open_loop.shed)),
     (
