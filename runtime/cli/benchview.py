@@ -28,11 +28,19 @@ __all__ = [
 
 _PLAIN_EVERY_S: Final = 2.0
 _EXAMPLE_COLUMNS: Final = 60
+_OLDEST_SHOWN_S: Final = 5.0
 
 
 def _failures_line(p: LoadProgress) -> str:
     parts = [f"{code} {n:,}" for code, n, _example in p.failures]
     return "failures: " + ", ".join(parts) if parts else ""
+
+
+def _oldest(p: LoadProgress) -> str:
+    """How long the oldest turn in flight has waited, once that is long enough to say."""
+    if p.in_flight and p.oldest_s >= _OLDEST_SHOWN_S:
+        return f"  oldest waiting {p.oldest_s:,.0f} s"
+    return ""
 
 
 class Display:
@@ -66,6 +74,7 @@ class Display:
             f"  {p.turns_per_s:,.0f} turns/s  p99 {p.p99_ms:,.0f} ms  in flight "
             f"{p.in_flight:,}  errored {p.errored:,}  retried {p.retried:,}"
             + (f"  shed {p.shed:,}" if p.shed else "")
+            + _oldest(p)
             + f"  RSS {p.rss_mb:,.0f} MB  {p.elapsed_s:,.1f} s",
         )
         rows: list[Text | ProgressBar] = [Text(self.title, style="bold"), bar, line]
@@ -94,7 +103,7 @@ class Display:
             self.console.print(
                 f"bench: {p.turns_done:,}/{p.turns_total:,} turns  {p.turns_per_s:,.0f} turns/s  "
                 f"p99 {p.p99_ms:,.0f} ms  in flight {p.in_flight:,}  errored {p.errored:,}  "
-                f"retried {p.retried:,}" + (f"  {failures}" if failures else ""),
+                f"retried {p.retried:,}" + _oldest(p) + (f"  {failures}" if failures else ""),
                 highlight=False,
             )
 

@@ -90,10 +90,11 @@ class LoadSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _AgentState:
-    __slots__ = ("agent", "arrived_at", "done", "sent_at")
+    __slots__ = ("agent", "arrived_at", "busy", "done", "sent_at")
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self.busy = False  # a turn sent and not settled
         self.done = 0
         self.sent_at = 0.0  # perf_counter of the followup call
         self.arrived_at = 0.0  # perf_counter of the arrival (closed loop: sent_at)
@@ -206,6 +207,7 @@ class LoadDriver:
             return
         with self._lock:
             self._sent += 1
+            state.busy = True
 
     def _check_finished(self) -> None:
         """Under the lock: set ``_finished`` once every turn is accounted for."""
@@ -227,6 +229,7 @@ class LoadDriver:
         if state is None:
             return  # an agent this run does not drive
         state.done += 1
+        state.busy = False
         settled_ms = time.time() * 1000.0
         following: float | None = None
         with self._lock:
@@ -309,6 +312,7 @@ class LoadDriver:
             failures = tuple((f.code, f.requests, f.example) for f in self._failures.counts())
             retried = self._failures.retried()
             total = self._arrived if self.traffic is not None else self._total
+            oldest = max((now - st.sent_at for st in self._states.values() if st.busy), default=0.0)
         elapsed = now - started
         self.samples.timeline.append((round(elapsed, 3), done))
         rate = (done - last[1]) / (now - last[0]) if now > last[0] else 0.0
@@ -327,6 +331,7 @@ class LoadDriver:
                     retried=retried,
                     shed=shed,
                     failures=failures,
+                    oldest_s=oldest,
                 )
             )
         return now, done

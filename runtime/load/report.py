@@ -175,6 +175,7 @@ class LoadProgress(msgspec.Struct, frozen=True, kw_only=True):
     retried: int = 0  # failed requests that were retried (live)
     shed: int = 0
     failures: tuple[tuple[str, int, str], ...] = ()  # (code, requests, example)
+    oldest_s: float = 0.0  # how long the oldest unsettled turn has been waiting
 
 
 class LoadSamples(msgspec.Struct):
