@@ -9,7 +9,6 @@ wipe, and the exit status; :mod:`.benchview` shows the progress and the tables,
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -21,7 +20,6 @@ from rich.text import Text
 from actors.model import Model
 from runtime.load import (
     AgentStack,
-    Dist,
     LoadReport,
     LoadSpec,
     Prompts,
@@ -37,6 +35,7 @@ from runtime.load import (
 from storage.errors import SchemaVersionError, StorageError
 from storage.lmdb_store import Durability, Store
 
+from .benchoptions import DistType, RateType, SweepType, check_options, confirm_cost, given
 from .benchplot import PlotPath, check_plot_support, write_plot, write_sweep_plot
 from .benchview import Display, breakdown_table, failures_table, render_table, sweep_table
 from .errors import EXIT_INTERRUPTED, CliError, InvariantsError
@@ -54,7 +53,6 @@ from .transcript import plural, shown
 __all__ = ["EXIT_TURNS_FAILED", "bench", "wipe_store"]
 
 EXIT_TURNS_FAILED: Final = 4
-_CONFIRM_OVER: Final = 100  # paid requests a real model's run sends without --yes
 
 
 def wipe_store(path: Path) -> None:
@@ -100,115 +98,6 @@ class InterruptedRunError(CliError):
     """Ctrl-C ended the run; its report was printed (exit code 130)."""
 
     exit_code = EXIT_INTERRUPTED
-
-
-class DistType(click.ParamType[Dist, str]):
-    """``MEAN`` or ``MEAN~SPREAD``: a :class:`runtime.load.Dist`."""
-
-    name = "MEAN[~SPREAD]"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, Dist):
-            return value
-        try:
-            return Dist.parse(str(value))
-        except ValueError as err:
-            self.fail(str(err), param, ctx)
-
-
-class RateType(click.ParamType[float, str]):
-    """``200``, ``200/s``, ``12000/min``: arrivals per second."""
-
-    name = "N[/s|/min|/h]"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, float):
-            return value
-        try:
-            return Traffic.parse_rate(str(value))
-        except ValueError as err:
-            self.fail(str(err), param, ctx)
-
-
-class SweepType(click.ParamType[tuple[str, tuple[float, ...]], str]):
-    """``agents=100,1000,10000`` or ``rate=50,100,200``."""
-
-    name = "agents=N,N,...|rate=R,R,..."
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, tuple):
-            return value
-        what, _, listed = str(value).partition("=")
-        if what not in ("agents", "rate") or not listed:
-            self.fail(f"expected agents=N,N,... or rate=R,R,..., got {value!r}", param, ctx)
-        values: list[float] = []
-        for item in listed.split(","):
-            try:
-                number = Traffic.parse_rate(item) if what == "rate" else float(int(item))
-            except ValueError:
-                self.fail(f"{item!r} is not a valid {what} value in {value!r}", param, ctx)
-            if number <= 0:
-                self.fail(f"{what} values must be > 0, got {item!r}", param, ctx)
-            values.append(number)
-        if len(values) < 2:
-            self.fail("a sweep needs at least two values", param, ctx)
-        return (what, tuple(values))
-
-
-def _given(ctx: click.Context, *names: str) -> list[str]:
-    """The options among ``names`` given on the command line (or by $ENV), as flags."""
-    out = []
-    for name in names:
-        source = ctx.get_parameter_source(name)
-        if source not in (None, click.core.ParameterSource.DEFAULT):
-            out.append("--" + name.replace("_", "-"))
-    return out
-
-
-def _refuse(ctx: click.Context, given: list[str], why: str) -> None:
-    if given:
-        raise click.UsageError(f"{', '.join(given)} {why}", ctx)
-
-
-def _check_options(ctx: click.Context, p: dict[str, Any]) -> None:
-    """Options that only one model, or only one kind of loop, uses are refused with
-    another (instead of silently ignored)."""
-    scripted = _given(ctx, "latency", "latency_jitter", "chunks", "tool_calls", "failure_rate")
-    simulated = _given(ctx, "ttft", "tokens_per_s", "reply_tokens", "tool_probability")
-    if p["model_spec"]:
-        _refuse(ctx, scripted + simulated, "shape the scripted or simulated model: not --model")
-    elif simulated:
-        _refuse(ctx, scripted, "shape the scripted model: not the simulated one (--ttft & co.)")
-    sweep = p["sweep"]
-    open_loop = p["rate"] is not None or (sweep is not None and sweep[0] == "rate")
-    if open_loop:
-        _refuse(ctx, _given(ctx, "turns"), "is a closed loop's: an open loop runs for --duration")
-    else:
-        _refuse(ctx, _given(ctx, "arrivals", "duration", "queue_limit"), "need --rate")
-    if sweep is not None:
-        _refuse(ctx, _given(ctx, sweep[0]), f"is what --sweep {sweep[0]}=... varies")
-    if p["prompt_order"] != "cycle" and p["prompts"] is None:
-        raise click.UsageError("--prompt-order needs --prompts", ctx)
-
-
-def _paid_requests(p: dict[str, Any]) -> int:
-    """About how many model requests the run sends (one per turn, at least)."""
-    sweep = p["sweep"]
-    agents = [p["agents"]] if sweep is None or sweep[0] != "agents" else list(sweep[1])
-    if p["rate"] is not None or (sweep is not None and sweep[0] == "rate"):
-        rates = list(sweep[1]) if sweep is not None and sweep[0] == "rate" else [p["rate"]]
-        return int(sum(r * p["duration"] for r in rates))
-    return int(sum(a * p["turns"] for a in agents))
-
-
-def _confirm_cost(p: dict[str, Any]) -> None:
-    requests = _paid_requests(p)
-    if requests <= _CONFIRM_OVER or p["yes"]:
-        return
-    what = f"about {requests:,} requests to {p['model_spec']}, each paid"
-    if not sys.stdin.isatty():
-        raise CliError(f"this run sends {what}: pass --yes to confirm (or fewer --agents/--turns)")
-    click.confirm(f"This run sends {what}. Go on?", abort=True, err=True)
 
 
 def _simulated(p: dict[str, Any]) -> SimulatedModel:
@@ -387,7 +276,7 @@ def bench(ctx: click.Context, /, **p: Any) -> None:
     """Load-test an agent stack: host agents, send them turns (closed loop) or arrivals
     at a rate (open loop), report throughput, latency, failures and where the time went."""
     store: Path = p["store"]
-    _check_options(ctx, p)
+    check_options(ctx, p)
     if p["json_path"] is not None:  # before the run, which may make the store there
         refuse_store_file(p["json_path"], store, "json_path")
     if p["plot_path"] is not None:
@@ -400,8 +289,8 @@ def bench(ctx: click.Context, /, **p: Any) -> None:
     if p["model_spec"]:
         model = _resolve(p["model_spec"])  # a bad string is refused before any question
         if model.provider != "scripted":
-            _confirm_cost(p)
-    elif _given(ctx, "ttft", "tokens_per_s", "reply_tokens", "tool_probability"):
+            confirm_cost(p)
+    elif given(ctx, "ttft", "tokens_per_s", "reply_tokens", "tool_probability"):
         model = _simulated(p)
         if factory is None:
             factory, factory_name = (_with_lookup if p["tool_probability"] else None), "simulated"

@@ -27,7 +27,8 @@ from .bench import (
 )
 from .breakdown import PARTS, TurnTimes, breakdown, latency_of, turn_times
 from .compare import Comparison, compare_reports, compare_sweeps, read_report
-from .driver import LoadDriver, LoadSpec, run_load
+from .driver import LoadDriver, run_load
+from .failures import FailureTally
 from .report import (
     SCHEMA,
     Breakdown,
@@ -41,7 +42,8 @@ from .report import (
     SweepReport,
     percentile,
 )
-from .simulated import Dist, SimulatedModel
+from .simulated import Dist, Draw, SimulatedModel
+from .spec import LoadSpec
 from .stack import (
     AgentStack,
     AgentStackError,
@@ -64,7 +66,9 @@ __all__ = [
     "Breakdown",
     "Comparison",
     "Dist",
+    "Draw",
     "FailureCount",
+    "FailureTally",
     "LatencySummary",
     "LoadDriver",
     "LoadProgress",

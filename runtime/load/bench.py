@@ -25,8 +25,9 @@ from storage.lmdb_store import Durability, Store
 
 from ..policy import RetryPolicy
 from ..runtime import Runtime
-from .driver import LoadDriver, LoadSpec
+from .driver import LoadDriver
 from .report import LoadProgress, LoadReport, LoadSamples, SweepPoint, SweepReport
+from .spec import LoadSpec
 from .stack import Factory, Prompts, build_stack
 from .traffic import Traffic
 

@@ -24,15 +24,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
 import psutil  # type: ignore[import-untyped]
 
 from actors.live import AgentSettled, RequestError
 from actors.model import Model
+from storage.events import Errored
 
 from .breakdown import TurnTimes, breakdown, turn_times
+from .failures import FailureTally
 from .report import (
-    FailureCount,
     LoadProgress,
     LoadReport,
     LoadSamples,
@@ -40,53 +40,17 @@ from .report import (
     percentile,
     summary,
 )
-from .stack import AgentStack, Prompts, lookup_tool, scripted_load_model
+from .spec import LoadSpec
+from .stack import AgentStack, Prompts, lookup_tool
 from .traffic import Traffic, arrival_times
 
 if TYPE_CHECKING:
     from ..agent import Agent
     from ..runtime import Runtime
 
-__all__ = ["LoadDriver", "LoadSpec", "run_load"]
+__all__ = ["LoadDriver", "run_load"]
 
 _RECENT: Final = 2000  # latencies the live p99 looks at
-
-
-class LoadSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """What to run. ``latency_s`` .. ``failure_rate`` shape the built-in scripted model
-    (used when neither ``model`` nor the stack names one)."""
-
-    agents: int = 1000
-    turns: int = 10  # per agent, closed loop (an open loop runs for its duration)
-    latency_s: float = 0.0  # model latency (the mean, with jitter_s)
-    jitter_s: float = 0.0  # uniform spread around latency_s
-    chunks: int = 1  # streamed chunks per reply
-    tool_calls: int = 0  # calls of the cheap `lookup` tool per turn (one extra step)
-    failure_rate: float = 0.0  # fraction of model requests failing with SERVER
-    seed: int = 0
-    timeout_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        if self.agents < 1 or self.turns < 1:
-            raise ValueError(f"agents and turns must be >= 1, got {self.agents} and {self.turns}")
-        if not 0.0 <= self.failure_rate < 1.0:
-            raise ValueError(f"failure_rate must be in [0, 1), got {self.failure_rate}")
-        if self.latency_s < 0 or self.jitter_s < 0:
-            raise ValueError("latency and jitter are seconds >= 0")
-        if self.chunks < 1 or self.tool_calls < 0:
-            raise ValueError("chunks must be >= 1 and tool_calls >= 0")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-
-    def scripted_model(self) -> Model:
-        return scripted_load_model(
-            latency_s=self.latency_s,
-            jitter_s=self.jitter_s,
-            chunks=self.chunks,
-            tool_calls=self.tool_calls,
-            failure_rate=self.failure_rate,
-            seed=self.seed,
-        )
 
 
 class _AgentState:
@@ -98,38 +62,6 @@ class _AgentState:
         self.done = 0
         self.sent_at = 0.0  # perf_counter of the followup call
         self.arrived_at = 0.0  # perf_counter of the arrival (closed loop: sent_at)
-
-
-class _Failures:
-    """Failed requests by code, counted live (under the driver's lock)."""
-
-    def __init__(self) -> None:
-        self.requests: dict[str, int] = {}
-        self.turns: dict[str, int] = {}
-        self.examples: dict[str, str] = {}
-
-    def request(self, code: str, message: str) -> None:
-        self.requests[code] = self.requests.get(code, 0) + 1
-        self.examples.setdefault(code, message)
-
-    def turn(self, code: str, message: str) -> None:
-        self.turns[code] = self.turns.get(code, 0) + 1
-        self.examples.setdefault(code, message)
-
-    def counts(self) -> list[FailureCount]:
-        codes = sorted(set(self.requests) | set(self.turns))
-        return [
-            FailureCount(
-                c,
-                max(self.requests.get(c, 0), self.turns.get(c, 0)),
-                self.turns.get(c, 0),
-                FailureCount.clip(self.examples.get(c, "")),
-            )
-            for c in codes
-        ]
-
-    def retried(self) -> int:
-        return sum(max(0, n - self.turns.get(c, 0)) for c, n in self.requests.items())
 
 
 class LoadDriver:
@@ -182,7 +114,7 @@ class LoadDriver:
         self._queue_limit = 0
         self._queue_ms: list[float] = []
         self._lag_ms: list[float] = []
-        self._failures = _Failures()
+        self._failures = FailureTally()
         self._send_failures: list[str] = []
         self._process = psutil.Process()
         self._rss_peak = 0.0
@@ -197,17 +129,18 @@ class LoadDriver:
         state.arrived_at = now if arrived_at is None else arrived_at
         turns = 0 if self.traffic is not None else self.spec.turns
         prompt = self.prompts.next(state.agent.id, state.done + 1, turns)
+        with self._lock:  # before the send: its turn may settle before followup returns
+            self._sent += 1
+            state.busy = True
         try:
             state.agent.followup(prompt)
         except Exception as err:  # noqa: BLE001 - a refused send ends this agent's load
             with self._lock:
+                self._sent -= 1
+                state.busy = False
                 self._send_failures.append(f"{state.agent.id}: {err}")
                 self._skipped += 1 if self.traffic is not None else self.spec.turns - state.done
                 self._check_finished()
-            return
-        with self._lock:
-            self._sent += 1
-            state.busy = True
 
     def _check_finished(self) -> None:
         """Under the lock: set ``_finished`` once every turn is accounted for."""
@@ -228,11 +161,11 @@ class LoadDriver:
         state = self._states.get(event.agent.id)
         if state is None:
             return  # an agent this run does not drive
-        state.done += 1
-        state.busy = False
         settled_ms = time.time() * 1000.0
         following: float | None = None
         with self._lock:
+            state.done += 1
+            state.busy = False
             self.samples.latencies_ms.append((now - state.arrived_at) * 1000.0)
             self.samples.settled_s.append(now - self._started)
             self.turn_records.append(
@@ -240,11 +173,9 @@ class LoadDriver:
             )
             self._done += 1
             reason = event.reason
-            if reason.kind == "error":
+            if isinstance(reason, Errored):
                 self._errored += 1
-                failure = getattr(reason, "error", None)
-                if failure is not None:
-                    self._failures.turn(failure.code, failure.message)
+                self._failures.turn(reason.error.code, reason.error.message)
             self._check_finished()
             more = not self.stop.is_set()
             if self.traffic is None:
