@@ -270,23 +270,20 @@ class LoadDriver:
     def _until(self, deadline: float) -> float:
         return min(self.interval_s, max(0.0, deadline - time.perf_counter()))
 
-    def _spawn(self, deadline: float) -> list[Agent]:
+    def _spawn(self, deadline: float) -> None:
         stack = self.stack
         tools = list(stack.tools)
         if not tools and stack.model is None and self.spec.tool_calls:
             tools = [lookup_tool()]
-        agents: list[Agent] = []
-        while len(agents) < self.spec.agents and time.perf_counter() < deadline:
+        while len(self._states) < self.spec.agents and time.perf_counter() < deadline:
             if self.stop.is_set():
                 break
             agent = self.rt.spawn(
                 model=self.model, tools=tools, system=stack.system, limits=stack.limits
             )
-            agents.append(agent)
             self.agent_ids.append(agent.id)
             state = self._states[agent.id] = _AgentState(agent)
             self._idle.append(state)
-        return agents
 
     def run(self) -> LoadReport:
         """Spawn the agents, send the load, wait (at most ``spec.timeout_s``), report."""
@@ -294,11 +291,10 @@ class LoadDriver:
         self._sample_rss()
         t0 = time.perf_counter()
         deadline = t0 + spec.timeout_s  # spawning counts: a huge --agents still ends
-        agents: list[Agent] = []
         disposers = [rt.on("agent/request-error", self._on_request_error)]
         started = wall_s = 0.0
         try:
-            agents = self._spawn(deadline)
+            self._spawn(deadline)
             spawn_s = time.perf_counter() - t0
             disposers.append(rt.on("agent/settled", self._on_settled))
             started = self._started = time.perf_counter()
@@ -307,7 +303,7 @@ class LoadDriver:
                 self._queue_limit = (
                     self.traffic.queue_limit
                     if self.traffic.queue_limit is not None
-                    else 10 * len(agents)
+                    else 10 * len(self._states)
                 )
                 self._pace(started, deadline)
             else:
@@ -331,7 +327,8 @@ class LoadDriver:
             rt.flush()
             wall_s = time.perf_counter() - started
             self._progress(started, (started, 0))
-        return self._report(agents, spawn_s, wall_s)
+        # every agent spawned, also when a Ctrl-C came while spawning
+        return self._report([state.agent for state in self._states.values()], spawn_s, wall_s)
 
     def _report(self, agents: list[Agent], spawn_s: float, wall_s: float) -> LoadReport:
         events = retried = 0
