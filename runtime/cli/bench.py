@@ -20,9 +20,11 @@ from rich.text import Text
 from actors.model import Model
 from runtime.load import (
     AgentStack,
+    AgentStackError,
     LoadReport,
     LoadSpec,
     Prompts,
+    PromptsError,
     SimulatedModel,
     SweepReport,
     Traffic,
@@ -275,6 +277,13 @@ def _with_lookup(_rt: object) -> AgentStack:
 def bench(ctx: click.Context, /, **p: Any) -> None:
     """Load-test an agent stack: host agents, send them turns (closed loop) or arrivals
     at a rate (open loop), report throughput, latency, failures and where the time went."""
+    try:
+        _bench(ctx, p)
+    except (AgentStackError, PromptsError) as err:  # the user's factory or prompts file
+        raise CliError(str(err)) from err
+
+
+def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
     store: Path = p["store"]
     check_options(ctx, p)
     if p["json_path"] is not None:  # before the run, which may make the store there
