@@ -52,6 +52,7 @@ class Display:
         self.title = title
         self.live: Live | None = None
         self._last_plain = time.monotonic()
+        self._codes_shown: set[str] = set()  # failure codes whose example was printed
 
     def __enter__(self) -> Display:
         if not self.quiet and self.console.is_terminal:
@@ -96,6 +97,10 @@ class Display:
         if self.live is not None:
             self.live.update(self._render(p))
             return
+        for code, _n, example in p.failures:  # each code's first message, once, at once
+            if code not in self._codes_shown:
+                self._codes_shown.add(code)
+                self.console.print(Text(f"bench: first {code} failure: {shown(example)}"))
         now = time.monotonic()
         if now - self._last_plain >= _PLAIN_EVERY_S:
             self._last_plain = now

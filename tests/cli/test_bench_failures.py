@@ -161,3 +161,16 @@ def test_ctrl_c_prints_the_report_of_what_ran_and_exits_130(tmp_path: Path) -> N
     assert "interrupted:" in err and "the report above is of what ran" in err
     assert "turns/s" in out and "settled" in out
     assert "invariants: 4 sessions OK" in out
+
+
+def test_the_progress_lines_name_each_failure_codes_first_message(
+    tmp_path: Path, refusing_port: int
+) -> None:
+    model = f"ollama:llama3.2@http://127.0.0.1:{refusing_port}/v1"
+    result = corral(
+        "bench", "--store", tmp_path / "store", "--model", model, "--agents", "1",
+        "--turns", "1",
+    )  # fmt: skip
+    assert result.returncode == 4
+    firsts = [line for line in result.stderr.splitlines() if "bench: first " in line]
+    assert len(firsts) == 1 and "first TRANSPORT failure: ollama connection failed" in firsts[0]
