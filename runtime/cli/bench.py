@@ -157,6 +157,7 @@ def _with_lookup(_rt: object) -> AgentStack:
 @click.option(
     "--rate",
     type=RateType(),
+    metavar="RATE",
     default=None,
     help="Open loop: arrivals per second (200, 200/s, 12000/min) over the agent pool.",
 )
@@ -184,6 +185,7 @@ def _with_lookup(_rt: object) -> AgentStack:
 @click.option(
     "--sweep",
     type=SweepType(),
+    metavar="agents=N,..|rate=R,..",
     default=None,
     help="Run one point per value (agents=100,1000 or rate=50,100,200) and report "
     "throughput and p50/p99 against it.",
@@ -212,14 +214,14 @@ def _with_lookup(_rt: object) -> AgentStack:
     type=FiniteFloatRange(min=0),
     default=0.0,
     show_default=True,
-    help="Scripted model latency per request, seconds.",
+    help="Scripted model: latency per request, seconds.",
 )
 @click.option(
     "--latency-jitter",
     type=FiniteFloatRange(min=0),
     default=0.0,
     show_default=True,
-    help="Uniform spread around --latency, seconds.",
+    help="Scripted model: uniform spread around --latency, seconds.",
 )
 @click.option(
     "--chunks",
@@ -247,7 +249,7 @@ def _with_lookup(_rt: object) -> AgentStack:
     "model_spec",
     metavar="STRING",
     default=None,
-    help="A real model string (e.g. openai:gpt-4.1-mini) instead of ScriptedModel.",
+    help="A real model string (e.g. openai:gpt-4.1-mini); replaces the stack's model.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of all randomness.")
 @click.option(
