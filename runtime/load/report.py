@@ -137,7 +137,7 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     turns_per_s: float
     events: int  # durable events appended by this run's sessions
     events_per_s: float
-    latency_ms: LatencySummary  # a turn's follow-up call to its agent/settled
+    latency_ms: LatencySummary  # a turn's arrival (closed loop: its followup call) to settled
     settled: int
     errored: int  # turns that ended in error (after their retries)
     retried: int  # retry turns
