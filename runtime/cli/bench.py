@@ -34,8 +34,7 @@ from runtime.load import (
     run_bench,
     run_sweep,
 )
-from storage.errors import SchemaVersionError, StorageError
-from storage.lmdb_store import Durability, Store
+from storage import Durability, SchemaVersionError, StorageError, Store
 
 from .benchoptions import DistType, RateType, SweepType, check_options, confirm_cost, given
 from .benchplot import PlotPath, check_plot_support, write_plot, write_sweep_plot

@@ -29,7 +29,8 @@ from rich.table import Table
 from rich.text import Text
 
 from runtime.load import check_store, latency_of, store_bytes
-from storage.errors import (
+from storage import (
+    SCHEMA_VERSION,
     DuplicateSessionError,
     Event,
     IgnoredRecord,

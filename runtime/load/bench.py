@@ -18,10 +18,7 @@ from typing import Final, Literal
 import msgspec
 
 from actors.model import Model
-from storage.errors import StorageError
-from storage.events import IgnoredRecord
-from storage.invariants import check_invariants
-from storage.lmdb_store import Durability, Store
+from storage import Durability, IgnoredRecord, StorageError, Store, check_invariants
 
 from ..policy import RetryPolicy
 from ..runtime import Runtime

@@ -32,8 +32,7 @@ from typing import Final
 
 import msgspec
 
-from storage.events import AgentInboxSpliced, Event, TurnStart
-from storage.lmdb_store import Store
+from storage import AgentInboxSpliced, Event, Store, TurnStart
 
 from .report import Breakdown, summary
 

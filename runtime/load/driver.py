@@ -28,7 +28,7 @@ import psutil  # type: ignore[import-untyped]
 
 from actors.live import AgentSettled, RequestError
 from actors.model import Model
-from storage.events import Errored
+from storage import Errored
 
 from .breakdown import TurnTimes, breakdown, turn_times
 from .failures import FailureTally

@@ -27,7 +27,7 @@ from typing import Any, Final
 import msgspec
 
 from actors.model import ModelRequest
-from storage.events import (
+from storage import (
     FinishChunk,
     Message,
     StreamChunk,

@@ -26,8 +26,7 @@ import msgspec
 from actors.limits import UsageLimits
 from actors.model import Model, ModelRequest
 from actors.tools import Tool
-from storage.errors import CorralError
-from storage.events import LlmFailure, ToolMessage
+from storage import CorralError, LlmFailure, ToolMessage
 
 from ..scripted import ScriptedModel, ScriptItem, ToolCall, last_user_text
 from ..tool import FunctionTool, tool

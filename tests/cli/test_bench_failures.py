@@ -74,9 +74,7 @@ def test_a_provider_that_never_answers_is_named_when_the_run_times_out(
         "bench", "--store", tmp_path / "store", "--model", model, "--agents", "3",
         "--turns", "1", "--timeout", "1", "-q",
     )  # fmt: skip
-    assert_one_error_line(
-        result, "timed out: 0 of 3 turns", "3 requests in flight never answered"
-    )
+    assert_one_error_line(result, "timed out: 0 of 3 turns", "3 requests in flight never answered")
     assert "in flight at the end" in result.stdout
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from storage.events import RequestHeader, TextBlock, UserMessageData
-from storage.lmdb_store import Store
+from storage import RequestHeader, Store, TextBlock, UserMessageData
 from tests.cli.conftest import assert_one_error_line, corral
 from tests.load import stacks
 

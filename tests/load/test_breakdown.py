@@ -8,7 +8,7 @@ from pathlib import Path
 
 from runtime.load import LoadDriver, LoadSpec, turn_times
 from runtime.runtime import Runtime
-from storage.events import (
+from storage import (
     AgentInboxSpliced,
     AssistantChunk,
     AssistantMessage,

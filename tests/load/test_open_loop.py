@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from runtime.load import LoadSpec, Traffic, arrival_times, run_bench
-from storage.events import AgentInboxSpliced
-from storage.lmdb_store import Store
+from storage import AgentInboxSpliced, Store
 
 
 def _insertions(store: Path) -> list[int]:

@@ -12,14 +12,7 @@ import pytest
 from actors.model import ModelRequest
 from runtime import Runtime, tool
 from runtime.load import Dist, SimulatedModel
-from storage.events import (
-    AssistantChunk,
-    RequestConfig,
-    TextBlock,
-    TextDelta,
-    ToolSpec,
-    UserMessage,
-)
+from storage import AssistantChunk, RequestConfig, TextBlock, TextDelta, ToolSpec, UserMessage
 
 _CONFIG = RequestConfig(provider="simulated", model="simulated")
 _HELLO = UserMessage(id="m", content=(TextBlock(text="hello"),))

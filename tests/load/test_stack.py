@@ -20,8 +20,7 @@ from runtime.load import (
     read_prompts,
     run_bench,
 )
-from storage.events import RequestHeader, TextBlock, ToolResultData, UserMessageData
-from storage.lmdb_store import Store
+from storage import RequestHeader, Store, TextBlock, ToolResultData, UserMessageData
 from tests.load import stacks
 
 
