@@ -17,7 +17,7 @@ import msgspec
 from rich.console import Console
 from rich.text import Text
 
-from actors.model import Model
+from actors import Model
 from runtime.load import (
     AgentStack,
     AgentStackError,

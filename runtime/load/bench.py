@@ -17,7 +17,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from actors.model import Model
+from actors import Model
 from storage import Durability, IgnoredRecord, StorageError, Store, check_invariants
 
 from ..policy import RetryPolicy

@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psutil  # type: ignore[import-untyped]
 
-from actors.live import AgentSettled, RequestError
-from actors.model import Model
+from actors import AgentSettled, Model, RequestError
 from storage import Errored
 
 from .breakdown import TurnTimes, breakdown, turn_times

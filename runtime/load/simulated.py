@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import msgspec
 
-from actors.model import ModelRequest
+from actors import ModelRequest
 from storage import (
     FinishChunk,
     Message,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from actors.model import Model
+from actors import Model
 
 from .stack import scripted_load_model
 

@@ -23,9 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
 
-from actors.limits import UsageLimits
-from actors.model import Model, ModelRequest
-from actors.tools import Tool
+from actors import Model, ModelRequest, Tool, UsageLimits
 from storage import CorralError, LlmFailure, ToolMessage
 
 from ..scripted import ScriptedModel, ScriptItem, ToolCall, last_user_text

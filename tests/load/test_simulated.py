@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.model import ModelRequest
+from actors import ModelRequest
 from runtime import Runtime, tool
 from runtime.load import Dist, SimulatedModel
 from storage import AssistantChunk, RequestConfig, TextBlock, TextDelta, ToolSpec, UserMessage
