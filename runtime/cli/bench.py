@@ -9,6 +9,7 @@ wipe, and the exit status; :mod:`.benchview` shows the progress and the tables,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -274,6 +275,18 @@ def _with_lookup(_rt: object) -> AgentStack:
     help="Write a PNG, or the image format of its suffix (needs corral[plot]).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Run the load in N shard processes on Ray (corral[ray]; docs/cluster.md).",
+)
+@click.option(
+    "--address",
+    metavar="ADDR",
+    default=None,
+    help="With --shards: a running Ray cluster's address (default: a local Ray).",
+)
 @click.pass_context
 def bench(ctx: click.Context, /, **p: Any) -> None:
     """Load-test an agent stack: host agents, send them turns (closed loop) or arrivals
@@ -287,6 +300,9 @@ def bench(ctx: click.Context, /, **p: Any) -> None:
 def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
     store: Path = p["store"]
     check_options(ctx, p)
+    shards = p["shards"]
+    if p["address"] is not None and shards is None:
+        raise click.UsageError("--address goes with --shards", ctx)
     if p["json_path"] is not None:  # before the run, which may make the store there
         refuse_store_file(p["json_path"], store, "json_path")
     if p["plot_path"] is not None:
@@ -296,7 +312,10 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
     if p["agent_target"]:
         factory, factory_name = load_factory(p["agent_target"])
     model: Model | None = None
-    if p["model_spec"]:
+    if p["model_spec"] and shards is not None:  # each shard resolves the string
+        if not p["model_spec"].startswith("scripted:"):
+            confirm_cost(p)
+    elif p["model_spec"]:
         model = _resolve(p["model_spec"])  # a bad string is refused before any question
         if model.provider != "scripted":
             confirm_cost(p)
@@ -358,7 +377,8 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
                 **bench_args,
             )
         else:
-            result, samples = run_bench(store, spec, traffic=traffic, **bench_args)
+            run = run_bench if shards is None else _sharded(shards, p["address"], p["model_spec"])
+            result, samples = run(store, spec, traffic=traffic, **bench_args)
     if isinstance(result, SweepReport):
         _print_sweep(out, result)
         reports = [point.report for point in result.points]
@@ -466,12 +486,13 @@ def _exit_status(report: LoadReport, max_error_rate: float) -> None:
             f"invariants: {plural(len(report.violations), 'violation')} over "
             f"{plural(report.sessions_checked or 0, 'session')}"
         )
-    if report.settled and report.error_rate > max_error_rate:
+    error_rate = report.errored / report.settled if report.settled else 0.0
+    if error_rate > max_error_rate:
         first = next((f for f in report.failures if f.turns), None)
         cause = f" (first: {first.code}: {first.example})" if first is not None else ""
         raise TurnsFailedError(
             f"{report.errored:,} of {report.settled:,} turns ended in error "
-            f"({report.error_rate:.2%} > --max-error-rate {max_error_rate:g}){cause}"
+            f"({error_rate:.2%} > --max-error-rate {max_error_rate:g}){cause}"
         )
 
 

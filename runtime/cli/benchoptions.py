@@ -15,6 +15,7 @@ from .errors import CliError
 
 __all__ = ["DistType", "RateType", "SweepType", "check_options", "confirm_cost", "given"]
 
+_SIMULATED: Final = ("ttft", "tokens_per_s", "reply_tokens", "tool_probability")
 _CONFIRM_OVER: Final = 100  # paid requests a real model's run sends without --yes
 
 
@@ -90,7 +91,7 @@ def check_options(ctx: click.Context, p: dict[str, Any]) -> None:
     """Options that only one model, or only one kind of loop, uses are refused with
     another (instead of silently ignored)."""
     scripted = given(ctx, "latency", "latency_jitter", "chunks", "tool_calls", "failure_rate")
-    simulated = given(ctx, "ttft", "tokens_per_s", "reply_tokens", "tool_probability")
+    simulated = given(ctx, *_SIMULATED)
     if p["model_spec"]:
         refuse(ctx, scripted + simulated, "shape the scripted or simulated model: not --model")
     elif simulated:
@@ -103,6 +104,9 @@ def check_options(ctx: click.Context, p: dict[str, Any]) -> None:
         refuse(ctx, given(ctx, "arrivals", "duration", "queue_limit"), "need --rate")
     if sweep is not None:
         refuse(ctx, given(ctx, sweep[0]), f"is what --sweep {sweep[0]}=... varies")
+    if p["shards"] is not None:  # a shard runs the built-in closed loop (runtime.cluster)
+        alone = given(ctx, "agent_target", "prompts", "rate", "sweep", *_SIMULATED)
+        refuse(ctx, [n.replace("agent-target", "agent") for n in alone], "do not go with --shards")
     if p["prompt_order"] != "cycle" and p["prompts"] is None:
         raise click.UsageError("--prompt-order needs --prompts", ctx)
 

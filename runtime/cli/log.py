@@ -28,7 +28,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from runtime.load import check_store, latency_of, store_bytes
+from runtime.cluster.layout import is_sharded, stores_for
+from runtime.load import StoreCheck, check_store, latency_of, store_bytes
 from storage import (
     SCHEMA_VERSION,
     DuplicateSessionError,
