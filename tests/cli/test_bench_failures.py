@@ -128,6 +128,9 @@ def test_options_of_the_scripted_or_simulated_model_are_refused_with_a_real_one(
         (["--sweep", "agents=1,2", "--agents", "3"], "--agents is what --sweep agents"),
         (["--sweep", "agents=5"], "at least two values"),
         (["--prompt-order", "sample"], "--prompt-order needs --prompts"),
+        (["--shards", "2", "--rate", "10"], "--rate do not go with --shards"),
+        (["--shards", "2", "--agent", "tests.load.stacks:factory"], "--agent do not go with"),
+        (["--address", "127.0.0.1:1"], "--address goes with --shards"),
     ],
 )
 def test_options_that_do_not_go_together_are_refused(
