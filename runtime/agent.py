@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from pykka import ActorDeadError, ActorRef, Future, Timeout
-from pykka._envelope import Envelope
 
 from actors import (
     Idle,
@@ -35,44 +34,25 @@ from actors.errors import (
 )
 from actors.inbox import Inbox, InboxView
 from actors.live import TurnSignal, checked_cause
-from storage import (
-    CARRIED_BYTES,
-    EMPTY_TEXT_BYTES,
-    JSON_BYTES_PER_CHAR,
-    SPLICE_BYTES,
+from storage.events import (
     CancelCause,
-    ContentBlock,
     DisposedCause,
-    ImageBlock,
     InboxLane,
     MessageId,
-    ReasoningBlock,
-    TextBlock,
-    ToolCallBlock,
-    ToolResultBlock,
     UserCause,
     UserMessage,
-    message_bytes,
 )
 
 from . import waiting
+from .messages import MessageChecker, MessageLike, check_id
 from .waiting import check_timeout
 
 if TYPE_CHECKING:
-    from storage import Session
+    from storage.session import Session
 
     from .runtime import Runtime
 
 __all__ = ["Agent", "MessageLike"]
-
-MessageLike = str | UserMessage | Sequence[ContentBlock]
-_BLOCKS = (TextBlock, ReasoningBlock, ImageBlock, ToolCallBlock, ToolResultBlock)
-_message_decoder = msgspec.json.Decoder(UserMessage)
-
-
-def _check_id(message_id: object) -> None:
-    if not isinstance(message_id, str) or not message_id:
-        raise InvalidMessageError(f"a message id is a non-empty str, got {message_id!r}")
 
 
 class Agent:
@@ -96,10 +76,8 @@ class Agent:
         self._live_lock = LendingLock()  # (a passivation holds it while it asks the actor)
         self._passive = False
         self._inbox: Inbox | None = None
-        self._new_id = new_id
-        self._max_bytes = max_message_bytes
-        # A message's own JSON may take this much: see storage.budget.
-        self._max_message_bytes = message_bytes(max_message_bytes)
+        self._checker = checker = MessageChecker(new_id, max_message_bytes)
+        self._message = checker.check  # (bound once: every send calls it)
         self._ref: ActorRef[Any] | None = None
         self._status: Callable[[], Literal["idle", "running"]] = lambda: "idle"
         self._active_signal: Callable[[], TurnSignal | None] = lambda: None
@@ -186,70 +164,6 @@ class Agent:
 
     # ------------------------------------------------------------------ messages
 
-    def _message(self, value: object, message_id: MessageId | None, source: str) -> UserMessage:
-        if (
-            type(value) is str
-            and message_id is None
-            and type(source) is str
-            and value.isascii()
-            and source.isascii()
-        ):
-            # The common send: its fields are right by construction and ASCII always
-            # encodes; only the size is left to check, by a bound when it is far below.
-            message_id = self._new_id()
-            size = len(value) + len(source) + len(message_id)
-            if EMPTY_TEXT_BYTES + JSON_BYTES_PER_CHAR * size <= self._max_message_bytes:
-                return UserMessage(id=message_id, content=(TextBlock(text=value),), source=source)
-        if message_id is not None:
-            _check_id(message_id)  # an empty id is refused, not replaced by a new one
-        if isinstance(value, UserMessage):
-            if message_id is not None and message_id != value.id:
-                raise InvalidMessageError("give the id inside the UserMessage, or pass a str")
-            if source not in ("user", value.source):
-                raise InvalidMessageError("give the source inside the UserMessage, or pass a str")
-            message = value
-        elif isinstance(value, str):
-            message = UserMessage(
-                id=self._new_id() if message_id is None else message_id,
-                content=(TextBlock(text=value),),
-                source=source,
-            )
-        elif (
-            isinstance(value, list | tuple) and value and all(isinstance(b, _BLOCKS) for b in value)
-        ):
-            message = UserMessage(
-                id=self._new_id() if message_id is None else message_id,
-                content=tuple(value),
-                source=source,
-            )
-        else:
-            raise InvalidMessageError(
-                f"a message is a str, a UserMessage or a non-empty list of content blocks; "
-                f"got {type(value).__name__}"
-            )
-        if not message.id or not isinstance(message.id, str):
-            raise InvalidMessageError(f"a message id is a non-empty str, got {message.id!r}")
-        if isinstance(message.content, list | tuple) and not message.content:
-            raise InvalidMessageError("a message holds at least one content block, got none")
-        try:
-            encoded = msgspec.json.encode(message)
-            # Field types: msgspec does not check them at construction. A message built
-            # here from a str (and a str source) has them right by construction. The
-            # decoded message is the one kept: content blocks given as plain dicts
-            # become the block structs the log reads back (and providers send).
-            if not (isinstance(value, str) and isinstance(source, str)):
-                message = _message_decoder.decode(encoded)
-        except (TypeError, ValueError, msgspec.MsgspecError) as err:
-            raise InvalidMessageError(f"the message is not a valid UserMessage: {err}") from err
-        size = len(encoded)
-        if size > self._max_message_bytes:
-            raise InvalidMessageError(
-                f"the message encodes to {size} bytes; with the {CARRIED_BYTES} bytes the "
-                "records that carry it (agent/inbox/spliced, user/message) may add, that is "
-                f"over the {self._max_bytes}-byte event limit"
-            )
-        return message
-
     def _send(
         self, value: object, lane: InboxLane, wake: bool, message_id: MessageId | None, source: str
     ) -> MessageId:
@@ -331,9 +245,11 @@ class Agent:
         """``_tell`` for a caller that made the agent live (``ActorRef.tell``, inline)."""
         ref = self._ref
         assert ref is not None
-        if ref.actor_stopped._flag:  # type: ignore[attr-defined]
+        if ref.actor_stopped.is_set():
             raise AgentDisposedError(f"agent {self.id} is no longer running")
-        ref.actor_inbox.put(Envelope(message))
+        mailbox = ref.actor_inbox
+        assert isinstance(mailbox, Mailbox)  # (every agent actor is pooled)
+        mailbox.tell(message)
 
     def _tell(self, message: object) -> None:
         self._check_runtime()
@@ -491,7 +407,7 @@ class Agent:
     def remove(self, message_id: MessageId, *, timeout: float | None = 10.0) -> UserMessage:
         """Discard one pending message (``outcome: canceled``); raises if it is not pending."""
         timeout = check_timeout(timeout)
-        _check_id(message_id)
+        check_id(message_id)
         removed: UserMessage = self._ask(Edit(op="remove", message_id=message_id), timeout)
         return removed
 
@@ -500,7 +416,7 @@ class Agent:
     ) -> MessageId:
         """Swap a pending message for a new one in the same place; returns the new id."""
         timeout = check_timeout(timeout)
-        _check_id(message_id)
+        check_id(message_id)
         new = self._message(message, None, "user")
         self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
         return new.id
@@ -539,13 +455,7 @@ class Agent:
                 "(one text is one message: pass [text])"
             )
         new = tuple(self._message(m, None, "user") for m in messages)
-        if len(new) > 1:  # one splice record carries them all
-            size = SPLICE_BYTES + sum(len(msgspec.json.encode(m)) + 1 for m in new) - 1
-            if size > self._max_bytes:
-                raise InvalidMessageError(
-                    f"the splice's record would be {size} bytes, over the {self._max_bytes}-byte "
-                    "event limit; splice fewer messages at a time"
-                )
+        self._checker.check_splice(new)
         edit = Edit(op="splice", lane=lane, start=start, removed_count=removed_count, messages=new)
         removed: list[UserMessage] = self._ask(edit, timeout)
         return removed
