@@ -74,6 +74,7 @@ from .checks import (
     check_header,
     check_limits,
 )
+from .close import CloseStages, Deadline, Stage
 from .errors import RuntimeClosedError
 from .policy import RetryPolicy
 from .waiting import check_timeout
@@ -83,22 +84,6 @@ __all__ = ["Runtime"]
 log = logging.getLogger("corral.runtime")
 _DURABILITY = ("write-ahead", "turn", "none")
 _DEFAULT_POLICY: Any = object()
-_CLOSE_STAGES: tuple[str, ...] = (
-    "starts",  # wait for spawns under way; the agents to stop
-    "agents",  # their disposals (inboxes kept), waited for
-    "stragglers",  # the actors of those that did not end, stopped
-    "registry",
-    "scheduler",
-    "models",
-    "io",
-    "dispatcher",
-    "store",
-    "gc",
-)
-"""The stages of :meth:`Runtime.close`, in order."""
-_CLOSE_NEEDS: dict[str, str] = {"agents": "starts", "stragglers": "agents"}
-"""A stage that works on what an earlier one left it: when that one failed, the stage
-still runs (on what there is) but is not done, and the next close runs it again."""
 _UNDO_S = 5.0
 """What each part of a runtime whose open failed gets to stop (it ran nothing yet)."""
 
@@ -211,8 +196,7 @@ class Runtime:
         self._bridged: dict[str, Session] = {}  # agent id -> the session it bridges
         self._scoped: dict[str, set[Callable[[], None]]] = {}  # agent id -> its disposers
         self._closed = False  # close() began: nothing new starts
-        self._closing = False  # a close() is running its stages
-        self._close_left = list(_CLOSE_STAGES)  # what no close() has done yet
+        self._close = CloseStages(self._close_stages())  # what no close() has done yet
         self._closing_agents: list[Agent] = []  # the agents close() stops
         self._disposals_cut: str | None = None  # what interrupted close's wait for them
         self._released = False  # close() let go of the store: nothing can be read
@@ -1003,10 +987,10 @@ class Runtime:
                     f"messages to {len(futures)} agents were not handled within {timeout} s"
                 ) from err
 
-    def _close_models(self, until: float | None) -> None:
+    def _close_models(self, d: Deadline) -> None:
         """Close the models agents used (their HTTP clients live on this I/O loop), by
-        ``until`` (a deadline) in all."""
-        until = extended(until)  # closing a client takes a moment; they share it
+        the close's deadline in all."""
+        until = extended(d.until)  # closing a client takes a moment; they share it
         for model in list(self._models.values()):
             aclose = getattr(model, "aclose", None)
             if aclose is None:
@@ -1065,95 +1049,80 @@ class Runtime:
             )
         until = deadline(timeout)
         with self._lock:
-            if self._closing or (self._closed and not self._close_left):
+            if self._close.running or self._close.done:
                 return  # another close() is under way, or one closed everything
             self._closed = True
-            self._closing = True
-            left = list(self._close_left)
-            if "starts" in left:  # the agents live now, whatever "starts" gets to
+            self._close.running = True
+            if "starts" in self._close.left:  # the agents live now, whatever "starts" gets to
                 self._closing_agents = list(self._agents.values())
-        # Every stage runs, whatever the ones before it raised (the first error is
-        # raised at the end): a stage that failed (or was interrupted) is left for the
-        # next close(), which runs only what is left.
-        failed: BaseException | None = None
-        not_done: set[str] = set()
         try:
-            for stage in left:
-                try:
-                    self._close_stage(stage, until, timeout)
-                except BaseException as err:  # raised once every stage ran
-                    not_done.add(stage)
-                    if failed is None:
-                        failed = err
-                    else:
-                        log.exception("closing the runtime (%s) failed too", stage)
-                else:
-                    if _CLOSE_NEEDS.get(stage) in not_done:
-                        not_done.add(stage)  # it ran on what a failed stage left it
-                    else:
-                        self._close_left.remove(stage)
+            self._close.run(Deadline(until, timeout))
         finally:
             with self._lock:
-                self._closing = False
-                if not self._close_left:
+                self._close.running = False
+                if self._close.done:
                     atexit.unregister(self._close_at_exit)  # (kept to finish a failed close)
-        if failed is not None:
-            raise failed
 
-    def _close_stage(self, stage: str, until: float | None, timeout: float | None) -> None:
-        """One stage of :meth:`close`, in the order of :data:`_CLOSE_STAGES`."""
-        if stage == "starts":
-            with self._lock:
-                try:
-                    if not self._started.wait_for(lambda: not self._starting, remaining(until)):
-                        log.warning(
-                            "an agent was still starting after %s s; closing anyway", timeout
-                        )
-                finally:  # (a Ctrl-C in the wait too: the later stages need the agents)
-                    self._closing_agents = list(self._agents.values())
-                    # A start still under way (given up on above) is claimed: it ends
-                    # without announcing its agent (its spawn raises RuntimeClosedError),
-                    # which then never ran, so it has nothing to dispose (see _announce
-                    # and _start).
-                    for handle in self._pending.values():
-                        handle._disposing = True
-                        handle._disposed.set()
-                    self._pending.clear()
-                    self._starts_claimed = True  # and those not pending yet, once they are
-        elif stage == "agents":
-            self._dispose_for_close(until)
-        elif stage == "stragglers":
-            stuck = [h for h in self._closing_agents if not h._disposed.is_set()]
-            self._stop_now(stuck, until, timeout)
-        elif stage == "registry":
-            self._stop_registry(until, timeout)
-        elif stage == "scheduler":
-            self.scheduler.close(remaining(extended(until)))
-        elif stage == "models":
-            self._close_models(until)
-        elif stage == "io":
-            self.io.close(remaining(until))
-        elif stage == "dispatcher":
-            if not self.dispatcher.shutdown(remaining(extended(until))):
-                log.warning(
-                    "a dispatcher thread was still running a handler (a blocked sync "
-                    "listener, say) after %s s; it ends when that returns",
-                    timeout,
-                )
-        elif stage == "store":
-            self._released = True
-            if self._owns_store:
-                self.store.close()
-        elif stage == "gc":
-            if self._tuned_gc:
-                # Cleared first: once per runtime, even if this stage runs again (a
-                # Ctrl-C after the release would have released another runtime's).
-                self._tuned_gc = False
-                gctune.release_gc_tuning()
-        else:  # pragma: no cover - _CLOSE_STAGES names them all
-            raise AssertionError(stage)
+    def _close_stages(self) -> tuple[Stage, ...]:
+        """The stages of :meth:`close`, in order."""
+        return (
+            # wait for spawns under way; the agents to stop
+            Stage("starts", self._close_starts),
+            # their disposals (inboxes kept), waited for
+            Stage("agents", self._dispose_for_close, needs="starts"),
+            # the actors of those that did not end, stopped
+            Stage("stragglers", self._close_stragglers, needs="agents"),
+            Stage("registry", self._stop_registry),
+            Stage("scheduler", lambda d: self.scheduler.close(remaining(extended(d.until)))),
+            Stage("models", self._close_models),
+            Stage("io", lambda d: self.io.close(remaining(d.until))),
+            Stage("dispatcher", self._close_dispatcher),
+            Stage("store", self._close_store),
+            Stage("gc", self._close_gc),
+        )
 
-    def _dispose_for_close(self, until: float | None) -> None:
+    def _close_starts(self, d: Deadline) -> None:
+        with self._lock:
+            try:
+                if not self._started.wait_for(lambda: not self._starting, remaining(d.until)):
+                    log.warning("an agent was still starting after %s s; closing anyway", d.timeout)
+            finally:  # (a Ctrl-C in the wait too: the later stages need the agents)
+                self._closing_agents = list(self._agents.values())
+                # A start still under way (given up on above) is claimed: it ends
+                # without announcing its agent (its spawn raises RuntimeClosedError),
+                # which then never ran, so it has nothing to dispose (see _announce
+                # and _start).
+                for handle in self._pending.values():
+                    handle._disposing = True
+                    handle._disposed.set()
+                self._pending.clear()
+                self._starts_claimed = True  # and those not pending yet, once they are
+
+    def _close_stragglers(self, d: Deadline) -> None:
+        stuck = [h for h in self._closing_agents if not h._disposed.is_set()]
+        self._stop_now(stuck, d.until, d.timeout)
+
+    def _close_dispatcher(self, d: Deadline) -> None:
+        if not self.dispatcher.shutdown(remaining(extended(d.until))):
+            log.warning(
+                "a dispatcher thread was still running a handler (a blocked sync "
+                "listener, say) after %s s; it ends when that returns",
+                d.timeout,
+            )
+
+    def _close_store(self, _d: Deadline) -> None:
+        self._released = True
+        if self._owns_store:
+            self.store.close()
+
+    def _close_gc(self, _d: Deadline) -> None:
+        if self._tuned_gc:
+            # Cleared first: once per runtime, even if this stage runs again (a
+            # Ctrl-C after the release would have released another runtime's).
+            self._tuned_gc = False
+            gctune.release_gc_tuning()
+
+    def _dispose_for_close(self, d: Deadline) -> None:
         """Begin every agent's disposal (inbox kept) and wait for them by ``until``; the
         stage after stops those that did not end. One agent's failure to begin does
         not keep the others from theirs (the first is raised after the wait)."""
@@ -1169,7 +1138,7 @@ class Runtime:
         # (corral run's handler says the close goes on, or quits at the next press).
         try:
             for handle in agents:
-                waiting.wait(handle._disposed, remaining(until))
+                waiting.wait(handle._disposed, remaining(d.until))
         except BaseException as err:  # (a Ctrl-C): the stage after stops them at once
             self._disposals_cut = type(err).__name__
             raise
@@ -1222,7 +1191,7 @@ class Runtime:
             except Exception:  # stopped anyway; close goes on
                 log.debug("stopping agent %s", handle.id, exc_info=True)
 
-    def _stop_registry(self, until: float | None, timeout: float | None) -> None:
+    def _stop_registry(self, d: Deadline) -> None:
         if self.dispatcher.is_shut_down:
             # A close() finishing what a failed one left: the registry's stop can never
             # be handled now. It runs nothing (every agent is stopped or abandoned): pykka
@@ -1230,9 +1199,9 @@ class Runtime:
             forget(self._registry)
             return
         try:
-            self._registry.stop(timeout=remaining(extended(until)))
+            self._registry.stop(timeout=remaining(extended(d.until)))
         except Timeout:
-            log.warning("the agent registry did not stop within %s s; left to stop", timeout)
+            log.warning("the agent registry did not stop within %s s; left to stop", d.timeout)
 
 
 def _announced_elsewhere(*_: object) -> None:
