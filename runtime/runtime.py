@@ -35,12 +35,11 @@ from actors import (
     in_nonblocking_thread,
     in_runtime_thread,
     waiting_for,
-    waiting_on_actors,
     watch,
 )
 from actors._deadline import deadline, extended, remaining
-from actors.agent import AgentActor, AgentMailbox, Announce, AwaitIdle, Cancel, Quiescent
-from actors.errors import AgentDisposedError, DispatcherShutdownError, WaitCycleError
+from actors.agent import AgentActor, AgentMailbox, Announce, AwaitIdle, Cancel
+from actors.errors import AgentDisposedError, DispatcherShutdownError
 from actors.flushes import FlushGroup
 from actors.inbox import Inbox
 from actors.limits import Admission, UsageLimits, UsageMeter
@@ -77,6 +76,7 @@ from .checks import (
 from .close import CloseStages, Deadline, Stage
 from .errors import RuntimeClosedError
 from .policy import RetryPolicy
+from .slots import AgentSlot
 from .waiting import check_timeout
 
 __all__ = ["Runtime"]
@@ -171,19 +171,20 @@ class Runtime:
         self._owns_store = owns_store
         self._tuned_gc = tune_gc
         self._lock = threading.Lock()
-        self._agents: dict[str, Agent] = {}
+        # The live and passivated agents, by id (their handles: slot.handle).
+        self._agents: dict[str, AgentSlot[Agent]] = {}
+        self._host = _Host(self)  # what the agents' handles call (runtime.slots.AgentHost)
         self._starting = 0  # spawns, resumes and forks under way: see _starting_agent()
         # The sessions of the resumes among them, until their agent is live (each held
         # by its resume's token).
         self._resuming: dict[str, object] = {}
         # Agents being started: registered, not announced yet. Not in _agents (get() and
         # agents() hand out live agents only) until their actor announces them.
-        self._pending: dict[str, Agent] = {}
+        self._pending: dict[str, AgentSlot[Agent]] = {}
         # A close() gave up waiting for the starts under way: it claimed those pending,
         # and one that was not pending yet is refused when it gets there (see _start).
         self._starts_claimed = False
         self._started = threading.Condition(self._lock)
-        self._refs: dict[str, ActorRef[Any]] = {}
         self._models: dict[int, Model] = {}
         self._session_listeners = 0  # session/event listeners: appends skip the bridge at 0
         # Sessions get a session/event bridge (an observer called on every append) only
@@ -193,11 +194,10 @@ class Runtime:
         # and an on() that finds it registered returns after it is. Lock order: this
         # lock, then a session's lock (a session observer must not bridge: see _bridge).
         self._bridge_lock = threading.Lock()
-        self._bridged: dict[str, Session] = {}  # agent id -> the session it bridges
         self._scoped: dict[str, set[Callable[[], None]]] = {}  # agent id -> its disposers
         self._closed = False  # close() began: nothing new starts
         self._close = CloseStages(self._close_stages())  # what no close() has done yet
-        self._closing_agents: list[Agent] = []  # the agents close() stops
+        self._closing_agents: list[AgentSlot[Agent]] = []  # the agents close() stops
         self._disposals_cut: str | None = None  # what interrupted close's wait for them
         self._released = False  # close() let go of the store: nothing can be read
         self._id_prefix = uuid.uuid4().hex[:12]
@@ -322,7 +322,7 @@ class Runtime:
         return self._listen(name, listener, None)
 
     def _listen(
-        self, name: str, listener: Callable[..., Any], owner: Agent | None
+        self, name: str, listener: Callable[..., Any], owner: AgentSlot[Agent] | None
     ) -> Callable[[], None]:
         """Register ``listener``; with ``owner``, for that agent's events only, and only
         while that handle is the live one of its id: a disposed agent's handle is
@@ -351,12 +351,12 @@ class Runtime:
                 self._session_listeners += 1
                 self._bridging = True  # every agent that goes live from now on is bridged
                 agents = self._agents
-                handles = list(agents.values()) if scope is None else [agents[scope]]
+                slots = list(agents.values()) if scope is None else [agents[scope]]
             if scope is not None:
                 dispose = self._scoped_disposer(scope, dispose)
         if session_event:
-            for handle in handles:  # before returning: the listener sees every later append
-                self._bridge(handle)
+            for slot in slots:  # before returning: the listener sees every later append
+                self._bridge(slot)
         return dispose
 
     def _session_disposer(self, dispose: Callable[[], None]) -> Callable[[], None]:
@@ -548,25 +548,25 @@ class Runtime:
         any append."""
         meters = self._meters_for(session.id, limits)
         spec = _Spec(model=model, tools=tools, system=system, meters=meters)
-        handle = Agent(
-            self,
-            session,
+        slot: AgentSlot[Agent] = AgentSlot(session, spec)
+        handle = slot.handle = Agent(
+            slot,
+            self._host,
             new_id=self._new_message_id,
             max_message_bytes=self.store.codec.max_event_bytes,
-            spec=spec,
         )
         agent_id = session.id
         if source == "resume":
             with self._lock:
                 bridging = self._bridging
             if bridging:
-                self._bridge(handle)
+                self._bridge(slot)
             if session.repair():
                 session.flush()  # repaired durably by the time resume returns
-        parts = self._assemble(handle, session, spec)
+        parts = self._assemble(slot, session, spec)
         ref: ActorRef[Any] | None = None
         try:
-            self._add_pending(handle)
+            self._add_pending(slot)
             create = ProxyCall(attr_path=("create",), args=(agent_id, parts.start), kwargs={})
             # Both asks wait for other actors: on a dispatcher worker (a sync listener
             # that spawns) the dispatcher lends a worker meanwhile, or a few such
@@ -578,17 +578,17 @@ class Runtime:
                 ref = self._registry.ask(create, block=True)
                 # The actor's first message: nothing can be sent to it before (the handle
                 # is bound by it), so whatever the listeners send waits behind it.
-                announce = partial(self._announce, handle, session, ref, parts, source)
+                announce = partial(self._announce, slot, session, ref, parts, source)
                 ref.ask(Announce(callback=announce), block=True)
         except BaseException as err:
             with self._lock:
                 self._pending.pop(agent_id, None)
-                if self._agents.get(agent_id) is handle:
+                if self._agents.get(agent_id) is slot:
                     del self._agents[agent_id]
-                if ref is not None and self._refs.get(agent_id) is ref:  # (_go_live's)
-                    del self._refs[agent_id]
-                if self._bridged.get(agent_id) is session:
-                    del self._bridged[agent_id]
+                if ref is not None and slot.ref is ref:  # (_go_live's)
+                    slot.registered = False
+                if slot.bridged is session:
+                    slot.bridged = None
             if ref is not None:  # registered, never announced: nothing may keep it running
                 self._unstart(agent_id, ref)
             if self._closed and isinstance(err, Exception):  # a close() ended this start
@@ -596,14 +596,14 @@ class Runtime:
             raise
         return handle
 
-    def _add_pending(self, handle: Agent) -> None:
-        """``handle``'s start is under way: pending until its actor announces it (see
+    def _add_pending(self, slot: AgentSlot[Agent]) -> None:
+        """``slot``'s start is under way: pending until its actor announces it (see
         _announce). ``RuntimeClosedError`` if a close() gave up waiting for the starts
         under way (it claimed those pending then): this one ends here, never announced."""
         with self._lock:
             if self._starts_claimed:
                 raise RuntimeClosedError
-            self._pending[handle.id] = handle
+            self._pending[slot.id] = slot
 
     def _unstart(self, agent_id: str, ref: ActorRef[Any]) -> None:
         """Stop the actor of a start that failed (or that a close gave up on) and take
@@ -618,7 +618,7 @@ class Runtime:
 
     def _announce(
         self,
-        handle: Agent,
+        slot: AgentSlot[Agent],
         session: Session,
         ref: ActorRef[Any],
         parts: _Parts,
@@ -629,12 +629,12 @@ class Runtime:
         listeners (allowed: the handle is live) is handled after both, so the agent's
         first turn never starts between them. From here ``rt.get`` and ``rt.agents()``
         return the agent (not before: its handle could not be used yet)."""
-        self._go_live(handle, session, ref, parts)
-        agent_id = handle.id
+        self._go_live(slot, session, ref, parts)
+        agent_id, handle = slot.id, slot.handle
         with self._lock:
-            claimed = self._pending.pop(agent_id, None) is not handle
+            claimed = self._pending.pop(agent_id, None) is not slot
             if not claimed:
-                self._agents[agent_id] = handle
+                self._agents[agent_id] = slot
                 self._resuming.pop(agent_id, None)  # _agents keeps a second resume out
         if claimed:  # by a close() that gave up waiting for this start: it ends here
             raise RuntimeClosedError
@@ -643,8 +643,9 @@ class Runtime:
             start = AgentSessionStart(agent=handle, source=source)
             self.bus.emit("agent/session-start", start, scope=agent_id)
 
-    def _assemble(self, handle: Agent, session: Session, spec: _Spec) -> _Parts:
+    def _assemble(self, slot: AgentSlot[Agent], session: Session, spec: _Spec) -> _Parts:
         """Build an agent's inbox, tool phase and turn machine over ``session``."""
+        handle = slot.handle
         model = spec.model
         self._models.setdefault(id(model), model)
         agent_id = session.id
@@ -700,9 +701,11 @@ class Runtime:
 
         return _Parts(start=start, inbox=inbox, machine=machine)
 
-    def _go_live(self, handle: Agent, session: Session, ref: ActorRef[Any], parts: _Parts) -> None:
+    def _go_live(
+        self, slot: AgentSlot[Agent], session: Session, ref: ActorRef[Any], parts: _Parts
+    ) -> None:
         machine = parts.machine
-        handle._bind(
+        slot.bind(
             ref,
             session,
             parts.inbox,
@@ -711,95 +714,37 @@ class Runtime:
             machine.is_unwinding,
         )
         with self._lock:
-            self._refs[handle.id] = ref
-            bridging = self._bridging  # read after _bind: see _listen
+            slot.registered = True
+            bridging = self._bridging  # read after bind: see _listen
         if bridging:
-            self._bridge(handle)
-        agent_id = handle.id
+            self._bridge(slot)
+        agent_id = slot.id
         watch(ref, lambda dead, death: self._on_death(agent_id, death, dead))
 
     # ------------------------------------------------------------------ passivation
-
-    def _passivate(self, handle: Agent, timeout: float | None) -> bool:
-        """Stop an idle agent's actor and drop its in-memory session; the next send
-        rehydrates it from its log. False if it is busy (or gone)."""
-        if handle._on_own_thread():
-            return False  # one of its own listeners is running: busy (asking would stall)
-        with handle._live_lock:
-            if handle._passive:
-                return True
-            ref = self._refs.get(handle.id)
-            if handle._disposing or ref is None or not ref.is_alive():
-                return False
-            if not self._quiescent(handle, ref, timeout):
-                return False
-            if handle._disposing:  # (a disposal from its own actor meanwhile)
-                return False
-            handle._passivating = True  # its death is no disposal (see _on_death)
-            try:
-                with waiting_on_actors():
-                    ref.stop(block=True, timeout=timeout)
-            except ActorDeadError:
-                handle._passivating = False
-                return False
-            except Timeout:
-                # Its stop is queued behind nothing (it was quiescent, and the live lock
-                # keeps sends out): it stops without doing anything more. It is passive
-                # from here; its next use rebuilds it from the log.
-                log.debug("agent %s stops later than passivate's timeout", handle.id)
-            handle._unbind()
-            handle._passivating = False
-            with self._lock:
-                self._bridged.pop(handle.id, None)
-            return True
-
-    def _quiescent(self, handle: Agent, ref: ActorRef[Any], timeout: float | None) -> bool:
-        """Whether the agent's actor, asked under its live lock, says it is idle with
-        nothing queued. False (busy) when it is not, when it does not answer within
-        ``timeout`` (in one handler all that while), when the wait would close a cycle,
-        and as soon as another thread blocks on the live lock: that one wants to use the
-        agent, and might be what the actor's handler waits for (a cycle through the
-        lock, which no wait registers)."""
-        lock = handle._live_lock
-        answered = threading.Event()
-        answer: list[bool] = []
-
-        def answer_with(quiescent: bool) -> None:  # on the agent's actor
-            answer.append(quiescent)
-            answered.set()
-
-        lock.on_contention = answered.set
-        try:
-            ref.tell(Quiescent(callback=answer_with))
-            assert handle._inbox is not None
-            with waiting_for(handle._inbox, f"agent {handle.id} to be passivated"):
-                answered.wait(timeout)
-        except (ActorDeadError, WaitCycleError):  # gone, or busy in a handler that waits
-            return False  # for the caller
-        finally:
-            lock.on_contention = None
-        return answer == [True]
 
     def passivate_idle(self, timeout: float | None = 10.0) -> int:
         """Passivate every idle agent (evict it from memory until its next send);
         returns how many were passivated now (not those that were passive already)."""
         timeout = check_timeout(timeout)
         self._check_open()
+        with self._lock:
+            slots = list(self._agents.values())
         return sum(
             1
-            for a in self.agents()
-            if not a._passive and a.status == "idle" and self._passivate(a, timeout)
+            for slot in slots
+            if not slot.passive and slot.status() == "idle" and slot.passivate(timeout)
         )
 
-    def _rehydrate(self, handle: Agent) -> None:
+    def _rehydrate(self, slot: AgentSlot[Agent]) -> None:
         """Rebuild a passivated agent from its log (the caller holds its live lock)."""
         self._check_open()
-        session = self.store.open_session(handle.id)
+        session = self.store.open_session(slot.id)
         session.repair()
-        parts = self._assemble(handle, session, handle._spec)
+        parts = self._assemble(slot, session, slot.spec)
         ref = parts.start()
-        self._registry.tell(ProxyCall(attr_path=("rebind",), args=(handle.id, ref), kwargs={}))
-        self._go_live(handle, session, ref, parts)
+        self._registry.tell(ProxyCall(attr_path=("rebind",), args=(slot.id, ref), kwargs={}))
+        self._go_live(slot, session, ref, parts)
 
     def _on_death(self, agent_id: str, death: ActorDeath, ref: ActorRef[Any]) -> None:
         """An agent actor died (on the worker that ran its last batch: never the
@@ -808,22 +753,15 @@ class Runtime:
         passivation: nothing. A failure ends its registration like a dispose would; the
         session keeps its open turn, which ``resume`` repairs."""
         if not death.failed:
-            handle = self._agents.get(agent_id)
-            if (
-                handle is not None
-                and handle._disposing
-                and not handle._passivating
-                and not handle._passive
-                and self._refs.get(agent_id) is ref  # not an actor passivated before
-            ):
+            slot = self._agents.get(agent_id)
+            if slot is not None and slot.stopped_by_disposal(ref):
                 self._announce_disposed(agent_id)
             return
         log.error("agent %s crashed: %r", agent_id, death.error)
-        handle = self._agents.get(agent_id)
-        if handle is not None:
-            handle.crash = death.error
-            with handle._dispose_lock:
-                handle._disposing = True
+        slot = self._agents.get(agent_id)
+        if slot is not None:
+            slot.handle.crash = death.error
+            slot.begin_disposing()
         self._unregister(agent_id, stop=False)
         self._announce_disposed(agent_id)
 
@@ -834,7 +772,7 @@ class Runtime:
             meters.insert(0, UsageMeter(own, f"agent {agent_id}"))
         return meters
 
-    def _bridge(self, handle: Agent) -> None:
+    def _bridge(self, slot: AgentSlot[Agent]) -> None:
         """Mirror the agent's session appends as live ``session/event`` events (once per
         session; a passivated agent is bridged when it goes live again).
 
@@ -842,12 +780,12 @@ class Runtime:
         (which run under its lock) may register listeners. The session's lock is never
         taken under ``self._lock``: its observers call back into the runtime."""
         with self._bridge_lock:
-            session = handle._session
-            if session is None or self._bridged.get(handle.id) is session:
+            session = slot.session
+            if session is None or slot.bridged is session:
                 return
-            session.on_event(self._session_bridge(handle))
+            session.on_event(self._session_bridge(slot.handle))
             with self._lock:
-                self._bridged[handle.id] = session
+                slot.bridged = session
 
     def _session_bridge(self, handle: Agent) -> Callable[[Any], None]:
         bus, scope = self.bus, handle.id
@@ -864,23 +802,39 @@ class Runtime:
         left to stop (never the registry's worker: a listener may spawn or dispose,
         which asks the registry)."""
         with self._lock:
-            handle = self._agents.pop(agent_id, None)
-            self._refs.pop(agent_id, None)
-            self._bridged.pop(agent_id, None)
-        if handle is None:
+            slot = self._agents.pop(agent_id, None)
+            if slot is not None:
+                slot.registered = False
+                slot.bridged = None
+        if slot is None:
             return
-        handle._announcer = threading.get_ident()  # its dispose() there does not wait
+        slot.announcer = threading.get_ident()  # its dispose() there does not wait
         try:
-            self.bus.emit("agent/disposed", AgentDisposed(agent=handle), scope=agent_id)
+            self.bus.emit("agent/disposed", AgentDisposed(agent=slot.handle), scope=agent_id)
         finally:
-            handle._announcer = None
+            slot.announcer = None
         with self._lock:
             disposers = self._scoped.pop(agent_id, set())
         for dispose in list(disposers):  # its agent.on listeners go with it
             dispose()
-        handle._disposed.set()
+        slot.disposed.set()
 
-    def _dispose_live(self, handle: Agent, *, keep_inbox: bool = False) -> bool:
+    def _begin_disposal(self, slot: AgentSlot[Agent], *, keep_inbox: bool) -> None:
+        """Start this agent's one disposal, unless one began (``dispose()``, or the
+        runtime's ``close()``, which keeps the inbox for a resume)."""
+        if not slot.begin_disposing():
+            return
+        with slot.exclusive():
+            if not keep_inbox and slot.passive:
+                # the disposal discards the pending inbox durably: the actor does
+                with slot.lock:
+                    if slot.passive:
+                        self._rehydrate(slot)
+            running = self._dispose_live(slot, keep_inbox=keep_inbox)
+        if not running:  # passive (kept inbox) or crashed: no actor to stop
+            self._forget(slot)
+
+    def _dispose_live(self, slot: AgentSlot[Agent], *, keep_inbox: bool = False) -> bool:
         """Start disposing the agent's actor, if it runs: cancel (``disposed``), then stop
         it once idle, which announces ``agent/disposed``. False if no actor runs (passivated
         or crashed): then :meth:`_forget` it.
@@ -888,27 +842,27 @@ class Runtime:
         Call it holding the handle's live lock, or on the agent's own actor: otherwise a
         passivation could stop the actor between the check and the two messages, which
         would then never be handled, and the disposal never end."""
-        ref = self._refs.get(handle.id)
+        ref = slot.ref if slot.registered else None
         if ref is None or not ref.is_alive():
             return False
 
         def stop() -> None:
             # The registry stops it (unless a close that gave up on the agent stopped the
             # registry); _on_death announces the disposal.
-            self._unregister(handle.id, stop=True)
+            self._unregister(slot.id, stop=True)
 
         ref.tell(Cancel(cause=DisposedCause(), keep_inbox=keep_inbox))
         ref.tell(AwaitIdle(callback=stop))
         return True
 
-    def _forget(self, handle: Agent) -> None:
+    def _forget(self, slot: AgentSlot[Agent]) -> None:
         """Dispose an agent that has no actor running: the registry forgets it, and
         ``agent/disposed`` is announced here (called without the live lock: a listener
         of that event may use the agent). Told, not asked: a spawn or resume of the id
         from a listener reaches the registry after the removal (one mailbox, in order),
         and nothing waits for the registry (a close must not)."""
-        self._unregister(handle.id, stop=False)
-        self._announce_disposed(handle.id)
+        self._unregister(slot.id, stop=False)
+        self._announce_disposed(slot.id)
 
     def _unregister(self, agent_id: str, *, stop: bool) -> bool:
         """Tell the registry to forget the agent (``stop``: and stop its actor), announcing
@@ -928,7 +882,7 @@ class Runtime:
         with self._lock:
             self._check_open()
             try:
-                return self._agents[agent_id]
+                return self._agents[agent_id].handle
             except KeyError:
                 raise KeyError(f"no live agent {agent_id!r} in this runtime") from None
 
@@ -936,7 +890,7 @@ class Runtime:
         """Every agent of this runtime, live or passivated."""
         with self._lock:
             self._check_open()
-            return list(self._agents.values())
+            return [slot.handle for slot in self._agents.values()]
 
     # ------------------------------------------------------------------ durability
 
@@ -962,20 +916,22 @@ class Runtime:
             await asyncio.get_running_loop().run_in_executor(None, self._await_told, None, busy)
         await self.store.aflush()
 
-    def _busy_agents(self) -> list[Agent]:
+    def _busy_agents(self) -> list[AgentSlot[Agent]]:
         """The agents whose actors have messages queued or are handling some: one pass
         over every agent, ~1 µs each (11 ms with 10,000 idle agents)."""
         with self._lock:
             agents = list(self._agents.values())
-        return [handle for handle in agents if handle._busy()]
+        return [slot for slot in agents if slot.busy()]
 
-    def _await_told(self, timeout: float | None, busy: list[Agent] | None = None) -> None:
+    def _await_told(
+        self, timeout: float | None, busy: list[AgentSlot[Agent]] | None = None
+    ) -> None:
         """Wait until every agent handled the messages told to it before the call
         (``busy``: the :meth:`_busy_agents` found just before it, if any)."""
         if in_nonblocking_thread():
             return
         agents = self._busy_agents() if busy is None else busy
-        futures = [f for h in agents if (f := h._told_handled()) is not None]
+        futures = [f for slot in agents if (f := slot.told_handled()) is not None]
         until = deadline(timeout)
         for future in futures:
             try:
@@ -1092,14 +1048,13 @@ class Runtime:
                 # without announcing its agent (its spawn raises RuntimeClosedError),
                 # which then never ran, so it has nothing to dispose (see _announce
                 # and _start).
-                for handle in self._pending.values():
-                    handle._disposing = True
-                    handle._disposed.set()
+                for slot in self._pending.values():
+                    slot.claim()
                 self._pending.clear()
                 self._starts_claimed = True  # and those not pending yet, once they are
 
     def _close_stragglers(self, d: Deadline) -> None:
-        stuck = [h for h in self._closing_agents if not h._disposed.is_set()]
+        stuck = [slot for slot in self._closing_agents if not slot.disposed.is_set()]
         self._stop_now(stuck, d.until, d.timeout)
 
     def _close_dispatcher(self, d: Deadline) -> None:
@@ -1128,68 +1083,70 @@ class Runtime:
         not keep the others from theirs (the first is raised after the wait)."""
         agents = self._closing_agents
         failed: Exception | None = None
-        for handle in agents:
+        for slot in agents:
             try:
-                handle._begin_disposal(keep_inbox=True)
+                self._begin_disposal(slot, keep_inbox=True)
             except Exception as err:  # noqa: BLE001 - raised below, once all were asked
                 failed = failed or err
         # In slices on the main thread (runtime.waiting): a Ctrl-C that lands just before
         # the wait's system call is handled within one, not once every turn has ended
         # (corral run's handler says the close goes on, or quits at the next press).
         try:
-            for handle in agents:
-                waiting.wait(handle._disposed, remaining(d.until))
+            for slot in agents:
+                waiting.wait(slot.disposed, remaining(d.until))
         except BaseException as err:  # (a Ctrl-C): the stage after stops them at once
             self._disposals_cut = type(err).__name__
             raise
         if failed is not None:
             raise failed
 
-    def _stop_now(self, stuck: list[Agent], until: float | None, timeout: float | None) -> None:
+    def _stop_now(
+        self, stuck: list[AgentSlot[Agent]], until: float | None, timeout: float | None
+    ) -> None:
         """Stop the actors of agents whose disposal did not end in time (a tool body
         still running, say): their turns stay open in the log, their outcome unknown, as
         after a crash (``resume`` repairs them). Left running, such an actor would finish
         its turn on a closed runtime, and stay registered with pykka for good.
 
-        An actor stuck in a handler (a blocked sync listener) stops when the handler
+        An actor stuck in a slotr (a blocked sync listener) stops when the slotr
         returns, after close: it is marked abandoned, so that it then stops without
         failing on the closed store or I/O side (see ``AgentActor._told_failed``)."""
         stops = []
         cut, self._disposals_cut = self._disposals_cut, None
-        for handle in stuck:
+        for slot in stuck:
             if cut is None:
                 log.warning(
                     "agent %s did not stop within %s s; stopped with its turn left open",
-                    handle.id,
+                    slot.id,
                     timeout,
                 )
             else:
                 log.warning(
                     "agent %s had not stopped when close was interrupted (%s) while it "
                     "waited for the disposals; stopped with its turn left open",
-                    handle.id,
+                    slot.id,
                     cut,
                 )
-            ref = self._refs.get(handle.id)
+            ref = slot.ref if slot.registered else None
             if ref is not None:
                 mailbox = ref.actor_inbox
                 if isinstance(mailbox, AgentMailbox):
                     mailbox.abandoned = True
                 with contextlib.suppress(ActorDeadError):
-                    stops.append((handle, ref.stop(block=False)))
-        until = extended(until)  # a stop message is handled in a moment unless stuck
-        for handle, stop in stops:
+                    stops.append((slot, ref.stop(block=False)))
+        until = extended(until)  # a stop message is slotd in a moment unless stuck
+        for slot, stop in stops:
             try:
                 stop.get(timeout=remaining(until))
             except Timeout:
                 log.warning(
-                    "agent %s is still in a handler (a blocked sync listener, say) after "
+                    "agent %s is still in a slotr (a blocked sync listener, say) after "
                     "%s s: it stops when that returns, writing nothing more",
-                    handle.id,
+                    slot.id,
                     timeout,
                 )
             except Exception:  # stopped anyway; close goes on
-                log.debug("stopping agent %s", handle.id, exc_info=True)
+                log.debug("stopping agent %s", slot.id, exc_info=True)
 
     def _stop_registry(self, d: Deadline) -> None:
         if self.dispatcher.is_shut_down:
@@ -1202,6 +1159,33 @@ class Runtime:
             self._registry.stop(timeout=remaining(extended(d.until)))
         except Timeout:
             log.warning("the agent registry did not stop within %s s; left to stop", d.timeout)
+
+
+class _Host:
+    """What a runtime's agent handles call (``runtime.slots.AgentHost``): the handle
+    calls nothing else of the runtime."""
+
+    __slots__ = ("_runtime",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def check_open(self) -> None:
+        self._runtime._check_open()
+
+    def check_released(self) -> None:
+        self._runtime._check_released()
+
+    def rehydrate(self, slot: AgentSlot[Agent]) -> None:
+        self._runtime._rehydrate(slot)
+
+    def begin_disposal(self, slot: AgentSlot[Agent], *, keep_inbox: bool) -> None:
+        self._runtime._begin_disposal(slot, keep_inbox=keep_inbox)
+
+    def listen(
+        self, name: str, listener: Callable[..., Any], slot: AgentSlot[Agent]
+    ) -> Callable[[], None]:
+        return self._runtime._listen(name, listener, slot)
 
 
 def _announced_elsewhere(*_: object) -> None:

@@ -322,7 +322,7 @@ def test_the_agents_mailbox_is_its_inbox(rt: Runtime) -> None:
     agent = rt.spawn(model=ScriptedModel.echo())
     mid = agent.inject("pending")
     assert agent.wait_idle(WAIT)
-    mailbox = agent._ref.actor_inbox  # type: ignore[union-attr]
+    mailbox = agent._slot.ref.actor_inbox  # type: ignore[union-attr]
     assert isinstance(mailbox, AgentMailbox)
     assert mailbox.pending_messages().ids() == [mid] == agent.inbox.ids()
 
@@ -419,8 +419,8 @@ def _call_racing_a_passivation(
 
     blocker.on("agent/settled", hold_the_worker)
     stop_queued, reached = threading.Event(), threading.Event()
-    agent._live_lock = _SpyLock(agent._live_lock, reached)  # type: ignore[assignment]
-    real_ask, agent_ref = ActorRef.ask, agent._ref
+    agent._slot.lock = _SpyLock(agent._slot.lock, reached)  # type: ignore[assignment]
+    real_ask, agent_ref = ActorRef.ask, agent._slot.ref
 
     def ask(self: ActorRef[Any], message: Any, **kwargs: Any) -> Any:
         if self is agent_ref and isinstance(message, _ActorStop) and not stop_queued.is_set():
@@ -496,8 +496,8 @@ def test_a_send_that_passed_its_check_before_a_dispose_is_refused_once_it_gets_t
 ) -> None:
     agent = rt.spawn(model=ScriptedModel.echo())
     contended = threading.Event()
-    lock = agent._live_lock
-    agent._live_lock = _SpyLock(lock, contended)  # type: ignore[assignment]
+    lock = agent._slot.lock
+    agent._slot.lock = _SpyLock(lock, contended)  # type: ignore[assignment]
     outcome: list[Any] = []
 
     def send() -> None:
@@ -510,12 +510,12 @@ def test_a_send_that_passed_its_check_before_a_dispose_is_refused_once_it_gets_t
         sender = threading.Thread(target=send)
         sender.start()
         assert contended.wait(WAIT)  # the send passed its first check and waits
-        with agent._dispose_lock:
-            agent._disposing = True  # what dispose() does first
+        with agent._slot.dispose_lock:
+            agent._slot.disposing = True  # what dispose() does first
     sender.join(WAIT)
     assert isinstance(outcome[0], AgentDisposedError), outcome
     assert [e.type for e in agent.session.events()] == []  # nothing was written
-    agent._disposing = False  # the disposal the test stood in for, for real
+    agent._slot.disposing = False  # the disposal the test stood in for, for real
     assert agent.dispose(WAIT)
 
 
@@ -525,11 +525,11 @@ def test_a_wake_that_reaches_the_actor_after_its_disposal_began_starts_no_turn(
     agent = rt.spawn(model=ScriptedModel.echo())
     agent.followup("one")
     assert agent.wait_idle(WAIT)
-    ref = agent._ref
-    assert ref is not None and agent._inbox is not None
+    ref = agent._slot.ref
+    assert ref is not None and agent._slot.inbox is not None
     ref.tell(Cancel(cause=DisposedCause(), keep_inbox=False))  # a disposal's first message
     late = UserMessage(id="late", content=[TextBlock(text="too late")])
-    agent._inbox.reserve(late.id)  # as a send that raced the disposal does
+    agent._slot.inbox.reserve(late.id)  # as a send that raced the disposal does
     ref.tell(Insert(lane="next-turn", message=late, wake=True, unwinding=False))
     done = threading.Event()
     ref.tell(AwaitIdle(callback=done.set))

@@ -123,7 +123,7 @@ def test_a_passivation_whose_stop_outlasts_its_timeout_still_passivates_the_agen
         assert agent.wait_idle(WAIT)
         other = rt.spawn(model=ScriptedModel.echo())
         held: list[HeldActor] = []
-        ref = agent._ref
+        ref = agent._slot.ref
         assert ref is not None
         ask = ref.ask
 
