@@ -38,7 +38,7 @@ from actors import (
     watch,
 )
 from actors._deadline import deadline, extended, remaining
-from actors.agent import AgentActor, AgentMailbox, Announce, AwaitIdle, Cancel
+from actors.agent import AgentActor, Announce, AwaitIdle, Cancel
 from actors.errors import AgentDisposedError, DispatcherShutdownError
 from actors.flushes import FlushGroup
 from actors.inbox import Inbox
@@ -48,7 +48,6 @@ from actors.live import (
     AgentCreated,
     AgentDisposed,
     AgentSessionStart,
-    SessionEventLive,
 )
 from actors.model import Model
 from actors.toolphase import ToolPhase
@@ -65,6 +64,7 @@ from storage import (
 
 from . import gctune, waiting
 from .agent import Agent
+from .bridge import SessionBridge
 from .checks import (
     agent_settings,
     check_arity,
@@ -73,7 +73,15 @@ from .checks import (
     check_header,
     check_limits,
 )
-from .close import CloseStages, Deadline, Stage
+from .close import (
+    CloseStages,
+    Deadline,
+    Stage,
+    close_models,
+    shut_down_dispatcher,
+    stop_registry,
+    stop_stragglers,
+)
 from .errors import RuntimeClosedError
 from .policy import RetryPolicy
 from .slots import AgentSlot
@@ -186,14 +194,6 @@ class Runtime:
         self._starts_claimed = False
         self._started = threading.Condition(self._lock)
         self._models: dict[int, Model] = {}
-        self._session_listeners = 0  # session/event listeners: appends skip the bridge at 0
-        # Sessions get a session/event bridge (an observer called on every append) only
-        # once someone has listened to session/event: until then appends skip observers.
-        self._bridging = False
-        # Held while a bridge is registered, so that a bridge is never registered twice
-        # and an on() that finds it registered returns after it is. Lock order: this
-        # lock, then a session's lock (a session observer must not bridge: see _bridge).
-        self._bridge_lock = threading.Lock()
         self._scoped: dict[str, set[Callable[[], None]]] = {}  # agent id -> its disposers
         self._closed = False  # close() began: nothing new starts
         self._close = CloseStages(self._close_stages())  # what no close() has done yet
@@ -217,6 +217,7 @@ class Runtime:
             self.scheduler = Scheduler(dead_letters=self.dispatcher.dead_letters)
             undo.callback(self.scheduler.close, _UNDO_S)
             self.bus = Bus(self.io)
+            self._bridge = SessionBridge(self.bus, self._lock)  # session/event
             # The agents' durability waits: one log flush per round of the run queue.
             self._flushes = FlushGroup(store, self.dispatcher)
             # The registry announces nothing: a new agent is announced by its own actor
@@ -347,33 +348,15 @@ class Runtime:
                 )
             dispose = self.bus.on(name, listener, scope=scope)
             if session_event:
-                dispose = self._session_disposer(dispose)
-                self._session_listeners += 1
-                self._bridging = True  # every agent that goes live from now on is bridged
+                dispose = self._bridge.counted(dispose)  # (bridging from now on)
                 agents = self._agents
                 slots = list(agents.values()) if scope is None else [agents[scope]]
             if scope is not None:
                 dispose = self._scoped_disposer(scope, dispose)
         if session_event:
             for slot in slots:  # before returning: the listener sees every later append
-                self._bridge(slot)
+                self._bridge.bridge(slot)
         return dispose
-
-    def _session_disposer(self, dispose: Callable[[], None]) -> Callable[[], None]:
-        """``dispose`` of a ``session/event`` listener, which also counts it out (appends
-        skip the bridge while none listens). Idempotent."""
-        done = False
-
-        def dispose_session_listener() -> None:
-            nonlocal done
-            with self._lock:
-                if done:
-                    return
-                done = True
-                self._session_listeners -= 1
-            dispose()
-
-        return dispose_session_listener
 
     def _scoped_disposer(self, scope: str, dispose: Callable[[], None]) -> Callable[[], None]:
         """``dispose``, also called when the agent ``scope`` is disposed (its listeners
@@ -558,9 +541,9 @@ class Runtime:
         agent_id = session.id
         if source == "resume":
             with self._lock:
-                bridging = self._bridging
+                bridging = self._bridge.bridging
             if bridging:
-                self._bridge(slot)
+                self._bridge.bridge(slot)
             if session.repair():
                 session.flush()  # repaired durably by the time resume returns
         parts = self._assemble(slot, session, spec)
@@ -715,9 +698,9 @@ class Runtime:
         )
         with self._lock:
             slot.registered = True
-            bridging = self._bridging  # read after bind: see _listen
+            bridging = self._bridge.bridging  # read after bind: see _listen
         if bridging:
-            self._bridge(slot)
+            self._bridge.bridge(slot)
         agent_id = slot.id
         watch(ref, lambda dead, death: self._on_death(agent_id, death, dead))
 
@@ -771,30 +754,6 @@ class Runtime:
         if own is not None:
             meters.insert(0, UsageMeter(own, f"agent {agent_id}"))
         return meters
-
-    def _bridge(self, slot: AgentSlot[Agent]) -> None:
-        """Mirror the agent's session appends as live ``session/event`` events (once per
-        session; a passivated agent is bridged when it goes live again).
-
-        A session that is already bridged is not touched, so the session's own observers
-        (which run under its lock) may register listeners. The session's lock is never
-        taken under ``self._lock``: its observers call back into the runtime."""
-        with self._bridge_lock:
-            session = slot.session
-            if session is None or slot.bridged is session:
-                return
-            session.on_event(self._session_bridge(slot.handle))
-            with self._lock:
-                slot.bridged = session
-
-    def _session_bridge(self, handle: Agent) -> Callable[[Any], None]:
-        bus, scope = self.bus, handle.id
-
-        def observe(event: Any) -> None:
-            if self._session_listeners and bus.has_listeners("session/event", scope=scope):
-                bus.emit("session/event", SessionEventLive(agent=handle, event=event), scope=scope)
-
-        return observe
 
     def _announce_disposed(self, agent_id: str) -> None:
         """Emit ``agent/disposed`` (once) on the calling thread: the dying actor's worker
@@ -943,23 +902,6 @@ class Runtime:
                     f"messages to {len(futures)} agents were not handled within {timeout} s"
                 ) from err
 
-    def _close_models(self, d: Deadline) -> None:
-        """Close the models agents used (their HTTP clients live on this I/O loop), by
-        the close's deadline in all."""
-        until = extended(d.until)  # closing a client takes a moment; they share it
-        for model in list(self._models.values()):
-            aclose = getattr(model, "aclose", None)
-            if aclose is None:
-                continue
-            closing = asyncio.run_coroutine_threadsafe(aclose(), self.io.loop)
-            try:
-                closing.result(remaining(until))
-            except TimeoutError:
-                closing.cancel()
-                log.warning("closing model %r did not end in time; cancelled", model)
-            except Exception:  # a model that fails to close must not block close
-                log.exception("closing model %r failed", model)
-
     def _check_open(self) -> None:
         """Raise :class:`RuntimeClosedError` once :meth:`close` began."""
         if self._closed:
@@ -1028,11 +970,11 @@ class Runtime:
             Stage("agents", self._dispose_for_close, needs="starts"),
             # the actors of those that did not end, stopped
             Stage("stragglers", self._close_stragglers, needs="agents"),
-            Stage("registry", self._stop_registry),
+            Stage("registry", lambda d: stop_registry(self._registry, self.dispatcher, d)),
             Stage("scheduler", lambda d: self.scheduler.close(remaining(extended(d.until)))),
-            Stage("models", self._close_models),
+            Stage("models", lambda d: close_models(self._models.values(), self.io.loop, d)),
             Stage("io", lambda d: self.io.close(remaining(d.until))),
-            Stage("dispatcher", self._close_dispatcher),
+            Stage("dispatcher", lambda d: shut_down_dispatcher(self.dispatcher, d)),
             Stage("store", self._close_store),
             Stage("gc", self._close_gc),
         )
@@ -1055,15 +997,8 @@ class Runtime:
 
     def _close_stragglers(self, d: Deadline) -> None:
         stuck = [slot for slot in self._closing_agents if not slot.disposed.is_set()]
-        self._stop_now(stuck, d.until, d.timeout)
-
-    def _close_dispatcher(self, d: Deadline) -> None:
-        if not self.dispatcher.shutdown(remaining(extended(d.until))):
-            log.warning(
-                "a dispatcher thread was still running a handler (a blocked sync "
-                "listener, say) after %s s; it ends when that returns",
-                d.timeout,
-            )
+        cut, self._disposals_cut = self._disposals_cut, None
+        stop_stragglers(stuck, d.until, d.timeout, cut)
 
     def _close_store(self, _d: Deadline) -> None:
         self._released = True
@@ -1099,66 +1034,6 @@ class Runtime:
             raise
         if failed is not None:
             raise failed
-
-    def _stop_now(
-        self, stuck: list[AgentSlot[Agent]], until: float | None, timeout: float | None
-    ) -> None:
-        """Stop the actors of agents whose disposal did not end in time (a tool body
-        still running, say): their turns stay open in the log, their outcome unknown, as
-        after a crash (``resume`` repairs them). Left running, such an actor would finish
-        its turn on a closed runtime, and stay registered with pykka for good.
-
-        An actor stuck in a slotr (a blocked sync listener) stops when the slotr
-        returns, after close: it is marked abandoned, so that it then stops without
-        failing on the closed store or I/O side (see ``AgentActor._told_failed``)."""
-        stops = []
-        cut, self._disposals_cut = self._disposals_cut, None
-        for slot in stuck:
-            if cut is None:
-                log.warning(
-                    "agent %s did not stop within %s s; stopped with its turn left open",
-                    slot.id,
-                    timeout,
-                )
-            else:
-                log.warning(
-                    "agent %s had not stopped when close was interrupted (%s) while it "
-                    "waited for the disposals; stopped with its turn left open",
-                    slot.id,
-                    cut,
-                )
-            ref = slot.ref if slot.registered else None
-            if ref is not None:
-                mailbox = ref.actor_inbox
-                if isinstance(mailbox, AgentMailbox):
-                    mailbox.abandoned = True
-                with contextlib.suppress(ActorDeadError):
-                    stops.append((slot, ref.stop(block=False)))
-        until = extended(until)  # a stop message is slotd in a moment unless stuck
-        for slot, stop in stops:
-            try:
-                stop.get(timeout=remaining(until))
-            except Timeout:
-                log.warning(
-                    "agent %s is still in a slotr (a blocked sync listener, say) after "
-                    "%s s: it stops when that returns, writing nothing more",
-                    slot.id,
-                    timeout,
-                )
-            except Exception:  # stopped anyway; close goes on
-                log.debug("stopping agent %s", slot.id, exc_info=True)
-
-    def _stop_registry(self, d: Deadline) -> None:
-        if self.dispatcher.is_shut_down:
-            # A close() finishing what a failed one left: the registry's stop can never
-            # be handled now. It runs nothing (every agent is stopped or abandoned): pykka
-            # forgets it, as it does an actor whose start failed (PooledActor).
-            forget(self._registry)
-            return
-        try:
-            self._registry.stop(timeout=remaining(extended(d.until)))
-        except Timeout:
-            log.warning("the agent registry did not stop within %s s; left to stop", d.timeout)
 
 
 class _Host:

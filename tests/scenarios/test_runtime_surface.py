@@ -142,7 +142,7 @@ def test_an_agents_own_listeners_go_with_it_when_it_is_disposed(rt: Runtime) -> 
         assert agent.dispose(WAIT)
     assert rt.bus.listener_count("agent/status", scope=agent.id) == 0
     assert rt.bus.listener_count("session/event", scope=agent.id) == 0
-    assert rt._session_listeners == 0
+    assert rt._bridge.listeners == 0
     with pytest.raises(AgentDisposedError):
         agent.on("agent/status", lambda event: None)
     kept = rt.spawn(model=ScriptedModel.echo())
