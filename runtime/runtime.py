@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from itertools import count
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from pykka import ActorDeadError, ActorRef, Timeout
 from pykka.messages import ProxyCall
@@ -38,10 +38,9 @@ from actors import (
     watch,
 )
 from actors._deadline import deadline, extended, remaining
-from actors.agent import AgentActor, Announce, AwaitIdle, Cancel
+from actors.agent import Announce, AwaitIdle, Cancel
 from actors.errors import AgentDisposedError, DispatcherShutdownError
 from actors.flushes import FlushGroup
-from actors.inbox import Inbox
 from actors.limits import Admission, UsageLimits, UsageMeter
 from actors.live import (
     AGENT_EVENTS,
@@ -50,12 +49,10 @@ from actors.live import (
     AgentSessionStart,
 )
 from actors.model import Model
-from actors.toolphase import ToolPhase
 from actors.tools import Tool
-from actors.turn import Durability, TurnMachine
+from actors.turn import Durability
 from storage import (
     DisposedCause,
-    RequestConfig,
     Session,
     Store,
     UnknownSessionError,
@@ -64,6 +61,7 @@ from storage import (
 
 from . import gctune, waiting
 from .agent import Agent
+from .assembly import Assembly, Parts, Spec
 from .bridge import SessionBridge
 from .checks import (
     agent_settings,
@@ -111,23 +109,6 @@ def _dispatcher(threads: int | None) -> Dispatcher:
     if threads is None and gil:
         return Dispatcher(1, standby=1, name="corral")
     return Dispatcher(threads, name="corral")
-
-
-class _Spec(NamedTuple):
-    """What an agent was made of (to rebuild it after passivation)."""
-
-    model: Model
-    tools: dict[str, Tool]
-    system: str | None
-    meters: list[UsageMeter]
-    """Its own meter (its ``limits``, or the runtime's ``agent_limits``) and the
-    runtime's: kept across passivation, so that a rebuilt agent goes on counting."""
-
-
-class _Parts(NamedTuple):
-    start: Callable[[], ActorRef[Any]]
-    inbox: Inbox
-    machine: TurnMachine
 
 
 class Runtime:
@@ -219,7 +200,18 @@ class Runtime:
             self.bus = Bus(self.io)
             self._bridge = SessionBridge(self.bus, self._lock)  # session/event
             # The agents' durability waits: one log flush per round of the run queue.
-            self._flushes = FlushGroup(store, self.dispatcher)
+            flushes = FlushGroup(store, self.dispatcher)
+            self._assembly = Assembly(
+                bus=self.bus,
+                io=self.io,
+                scheduler=self.scheduler,
+                dispatcher=self.dispatcher,
+                flushes=flushes,
+                durability=durability,
+                max_steps=max_steps,
+                inbox_limit=inbox_limit,
+                admission=self._admission,
+            )
             # The registry announces nothing: a new agent is announced by its own actor
             # (see _announce), a disposal by the runtime's death watch or the disposer
             # (_on_death, _forget), never on the registry's worker, which their listeners
@@ -530,7 +522,7 @@ class Runtime:
         open tail turn durably (CONTRACT 7), seen by ``session/event`` listeners like
         any append."""
         meters = self._meters_for(session.id, limits)
-        spec = _Spec(model=model, tools=tools, system=system, meters=meters)
+        spec = Spec(model=model, tools=tools, system=system, meters=meters)
         slot: AgentSlot[Agent] = AgentSlot(session, spec)
         handle = slot.handle = Agent(
             slot,
@@ -604,7 +596,7 @@ class Runtime:
         slot: AgentSlot[Agent],
         session: Session,
         ref: ActorRef[Any],
-        parts: _Parts,
+        parts: Parts,
         source: Literal["startup", "resume"],
     ) -> None:
         """On the new agent's actor, before anything else: make the handle live, then
@@ -626,66 +618,13 @@ class Runtime:
             start = AgentSessionStart(agent=handle, source=source)
             self.bus.emit("agent/session-start", start, scope=agent_id)
 
-    def _assemble(self, slot: AgentSlot[Agent], session: Session, spec: _Spec) -> _Parts:
-        """Build an agent's inbox, tool phase and turn machine over ``session``."""
-        handle = slot.handle
-        model = spec.model
-        self._models.setdefault(id(model), model)
-        agent_id = session.id
-
-        def emit(name: str, payload: Any) -> None:
-            self.bus.emit(name, payload, scope=agent_id)
-
-        inbox = Inbox(
-            append_fact=session.append_fact,
-            emit=emit,
-            agent=handle,
-            limit=self.inbox_limit,
-            listened=self.bus.maybe_listened,
-        )
-        inbox.load(*session.pending_inbox())
-
-        def waterfall(name: str, event: Any, default: Callable[[], Any]) -> Any:
-            return self.bus.waterfall(name, event, default, scope=agent_id)
-
-        phase = ToolPhase(
-            agent=handle,
-            tools=spec.tools,
-            append_fact=session.append_fact,
-            waterfall=waterfall,
-            emit=emit,
-        )
-        machine = TurnMachine(
-            agent=handle,
-            session=session,
-            inbox=inbox,
-            bus=self.bus,
-            tools=phase,
-            default_config=lambda: RequestConfig(provider=model.provider, model=model.name),
-            system=spec.system,
-            durability=self.durability,
-            max_steps=self.max_steps,
-            meters=spec.meters,
-            admission=self._admission,
-        )
-
-        def start() -> ActorRef[Any]:
-            return AgentActor.start(
-                machine=machine,
-                inbox=inbox,
-                session=session,
-                model=model,
-                io=self.io,
-                scheduler=self.scheduler,
-                bus=self.bus,
-                flushes=self._flushes,
-                dispatcher=self.dispatcher,
-            )
-
-        return _Parts(start=start, inbox=inbox, machine=machine)
+    def _assemble(self, slot: AgentSlot[Agent], session: Session, spec: Spec) -> Parts:
+        """Build an agent's parts over ``session`` (its model is closed by close())."""
+        self._models.setdefault(id(spec.model), spec.model)
+        return self._assembly.parts(slot.handle, session, spec)
 
     def _go_live(
-        self, slot: AgentSlot[Agent], session: Session, ref: ActorRef[Any], parts: _Parts
+        self, slot: AgentSlot[Agent], session: Session, ref: ActorRef[Any], parts: Parts
     ) -> None:
         machine = parts.machine
         slot.bind(
