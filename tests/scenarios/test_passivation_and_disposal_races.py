@@ -4,6 +4,7 @@ none reaches an actor that is being stopped, none starts work on a disposed agen
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -256,9 +257,10 @@ def test_a_splice_sent_while_a_disposal_waits_for_the_agent_is_refused(rt: Runti
     agent = rt.spawn(model=ScriptedModel.echo())
     hold = HeldActor(agent, "held")
     assert not agent.dispose(timeout=0)  # begun: its cancel waits behind the listener
-    with pytest.raises(AgentDisposedError):
+    refused = f"agent {agent.id} is disposed; a {{}} inserting messages sent to it is refused"
+    with pytest.raises(AgentDisposedError, match=re.escape(refused.format("splice"))):
         agent.splice("next-step", 0, 0, ["late"])  # was queued behind the disposal's cancel
-    with pytest.raises(AgentDisposedError):
+    with pytest.raises(AgentDisposedError, match=re.escape(refused.format("replace"))):
         agent.replace(hold.message_id, "late")
     hold.release()
     assert agent.dispose(WAIT)
