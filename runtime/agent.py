@@ -3,6 +3,11 @@
 Every verb is safe from any thread. ``followup`` / ``steer`` / ``inject`` validate the
 message, reserve its id (a duplicate is refused here, synchronously) and return the
 ``MessageId`` at once; the agent actor does the rest in order.
+
+One piece (a little over 500 lines) because it is one class: the handle's verbs, each
+with the rules for calling it from the agent's own listeners, its tool bodies or the I/O
+loop. Its state lives in its slot (``runtime.slots``), its messages are checked by
+``runtime.messages``, and it calls its runtime only through ``AgentHost``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,15 @@
 
 ``Runtime.open()`` is a context manager; ``close()`` cancels running turns (keeping
 their inboxes for a later resume), stops every agent, flushes and closes the store.
+
+Beside the facade this module holds the agents' start gating (spawn, resume and fork
+under way; a start a close gave up on) and the transitions of their slots that need the
+runtime (going live, rehydration, disposal, death), which is why it is over 500 lines:
+they all change the runtime's table of agents (live, pending, resuming) under its one
+lock, with ``get``, ``agents``, ``on`` and ``close``. Elsewhere: the per-agent lifecycle
+(``slots``), the close stages (``close``), the ``session/event`` bridge (``bridge``),
+building an agent's parts (``assembly``), the checks made before anything starts
+(``checks``), messages (``messages``) and the error tree (``errors``).
 """
 
 from __future__ import annotations
