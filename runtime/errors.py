@@ -1,26 +1,8 @@
-"""The runtime layer's errors, in one place; ``runtime`` re-exports them with those of
-the layers below. Every error corral raises on purpose derives from ``CorralError``
-(``storage.errors``), each named for the state it reports::
-
-    CorralError
-    ├── StorageError              storage.errors: the log and the store
-    │   └── StoreClosedError, InvalidEventError (EventTooLargeError, ...), ...
-    ├── EngineError               actors.errors: dispatcher, mailboxes, I/O side, scheduler
-    ├── AgentStateError           actors.errors: what an agent's state refuses
-    │   └── AgentDisposedError, InvalidMessageError, DuplicateMessageError, ...
-    ├── RuntimeClosedError        here: a closed runtime (also a StoreClosedError, an
-    │                             AgentDisposedError and a RuntimeError)
-    └── ProviderError             here: configuring or talking to a model provider
-        ├── MissingCredentialsError, UnknownModelError (also ValueErrors): a model
-        │   that cannot be built
-        └── SseEventTooLargeError (also a ValueError), StreamReportedError,
-            NotAStreamError, JsonReplyTooLargeError: a reply that cannot be read (the
-            provider turns them into a failed request, ``LlmFailure``)
-
-Errors that derived from a builtin (``ValueError``, ``RuntimeError``) still do, so code
-that catches the builtin goes on working. The one error outside this tree is
-``runtime.shadowing.PackageShadowedError`` (an ``ImportError``): it is raised before
-``storage`` can be imported.
+"""The runtime layer's errors, in one place: ``RuntimeClosedError`` and the model
+providers' (under ``ProviderError``). ``runtime`` re-exports them with those of the
+layers below; the whole tree, every error under ``CorralError`` (storage.errors), is in
+``docs/errors.md``. An error that derived from a builtin (``ValueError``,
+``RuntimeError``) still does, so code that catches the builtin goes on working.
 """
 
 from __future__ import annotations
