@@ -9,9 +9,7 @@ from runtime import Runtime
 from runtime.gctune import GC_THRESHOLDS
 
 
-def test_a_runtime_raises_gc_thresholds_while_open_and_restores_them_on_close(
-    tmp_path: Path,
-) -> None:
+def test_a_runtime_raises_gc_thresholds_while_open_and_restores_them_on_close(tmp_path: Path) -> None:
     before = gc.get_threshold()
     with Runtime.open(tmp_path / "a") as first:
         assert gc.get_threshold()[0] >= GC_THRESHOLDS[0]
