@@ -660,6 +660,7 @@ class Runtime:
         timeout = check_timeout(timeout)
         self._check_open()
         with self._lock:
+            self._check_open()  # (as agents() does)
             slots = list(self._agents.values())
         return sum(
             1
