@@ -53,11 +53,6 @@ class MessageChecker:
         # A message's own JSON may take this much: see storage.budget.
         self._max_message_bytes = message_bytes(max_event_bytes)
 
-    @property
-    def max_event_bytes(self) -> int:
-        """The store's record limit the messages are checked against."""
-        return self._max_bytes
-
     def check(self, value: object, message_id: MessageId | None, source: str) -> UserMessage:
         """``value`` as a checked ``UserMessage`` (``message_id``: its id, or a new one;
         ``source``: who sent it), or ``InvalidMessageError``."""
