@@ -13,10 +13,12 @@ from actors.errors import AgentDisposedError
 from storage import CorralError, StoreClosedError
 
 __all__ = [
+    "ConnectTimeout",
     "JsonReplyTooLargeError",
     "MissingCredentialsError",
     "NotAStreamError",
     "ProviderError",
+    "ReadTimeout",
     "RuntimeClosedError",
     "SseEventTooLargeError",
     "StreamReportedError",
@@ -114,3 +116,11 @@ class JsonReplyTooLargeError(ProviderError):
         self.size = size
         self.bound = bound
         self.limit = limit
+
+
+class ConnectTimeout(ProviderError, TimeoutError):
+    """No connection to the server within the connect timeout."""
+
+
+class ReadTimeout(ProviderError, TimeoutError):
+    """No data from the server within the read timeout (a stalled stream)."""
