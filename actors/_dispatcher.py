@@ -14,7 +14,6 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -22,14 +21,13 @@ from dataclasses import dataclass
 from itertools import count
 from typing import ClassVar, ParamSpec, Protocol, TypeVar
 
+from actors._deadletters import DeadLetters
 from actors.errors import DispatcherShutdownError
 from storage import start_thread
 
 from ._deadline import deadline, remaining
 
 __all__ = [
-    "DeadLetter",
-    "DeadLetters",
     "Dispatcher",
     "DispatcherStatistics",
     "LendingLock",
@@ -202,39 +200,6 @@ class Schedulable(Protocol):
     def run_batch(self, throughput: int) -> tuple[int, bool]:
         """Handle up to ``throughput`` messages; return (handled, has_more)."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A message that reached an actor which had already stopped."""
-
-    actor: str
-    message: object
-    reason: str
-
-
-class DeadLetters:
-    """A sink that counts undeliverable messages and keeps the most recent ones."""
-
-    def __init__(self, capacity: int = 100) -> None:
-        self._lock = threading.Lock()
-        self._count = 0  # Invariant: only changed under _lock.
-        self._recent: deque[DeadLetter] = deque(maxlen=capacity)
-
-    def record(self, actor: str, message: object, reason: str) -> None:
-        letter = DeadLetter(actor=actor, message=message, reason=reason)
-        with self._lock:
-            self._count += 1
-            self._recent.append(letter)
-        logger.debug("dead letter for %s (%s): %r", actor, reason, message)
-
-    @property
-    def count(self) -> int:
-        return self._count
-
-    def recent(self) -> tuple[DeadLetter, ...]:
-        with self._lock:
-            return tuple(self._recent)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,10 @@
 puts the mailbox on its dispatcher's run queue. A worker then calls
 :meth:`Mailbox.run_batch`, which hands each envelope to the actor. Bounds, dead
 letters and death watching live here too.
+
+It imports pykka's ``Envelope`` and ``_ActorStop``, which pykka does not export: an
+inbox that stands in for pykka's own must build envelopes and recognise a stop request
+(``pyproject.toml`` keeps pykka below 5, the API this follows).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from pykka import ActorDeadError, ActorRef
 from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
-from actors._dispatcher import DeadLetters, Dispatcher, in_nonblocking_thread
+from actors._deadletters import DeadLetters
+from actors._dispatcher import Dispatcher, in_nonblocking_thread
 from actors.errors import DispatcherShutdownError, MailboxFullError
 
 __all__ = [

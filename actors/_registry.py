@@ -1,10 +1,10 @@
 """A generic registry actor: unique ids mapped to the actors it created.
 
 The registry is itself a :class:`PooledActor`, so creations and removals are
-serialised by its mailbox. What it announces is pluggable: pass ``on_created`` /
-``on_disposed`` callbacks (the agent layer emits its own event objects), or a
-``bus`` to get the default ``agent/created`` / ``agent/disposed`` events, emitted
-with ``scope=id``.
+serialised by its mailbox. What it announces is the caller's: ``on_created`` /
+``on_disposed`` callbacks (the runtime emits ``agent/created`` / ``agent/disposed``
+with the agent's handle, ``actors.events.AgentCreated`` / ``AgentDisposed``; those
+are the one payload of each event).
 """
 
 from __future__ import annotations
@@ -13,30 +13,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 from pykka import ActorRef
 
 from actors._dispatcher import Dispatcher
 from actors._mailbox import Mailbox
 from actors._pooled import PooledActor
-from actors.bus import Bus
 from actors.errors import DuplicateIdError
 
-__all__ = ["ActorCreated", "ActorDisposed", "RegistryActor"]
+__all__ = ["RegistryActor"]
 
 logger = logging.getLogger("corral.actors")
-
-
-class ActorCreated(msgspec.Struct, frozen=True, tag="agent/created"):
-    """Default payload of ``agent/created``."""
-
-    id: str
-
-
-class ActorDisposed(msgspec.Struct, frozen=True, tag="agent/disposed"):
-    """Default payload of ``agent/disposed``."""
-
-    id: str
 
 
 OnCreated = Callable[[str, "ActorRef[Any]"], None]
@@ -56,14 +42,12 @@ class RegistryActor(PooledActor):
     def __init__(
         self,
         *,
-        bus: Bus | None = None,
         on_created: OnCreated | None = None,
         on_disposed: OnDisposed | None = None,
         dispatcher: Dispatcher | None = None,
     ) -> None:
         super().__init__()
         self.actor_dispatcher = dispatcher
-        self._bus = bus
         self._on_created = on_created
         self._on_disposed = on_disposed
         self._refs: dict[str, ActorRef[Any]] = {}
@@ -118,8 +102,6 @@ class RegistryActor(PooledActor):
         try:
             if self._on_created is not None:
                 self._on_created(id_, ref)
-            elif self._bus is not None:
-                self._bus.emit("agent/created", ActorCreated(id=id_), scope=id_)
         except Exception:
             logger.exception("announcing the creation of %r failed", id_)
 
@@ -127,7 +109,5 @@ class RegistryActor(PooledActor):
         try:
             if self._on_disposed is not None:
                 self._on_disposed(id_)
-            elif self._bus is not None:
-                self._bus.emit("agent/disposed", ActorDisposed(id=id_), scope=id_)
         except Exception:
             logger.exception("announcing the disposal of %r failed", id_)

@@ -13,73 +13,23 @@ from __future__ import annotations
 import heapq
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, Protocol
+from typing import Any
 
 from pykka import ActorDeadError, ActorRef
 
-from actors._dispatcher import DeadLetters, mark_thread_nonblocking
+from actors._deadletters import DeadLetters
+from actors._dispatcher import mark_thread_nonblocking
+from actors.clock import Clock, ManualClock, SystemClock
 from actors.errors import MailboxFullError, SchedulerClosedError
 
-__all__ = [
-    "Clock",
-    "ManualClock",
-    "Scheduler",
-    "SchedulerStatistics",
-    "SystemClock",
-    "TimerHandle",
-]
+__all__ = ["Scheduler", "SchedulerStatistics", "TimerHandle"]
 
 logger = logging.getLogger("corral.scheduler")
 
 _LONGEST_WAIT_S = 3600.0  # the longest single condition wait of the timer thread
-
-
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-
-
-class SystemClock:
-    """The real monotonic clock."""
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-
-class ManualClock:
-    """A test clock that only moves when told to; ``advance`` fires due timers."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self._now = start
-        self._lock = threading.Lock()
-        self._subscribers: list[Callable[[], None]] = []
-
-    def monotonic(self) -> float:
-        return self._now
-
-    def subscribe(self, on_advance: Callable[[], None]) -> Callable[[], None]:
-        with self._lock:
-            self._subscribers.append(on_advance)
-
-        def dispose() -> None:
-            with self._lock:
-                if on_advance in self._subscribers:
-                    self._subscribers.remove(on_advance)
-
-        return dispose
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward by ``seconds`` and fire every timer now due."""
-        if seconds < 0:
-            raise ValueError(f"a clock cannot go back: advance({seconds})")
-        with self._lock:
-            self._now += seconds
-            subscribers = list(self._subscribers)
-        for on_advance in subscribers:
-            on_advance()
 
 
 class TimerHandle:

@@ -28,7 +28,8 @@ from pykka import ActorRef
 
 from actors._mailbox import ActorDeath, DeathWatcher
 from actors._pooled import watch
-from actors._scheduler import Clock, Scheduler, SystemClock, TimerHandle
+from actors._scheduler import Scheduler, TimerHandle
+from actors.clock import Clock, SystemClock
 from actors.errors import DuplicateIdError
 
 __all__ = [

@@ -22,7 +22,6 @@ import asyncio
 import inspect
 import logging
 import threading
-from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -35,6 +34,7 @@ import msgspec
 from actors._host import Host
 from actors._ioside import IoSide, Outcome
 from actors.errors import IoSideClosedError, ListenerError
+from actors.listeners import LAST, Entry, Listener, Topic
 
 __all__ = ["Bus", "Deferred", "Listener", "Ready"]
 
@@ -51,9 +51,6 @@ _FAULTS: Final = (Exception, SystemExit)
 
 T = TypeVar("T")
 
-Listener = Callable[..., object]
-"""``(event)`` for emit/serial, ``(event, next)`` for waterfall; sync or ``async def``."""
-
 
 class Ready(msgspec.Struct, Generic[T], frozen=True):
     """The chain ran inline; ``value`` is its result."""
@@ -68,127 +65,6 @@ class Deferred(msgspec.Struct, Generic[T], frozen=True):
 
 
 READY_NONE: Ready[None] = Ready(None)
-
-
-class _Entry:
-    __slots__ = ("is_async", "listener", "scope", "seq")
-
-    def __init__(self, seq: int, listener: Listener, scope: str | None) -> None:
-        self.seq = seq
-        self.listener = listener
-        self.scope = scope
-        self.is_async = _is_async(listener)
-
-
-class _Chain:
-    """An immutable, ordered tuple of listeners plus whether any of them is async."""
-
-    __slots__ = ("entries", "has_async")
-
-    def __init__(self, entries: tuple[_Entry, ...]) -> None:
-        self.entries = entries
-        self.has_async = any(e.is_async for e in entries)
-
-
-_EMPTY = _Chain(())
-
-# Added to the seq of a ``last=True`` entry: chains are ordered by seq, so such an entry
-# comes after every other one, the ones registered after it included.
-_LAST: Final = 1 << 62
-
-
-def _with(chain: _Chain, entry: _Entry) -> _Chain:
-    """``chain`` with ``entry`` in its seq order (at the end, unless ``last`` entries are)."""
-    entries = chain.entries
-    if not entries or entries[-1].seq < entry.seq:
-        return _Chain((*entries, entry))
-    index = bisect_right(entries, entry.seq, key=_seq)
-    return _Chain((*entries[:index], entry, *entries[index:]))
-
-
-class _Topic:
-    """The listeners of one event name.
-
-    Chains are immutable and replaced whole under the bus lock (copy-on-write), so a
-    reader always iterates a consistent tuple without locking. Registering costs
-    O(listeners of the same scope), so 10,000 agents each with a scoped listener
-    stay cheap.
-    """
-
-    __slots__ = ("everyone", "merged", "scoped", "version")
-
-    def __init__(self) -> None:
-        self.everyone = _EMPTY
-        self.scoped: dict[str, _Chain] = {}
-        # Invariant: bumped after every change; a cached merge of an older version is stale.
-        self.version = 0
-        self.merged: dict[str, tuple[int, _Chain]] = {}
-
-    def is_empty(self) -> bool:
-        return not self.everyone.entries and not self.scoped
-
-    def add(self, entry: _Entry) -> None:
-        if entry.scope is None:
-            self.everyone = _with(self.everyone, entry)
-        else:
-            self.scoped[entry.scope] = _with(self.scoped.get(entry.scope, _EMPTY), entry)
-        self.version += 1
-
-    def remove(self, entry: _Entry) -> None:
-        if entry.scope is None:
-            self.everyone = _Chain(tuple(e for e in self.everyone.entries if e is not entry))
-        else:
-            mine = self.scoped.get(entry.scope, _EMPTY)
-            kept = tuple(e for e in mine.entries if e is not entry)
-            if kept:
-                self.scoped[entry.scope] = _Chain(kept)
-            else:
-                self.scoped.pop(entry.scope, None)
-                self.merged.pop(entry.scope, None)
-        self.version += 1
-
-    def select(self, scope: str | None) -> _Chain:
-        if scope is None:
-            return self.everyone
-        version = self.version  # read before the chains: see the invariant above
-        mine = self.scoped.get(scope)
-        if mine is None:
-            return self.everyone
-        everyone = self.everyone
-        if not everyone.entries:
-            return mine
-        cached = self.merged.get(scope)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        chain = _Chain(tuple(sorted(everyone.entries + mine.entries, key=_seq)))
-        self.merged[scope] = (version, chain)
-        return chain
-
-
-def _seq(entry: _Entry) -> int:
-    return entry.seq
-
-
-def _is_async(listener: Listener) -> bool:
-    """Whether ``listener`` is known up front to return a coroutine: an ``async def``, an
-    object with an ``async def __call__``, either of them under ``functools.partial``
-    or a decorator that sets ``__wrapped__`` (``functools.wraps``). A listener this
-    misses (a lambda returning a coroutine, say) is called as sync and what it returns
-    is awaited all the same when it is awaitable (see ``isawaitable`` below)."""
-    for _ in range(100):  # a cycle of __wrapped__ must not hang registration
-        if inspect.iscoroutinefunction(listener):
-            return True
-        call = getattr(type(listener), "__call__", None)  # noqa: B004 - async callable objects
-        if call is not None and inspect.iscoroutinefunction(call):
-            return True
-        if isinstance(listener, partial):
-            listener = listener.func
-            continue
-        wrapped = getattr(listener, "__wrapped__", None)
-        if wrapped is None or not callable(wrapped):
-            return False
-        listener = wrapped
-    return False
 
 
 def _interrupted(err: BaseException) -> bool:
@@ -255,7 +131,7 @@ class Bus:
         self._lock = threading.Lock()
         self._seq = count()
         # Invariant: a name is present only while it has at least one listener.
-        self._topics: dict[str, _Topic] = {}
+        self._topics: dict[str, Topic] = {}
         self.maybe_listened: Callable[[str], bool] = self._topics.__contains__
         """``maybe_listened(name)``: False when no listener of any scope has ``name`` (then
         an event of that name reaches nobody and its payload need not be built); True
@@ -273,11 +149,11 @@ class Bus:
         ``next``); among themselves such listeners keep their registration order. For a
         default that every other listener may override, e.g. the runtime's retry policy.
         """
-        entry = _Entry(next(self._seq) + (_LAST if last else 0), listener, scope)
+        entry = Entry(next(self._seq) + (LAST if last else 0), listener, scope)
         with self._lock:
             topic = self._topics.get(name)
             if topic is None:
-                topic = _Topic()
+                topic = Topic()
                 topic.add(entry)
                 self._topics[name] = topic
             else:
@@ -389,7 +265,7 @@ class Bus:
     async def _serial_rest(
         self,
         name: str,
-        entries: tuple[_Entry, ...],
+        entries: tuple[Entry, ...],
         event: object,
         pending: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
@@ -452,7 +328,7 @@ class Bus:
     def _waterfall_sync(
         self,
         name: str,
-        entries: tuple[_Entry, ...],
+        entries: tuple[Entry, ...],
         index: int,
         event: object,
         default: Callable[[], T],
@@ -480,7 +356,7 @@ class Bus:
     async def _waterfall_async(
         self,
         name: str,
-        entries: tuple[_Entry, ...],
+        entries: tuple[Entry, ...],
         index: int,
         event: object,
         default: Callable[[], T],
@@ -517,7 +393,7 @@ class Bus:
         self,
         loop: asyncio.AbstractEventLoop,
         name: str,
-        entries: tuple[_Entry, ...],
+        entries: tuple[Entry, ...],
         index: int,
         event: object,
         default: Callable[[], T],

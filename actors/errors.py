@@ -1,21 +1,48 @@
-"""Errors raised by the actor engine, each named by the state it reports.
+"""Every error of the ``actors`` layer, each named by the state it reports.
 
-Every message says what happened and what to do about it. Other layers of
-``actors/`` may append their own classes below the engine's.
+Every message says what happened and what to do about it. The tree (all under
+``storage.errors.CorralError``, the project's common base)::
+
+    CorralError
+    ├── EngineError               the actor engine's own (mailbox, dispatcher, I/O side,
+    │   │                         scheduler, registry ids, listeners)
+    │   └── AgentKilledError      an agent actor crashed on purpose (``Kill``)
+    ├── AgentStateError           an agent's state refuses a verb (inbox, lifetime, waits)
+    ├── ModelError                a model request failed (carries its ``LlmFailure``)
+    └── ToolArgumentError         a model's tool arguments do not fit the tool (a ValueError)
+
+``TurnAborted`` (``actors.effects``) is not an error: it is how a cancel unwinds the turn
+coroutine, and nothing outside the turn machine sees it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from storage import CorralError
 
+if TYPE_CHECKING:
+    from storage import LlmFailure
+
 __all__ = [
+    "AgentDisposedError",
+    "AgentKilledError",
+    "AgentStateError",
     "DispatcherShutdownError",
     "DuplicateIdError",
+    "DuplicateMessageError",
+    "EditTimeoutError",
     "EngineError",
+    "InboxFullError",
+    "InvalidMessageError",
     "IoSideClosedError",
     "ListenerError",
     "MailboxFullError",
+    "ModelError",
     "SchedulerClosedError",
+    "ToolArgumentError",
+    "UnknownMessageError",
+    "WaitCycleError",
 ]
 
 
@@ -112,7 +139,7 @@ class InvalidMessageError(AgentStateError, TypeError):
     an ill-typed one, an empty or non-``str`` id, a bad lane or splice range), or a
     message that cannot be logged (it does not fit ``max_event_bytes`` with the records
     that carry it), or a cancel cause that is not one of the ``CancelCause``
-    structs or cannot be logged (see ``actors.live.checked_cause``)."""
+    structs or cannot be logged (see ``actors.signal.checked_cause``)."""
 
 
 class EditTimeoutError(AgentStateError, TimeoutError):
@@ -124,3 +151,20 @@ class WaitCycleError(AgentStateError):
     """A wait for an agent would close a cycle of waits (agent A's listener waits for
     agent B, whose running code waits for agent A) and so never end; raised before
     anything waits (see ``actors._waits``)."""
+
+
+class AgentKilledError(EngineError, RuntimeError):
+    """Raised inside an agent actor by ``Kill``; the actor dies through pykka's
+    failure path, as it would on an unexpected error."""
+
+
+class ModelError(CorralError):
+    """A model request failed; ``failure`` says how, in CONTRACT section 5's codes."""
+
+    def __init__(self, failure: LlmFailure) -> None:
+        super().__init__(f"{failure.code}: {failure.message}")
+        self.failure = failure
+
+
+class ToolArgumentError(CorralError, ValueError):
+    """The model's arguments do not fit the tool's parameters."""

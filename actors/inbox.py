@@ -20,7 +20,7 @@ import msgspec
 from storage import AgentInboxSpliced, InboxLane, MessageId, UserMessage
 
 from .errors import DuplicateMessageError, InboxFullError, UnknownMessageError
-from .live import AgentLike, InboxClaimed, InboxDiscarded, InboxInserted
+from .events import AgentLike, InboxClaimed, InboxDiscarded, InboxInserted
 
 __all__ = ["LANES", "Inbox", "InboxView"]
 

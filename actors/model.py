@@ -46,10 +46,11 @@ from storage import (
     UsageChunk,
 )
 
+from .errors import ModelError
+
 __all__ = [
     "ImmediateModel",
     "Model",
-    "ModelError",
     "ModelRequest",
     "checked_chunk",
     "checked_failure",
@@ -78,14 +79,6 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     # be larger cannot be logged, so a model may stop reading one (the providers refuse
     # a server-sent event of over four times this; the turn counts the reply itself).
     max_reply_bytes: int | None = None
-
-
-class ModelError(Exception):
-    """A model request failed; ``failure`` says how, in CONTRACT section 5's codes."""
-
-    def __init__(self, failure: LlmFailure) -> None:
-        super().__init__(f"{failure.code}: {failure.message}")
-        self.failure = failure
 
 
 @runtime_checkable

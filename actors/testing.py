@@ -52,8 +52,8 @@ from .effects import (
     StreamEnd,
     TurnAborted,
 )
+from .events import AGENT_EVENTS
 from .inbox import Inbox
-from .live import AGENT_EVENTS
 from .toolphase import ToolPhase, ToolRun
 from .tools import Tool, shown
 from .turn import Durability, TurnMachine

@@ -33,25 +33,10 @@ from storage import (
 )
 
 from .effects import JoinTool, StartTool, TurnAborted, outcome_of
-from .live import (
-    AgentLike,
-    Allow,
-    Deny,
-    PostExecute,
-    PreExecute,
-    ToolExecute,
-    ToolResultEvent,
-    TurnSignal,
-)
-from .tools import (
-    MAX_PARALLEL_TOOLS,
-    Tool,
-    ToolArgumentError,
-    ToolOutcome,
-    described,
-    outcome_from_output,
-    shown,
-)
+from .errors import ToolArgumentError
+from .events import AgentLike, Allow, Deny, PostExecute, PreExecute, ToolExecute, ToolResultEvent
+from .signal import TurnSignal
+from .tools import MAX_PARALLEL_TOOLS, Tool, ToolOutcome, described, outcome_from_output, shown
 
 __all__ = ["RESULT_ROOM", "ReadOnlyDict", "ToolPhase", "ToolPlan", "ToolRun", "unanswerable"]
 

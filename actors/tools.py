@@ -19,12 +19,11 @@ import msgspec
 from storage import TextBlock, ToolError, ToolSpec
 
 from ._host import Host, unstopped
-from ._ioside import Lease, _BlockingPool
-from .bus import _is_async
+from ._pool import BlockingPool, Lease
+from .listeners import is_async as listener_is_async
 
 __all__ = [
     "Tool",
-    "ToolArgumentError",
     "ToolOutcome",
     "ToolReturn",
     "ToolTimeout",
@@ -35,10 +34,6 @@ __all__ = [
 ]
 
 MAX_PARALLEL_TOOLS: Final = 10
-
-
-class ToolArgumentError(ValueError):
-    """The model's arguments do not fit the tool's parameters."""
 
 
 @runtime_checkable
@@ -193,14 +188,14 @@ async def run_execute_chain(
     listener's ``next()`` raises it once the body returns; what it returns is dropped).
     """
     loop = asyncio.get_running_loop()
-    is_async_listener = [_is_async(listener) for listener in listeners]
+    is_async_listener = [listener_is_async(listener) for listener in listeners]
     held = loop.create_future()  # set when a timed-out body holds a listener's thread
 
     async def body(host: Host | None) -> Any:
         lease = None
         if is_async:
             work: Awaitable[Any] = _guarded(run())  # wait_for runs it as a task of its own
-        elif timeout is not None and isinstance(pool, _BlockingPool):
+        elif timeout is not None and isinstance(pool, BlockingPool):
             lease = pool.lease()
             leased = partial(_run_leased, run, lease)
             if host is None:

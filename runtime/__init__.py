@@ -13,34 +13,31 @@ from .shadowing import PackageShadowedError, check_not_shadowed
 
 check_not_shadowed()
 
-from actors.errors import (
-    AgentDisposedError,
-    AgentStateError,
-    DuplicateMessageError,
-    EditTimeoutError,
-    EngineError,
-    InboxFullError,
-    InvalidMessageError,
-    UnknownMessageError,
-    WaitCycleError,
-)
-from actors.inbox import InboxView
-from actors.limits import UsageLimits
-from actors.live import (
-    MAX_CAUSE_REASON_CHARS,
+from actors import (
     AgentCreated,
     AgentDisposed,
+    AgentDisposedError,
     AgentError,
     AgentSessionStart,
     AgentSettled,
+    AgentStateError,
     AgentStatus,
     AgentStatusChanged,
     Allow,
     Deny,
+    DuplicateMessageError,
+    EditTimeoutError,
+    EngineError,
     Enter,
     InboxClaimed,
     InboxDiscarded,
+    InboxFullError,
     InboxInserted,
+    InboxView,
+    InvalidMessageError,
+    Model,
+    ModelError,
+    ModelRequest,
     PostExecute,
     PreExecute,
     PreStep,
@@ -50,21 +47,18 @@ from actors.live import (
     RequestEvent,
     Retry,
     SessionEventLive,
+    Tool,
     ToolExecute,
     ToolResultEvent,
+    ToolReturn,
     TurnSignal,
     TurnStopping,
+    UnknownMessageError,
+    UsageLimits,
+    WaitCycleError,
 )
-from actors.model import Model, ModelError, ModelRequest
-from actors.tools import Tool, ToolReturn
-from storage.errors import (
-    CorralError,
-    ReentrantAppendError,
-    StorageError,
-    StoreClosedError,
-    UnknownSessionError,
-)
-from storage.events import (
+from storage import (
+    MAX_CAUSE_REASON_CHARS,
     Aborted,
     AgentInboxSpliced,
     AssistantChunk,
@@ -74,6 +68,7 @@ from storage.events import (
     CancelCause,
     Completed,
     ContentBlock,
+    CorralError,
     DisposedCause,
     Errored,
     Event,
@@ -89,11 +84,15 @@ from storage.events import (
     MessageId,
     ParentCause,
     ReasoningBlock,
+    ReentrantAppendError,
     RequestConfig,
     RequestContext,
     RequestHeader,
+    Session,
     StepEnd,
     StepStart,
+    StorageError,
+    StoreClosedError,
     TextBlock,
     ToolCallBlock,
     ToolCallData,
@@ -104,12 +103,12 @@ from storage.events import (
     TurnEnd,
     TurnEndReason,
     TurnStart,
+    UnknownSessionError,
     Usage,
     UserCause,
     UserMessage,
     UserMessageData,
 )
-from storage.session import Session
 
 from .agent import Agent
 from .errors import (

@@ -20,23 +20,26 @@ import msgspec
 from pykka import ActorDeadError, Timeout
 
 from actors import (
+    AgentDisposedError,
+    AgentStateError,
+    AwaitIdle,
+    Cancel,
+    Edit,
+    EditTimeoutError,
     Idle,
+    InboxView,
+    Insert,
+    InvalidMessageError,
+    Kill,
     Mailbox,
+    WaitCycleError,
     WaitTarget,
+    apply_edit,
+    checked_cause,
     in_io_loop_thread,
     waiting_for,
 )
-from actors.agent import AwaitIdle, Cancel, Edit, Insert, Kill, apply_edit
-from actors.errors import (
-    AgentDisposedError,
-    AgentStateError,
-    EditTimeoutError,
-    InvalidMessageError,
-    WaitCycleError,
-)
-from actors.inbox import InboxView
-from actors.live import checked_cause
-from storage.events import (
+from storage import (
     CancelCause,
     DisposedCause,
     InboxLane,
@@ -51,7 +54,7 @@ from .slots import AgentHost, AgentSlot
 from .waiting import check_timeout
 
 if TYPE_CHECKING:
-    from storage.session import Session
+    from storage import Session
 
 __all__ = ["Agent", "MessageLike"]
 

@@ -8,20 +8,27 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pykka import ActorRef
 
-from actors import Bus, Dispatcher, IoSide, Scheduler
-from actors.agent import AgentActor
-from actors.flushes import FlushGroup
-from actors.inbox import Inbox
-from actors.limits import Admission, UsageMeter
-from actors.model import Model
-from actors.toolphase import ToolPhase
-from actors.tools import Tool
-from actors.turn import Durability, TurnMachine
-from storage.events import RequestConfig
+from actors import (
+    Admission,
+    AgentActor,
+    Bus,
+    Dispatcher,
+    Durability,
+    FlushGroup,
+    Inbox,
+    IoSide,
+    Model,
+    Scheduler,
+    Tool,
+    ToolPhase,
+    TurnMachine,
+    UsageMeter,
+)
+from storage import RequestConfig
 
 if TYPE_CHECKING:
-    from actors.live import AgentLike
-    from storage.session import Session
+    from actors import AgentLike
+    from storage import Session
 
 __all__ = ["Assembly", "Parts", "Spec"]
 

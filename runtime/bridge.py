@@ -12,8 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from actors import Bus
-from actors.live import SessionEventLive
+from actors import Bus, SessionEventLive
 
 from .slots import AgentSlot
 

@@ -11,11 +11,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from actors.limits import UsageLimits
-from actors.live import WATERFALL_EVENTS
-from actors.model import Model
-from actors.protocols import implements
-from actors.tools import Tool
+from actors import WATERFALL_EVENTS, Model, Tool, UsageLimits, implements
 from storage import (
     Codec,
     Event,

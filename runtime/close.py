@@ -17,10 +17,7 @@ from typing import Any, NamedTuple
 
 from pykka import ActorDeadError, ActorRef, Timeout
 
-from actors import Dispatcher, forget
-from actors._deadline import extended, remaining
-from actors.agent import AgentMailbox
-from actors.model import Model
+from actors import AgentMailbox, Dispatcher, Model, extended, forget, remaining
 
 from .slots import AgentSlot
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from actors.errors import AgentDisposedError
+from actors import AgentDisposedError
 from storage import CorralError, StoreClosedError
 
 __all__ = [

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 import psutil  # type: ignore[import-untyped]
 
-from actors.live import AgentSettled
-from actors.model import Model, ModelRequest
+from actors import AgentSettled, Model, ModelRequest
 from storage import (
     Durability,
     IgnoredRecord,

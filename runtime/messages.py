@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from actors.errors import InvalidMessageError
+from actors import InvalidMessageError
 from storage import (
     CARRIED_BYTES,
     EMPTY_TEXT_BYTES,

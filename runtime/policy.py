@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Final
 
-from actors.live import MAX_RETRY_DELAY_S, RequestError, Retry
+from actors import MAX_RETRY_DELAY_S, RequestError, Retry
 
 __all__ = ["DEFAULT_RETRYABLE", "RetryPolicy"]
 

@@ -34,32 +34,37 @@ from pykka import ActorDeadError, ActorRef, Timeout
 from pykka.messages import ProxyCall
 
 from actors import (
+    AGENT_EVENTS,
     ActorDeath,
+    Admission,
+    AgentCreated,
+    AgentDisposed,
+    AgentDisposedError,
+    AgentSessionStart,
+    Announce,
+    AwaitIdle,
     Bus,
+    Cancel,
     Dispatcher,
+    DispatcherShutdownError,
+    Durability,
+    FlushGroup,
     IoSide,
+    Model,
     RegistryActor,
     Scheduler,
+    Tool,
+    UsageLimits,
+    UsageMeter,
+    deadline,
+    extended,
     forget,
     in_nonblocking_thread,
     in_runtime_thread,
+    remaining,
     waiting_for,
     watch,
 )
-from actors._deadline import deadline, extended, remaining
-from actors.agent import Announce, AwaitIdle, Cancel
-from actors.errors import AgentDisposedError, DispatcherShutdownError
-from actors.flushes import FlushGroup
-from actors.limits import Admission, UsageLimits, UsageMeter
-from actors.live import (
-    AGENT_EVENTS,
-    AgentCreated,
-    AgentDisposed,
-    AgentSessionStart,
-)
-from actors.model import Model
-from actors.tools import Tool
-from actors.turn import Durability
 from storage import (
     DisposedCause,
     Session,

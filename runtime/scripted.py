@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from actors.model import ModelError, ModelRequest, failure_problem
+from actors import ModelError, ModelRequest, failure_problem
 from storage import (
     FinishChunk,
     LlmFailure,

@@ -18,14 +18,21 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from pykka import ActorDeadError, ActorRef, Future, Timeout
 
-from actors import LendingLock, Mailbox, waiting_for, waiting_on_actors, working_for
-from actors.agent import Barrier, Quiescent
-from actors.errors import WaitCycleError
-from actors.inbox import Inbox
-from actors.live import TurnSignal
+from actors import (
+    Barrier,
+    Inbox,
+    LendingLock,
+    Mailbox,
+    Quiescent,
+    TurnSignal,
+    WaitCycleError,
+    waiting_for,
+    waiting_on_actors,
+    working_for,
+)
 
 if TYPE_CHECKING:
-    from storage.session import Session
+    from storage import Session
 
 __all__ = ["AgentHost", "AgentSlot"]
 

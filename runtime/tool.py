@@ -14,7 +14,7 @@ from typing import Any, Final, TypeVar, get_type_hints, overload
 
 import msgspec
 
-from actors.tools import ToolArgumentError, ToolReturn
+from actors import ToolArgumentError, ToolReturn
 from storage import ToolSpec, check_timeout, lossless_problem
 
 __all__ = ["FunctionTool", "check_tool_name", "conclude", "tool"]

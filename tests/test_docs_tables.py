@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from actors.live import ToolResultEvent
+from actors.events import ToolResultEvent
 
 EVENTS = Path(__file__).resolve().parent.parent / "docs" / "events.md"
 

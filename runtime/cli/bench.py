@@ -20,7 +20,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from actors.model import Model
+from actors import Model
 from runtime.load import LoadProgress, LoadReport, LoadSamples, LoadSpec, run_bench
 from storage import Durability, SchemaVersionError, StorageError, Store
 

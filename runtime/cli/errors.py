@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import click
 
-from actors.errors import AgentStateError
+from actors import AgentStateError
 from storage import (
     DuplicateSessionError,
     InvalidEventError,

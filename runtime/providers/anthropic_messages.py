@@ -16,7 +16,7 @@ from typing import Final
 
 import msgspec
 
-from actors.model import ModelRequest
+from actors import ModelRequest
 from storage import StreamChunk
 
 from .anthropic_wire import (

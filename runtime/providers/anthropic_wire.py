@@ -19,7 +19,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 
-from actors.model import ModelError, ModelRequest
+from actors import ModelError, ModelRequest
 from storage import (
     FinishChunk,
     FinishReason,

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Protocol, Self
 
-from actors.model import ModelError
+from actors import ModelError
 from storage import FinishReason, StreamChunk
 
 from .bodies import JsonBody, open_body

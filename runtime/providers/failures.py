@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from actors.model import ModelError
+from actors import ModelError
 from storage import FailureCode, LlmFailure
 
 from ..errors import (

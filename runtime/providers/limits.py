@@ -5,7 +5,8 @@ cancelled while waiting leaves the queue consistent: if it had already been gran
 slot (or rate token) when the cancel landed, the grant passes on to the next waiter.
 
 Everything here runs on one asyncio loop (the runtime's I/O loop). Time is injectable
-(``clock``/``sleep``) so tests drive the rate bucket with a fake clock.
+(``clock``, an ``actors.Clock``, and ``sleep``) so tests drive the rate bucket with a
+fake clock.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 
+from actors import SYSTEM_CLOCK, Clock
+
 __all__ = ["FairSemaphore", "LimiterStatistics", "ProviderLimiter", "RateBucket"]
 
-Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
 
@@ -121,7 +122,7 @@ class RateBucket:
         per_minute: float,
         *,
         burst: int | None = None,
-        clock: Clock = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         if per_minute <= 0:
@@ -129,10 +130,10 @@ class RateBucket:
         self.per_minute = per_minute
         self.capacity = float(burst if burst is not None else max(1, math.ceil(per_minute / 60)))
         self._rate = per_minute / 60.0
-        self._clock = clock
+        self._now = clock.monotonic
         self._sleep = sleep
         self._tokens = self.capacity
-        self._stamp = clock()
+        self._stamp = self._now()
         self._queue = _FifoQueue()
         self._pump_task: asyncio.Task[None] | None = None
 
@@ -141,7 +142,7 @@ class RateBucket:
         return len(self._queue)
 
     def _refill(self) -> None:
-        now = self._clock()
+        now = self._now()
         self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self._rate)
         self._stamp = now
 
@@ -185,7 +186,7 @@ class ProviderLimiter:
         max_concurrency: int | None = None,
         requests_per_minute: float | None = None,
         rpm_burst: int | None = None,
-        clock: Clock = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._slots = FairSemaphore(max_concurrency) if max_concurrency is not None else None

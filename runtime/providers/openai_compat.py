@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from actors.model import ModelRequest
+from actors import ModelRequest
 from storage import StreamChunk
 
 from .base import HttpProvider

@@ -22,7 +22,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 
-from actors.model import ModelRequest
+from actors import ModelRequest
 from storage import (
     AssistantMessage,
     FinishChunk,

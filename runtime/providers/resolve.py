@@ -19,7 +19,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Final
 
-from actors.model import Model
+from actors import Model
 
 from ..errors import UnknownModelError
 from .anthropic_messages import AnthropicModel

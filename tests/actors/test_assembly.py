@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from actors.assembly import Assembler
+from actors.turn.assembly import Assembler
 from storage.events import (
     FinishChunk,
     ReasoningDelta,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.assembly import Assembler, HeldChunks
 from actors.effects import Checkpoint, Flush, NextBatch, OpenStream
 from actors.testing import TurnHarness
+from actors.turn.assembly import Assembler, HeldChunks
 from storage import assert_invariants
 from storage.events import (
     FinishChunk,

@@ -38,9 +38,10 @@ def test_a_same_id_replace_whose_message_was_claimed_meanwhile_keeps_a_newer_sen
     assert inbox.claim(1, new_turn=False)[0].id == "m1"  # a turn claims m1 first
     inbox.reserve("m1")  # then a send of m1 is accepted: m1 left the inbox
     edit = Edit(op="replace", message_id="m1", message=_message("m1", "new"), reused=reused)
-    with pytest.raises(UnknownMessageError):
+    with pytest.raises(UnknownMessageError, match="no pending message 'm1'"):
         apply_edit(inbox, edit)
-    with pytest.raises(DuplicateMessageError):  # the newer send still holds m1
+    with pytest.raises(DuplicateMessageError, match="message id 'm1' is already pending"):
+        # the newer send still holds m1
         inbox.reserve("m1")
 
 
@@ -59,15 +60,15 @@ def test_a_splice_reinserting_an_id_it_does_not_remove_refuses_it_if_pending_or_
         reused=reused,
     )
     written = len(facts)
-    with pytest.raises(DuplicateMessageError):
+    with pytest.raises(DuplicateMessageError, match="'a' is already pending .* outside the"):
         apply_edit(inbox, splice)
     assert len(facts) == written  # nothing was logged
-    with pytest.raises(DuplicateMessageError):
+    with pytest.raises(DuplicateMessageError, match="message id 'a' is already pending"):
         inbox.reserve("a")  # still the newer send's
     inbox.reserve("b")  # b was not kept by the refused splice
     inbox.release("b")
     only_b = Edit(op="splice", lane="next-step", messages=(_message("b"),), reused=frozenset("b"))
     apply_edit(inbox, only_b)  # b is free: the splice takes it
     assert inbox.view().ids() == ["b"]
-    with pytest.raises(DuplicateMessageError):
+    with pytest.raises(DuplicateMessageError, match="message id 'b' is already pending"):
         inbox.reserve("b")

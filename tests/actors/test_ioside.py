@@ -207,7 +207,7 @@ def test_close_cancels_effects_in_flight_and_refuses_new_ones() -> None:
     assert entered.wait(WAIT)
     side.close()
     assert done.next().cancelled
-    with pytest.raises(IoSideClosedError):
+    with pytest.raises(IoSideClosedError, match="the I/O side is closed"):
         side.start(forever, on_done=done)
     assert side.statistics().closed
     assert side.statistics().in_flight == 0

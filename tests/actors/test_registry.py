@@ -1,4 +1,4 @@
-"""The generic registry actor: unique ids, pluggable announcements, removal stops the actor."""
+"""The generic registry actor: unique ids, announcements by callback, removal stops the actor."""
 
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ import pytest
 from pykka import ActorRef, ActorRegistry
 
 from actors import (
-    ActorCreated,
-    ActorDisposed,
-    Bus,
     DuplicateIdError,
-    IoSide,
     PooledActor,
     RegistryActor,
 )
@@ -33,13 +29,6 @@ def _stop_every_actor() -> Iterator[None]:
     ActorRegistry.stop_all(timeout=WAIT)
 
 
-@pytest.fixture
-def io() -> Iterator[IoSide]:
-    side = IoSide(blocking_workers=1, name="registry-io")
-    yield side
-    side.close()
-
-
 def test_create_registers_a_new_actor_under_its_id() -> None:
     registry = RegistryActor.start().proxy()
     ref = registry.create("a", Worker.start).get(timeout=WAIT)
@@ -56,19 +45,6 @@ def test_a_duplicate_id_is_refused_and_the_registry_lives_on() -> None:
     with pytest.raises(DuplicateIdError, match="'a' is already registered"):
         registry.create("a", Worker.start).get(timeout=WAIT)
     assert registry.ids().get(timeout=WAIT) == ["a"]
-
-
-def test_the_default_announcements_go_on_the_bus_scoped_to_the_id(io: IoSide) -> None:
-    bus = Bus(io)
-    seen: queue.Queue[object] = queue.Queue()
-    bus.on("agent/created", seen.put, scope="a")
-    bus.on("agent/disposed", seen.put)
-    registry = RegistryActor.start(bus=bus).proxy()
-    ref = registry.create("a", Worker.start).get(timeout=WAIT)
-    assert seen.get(timeout=WAIT) == ActorCreated(id="a")
-    assert registry.remove("a").get(timeout=WAIT) is True
-    assert seen.get(timeout=WAIT) == ActorDisposed(id="a")
-    assert not ref.is_alive()
 
 
 def test_remove_announces_disposal_after_the_actor_has_stopped() -> None:

@@ -146,7 +146,7 @@ def test_a_closed_scheduler_drops_pending_timers_and_refuses_new_ones(
     scheduler.close()
     clock.advance(1)
     assert fired == []
-    with pytest.raises(SchedulerClosedError):
+    with pytest.raises(SchedulerClosedError, match="the scheduler is closed"):
         scheduler.call_later(1, lambda: None)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from actors.effects import Checkpoint, Flush, JoinTool, NextBatch, OpenStream, StartTool, StreamEnd
-from actors.live import TurnSignal
+from actors.signal import TurnSignal
 from actors.testing import TurnHarness
 from actors.toolphase import ToolRun
 from runtime import ScriptedModel, tool
@@ -226,7 +226,7 @@ def test_a_tool_phase_that_cannot_log_any_result_leaves_the_step_open_for_the_re
     harness = TurnHarness(tools={"work": work})
     _two_safe_calls(harness)
     refuse = True
-    with pytest.raises(InvalidEventError):
+    with pytest.raises(InvalidEventError, match="the log refuses every tool/result"):
         harness.send(("handle-a", ToolRun(output=1)))
     events = harness.session.events()
     assert events[-1].type == "tool/call"  # no step/end over the unanswered calls

@@ -60,9 +60,9 @@ def test_every_error_exported_derives_from_corral_error_but_the_shadowing_one() 
     }
     assert "ModelError" in errors and "PackageShadowedError" in errors
     outside = sorted(n for n, e in errors.items() if not issubclass(e, runtime.CorralError))
-    # ModelError is the model protocol's (actors.model) failure value; the shadowing error
-    # is raised before storage, which defines CorralError, can be imported.
-    assert outside == ["ModelError", "PackageShadowedError"]
+    # The shadowing error is raised before storage, which defines CorralError, can be
+    # imported.
+    assert outside == ["PackageShadowedError"]
 
 
 def test_provider_errors_keep_their_builtin_bases() -> None:

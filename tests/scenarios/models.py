@@ -6,7 +6,8 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Sequence
 
-from actors.model import ModelError, ModelRequest
+from actors.errors import ModelError
+from actors.model import ModelRequest
 from storage.events import FinishChunk, LlmFailure, StreamChunk, TextDelta, Usage, UsageChunk
 
 WAIT = 10.0

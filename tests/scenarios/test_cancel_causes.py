@@ -135,7 +135,7 @@ def test_a_cause_changed_after_its_check_still_ends_the_turn_with_a_turn_end_tha
 def test_loggable_cause_gives_a_cause_that_fits_its_budget_and_reads_back(
     cause: object, expected: CancelCause
 ) -> None:
-    from actors.live import loggable_cause
+    from actors.signal import loggable_cause
 
     got = loggable_cause(cause, 100)
     assert got == expected

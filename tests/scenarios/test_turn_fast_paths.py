@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from actors.events import InboxClaimed, InboxInserted
 from actors.inbox import Inbox
-from actors.live import InboxClaimed, InboxInserted
-from actors.turn import TurnMachine
+from actors.turn.request import HeaderLog
 from runtime import InvalidMessageError, Runtime, ScriptedModel
 from storage.errors import StorageError
 from storage.events import AgentInboxSpliced, TextBlock, UserMessage
@@ -137,7 +137,7 @@ def test_an_unexpected_fault_in_a_turn_crashes_the_agent(
     def broken(*_args: Any) -> None:
         raise RuntimeError("bug in the turn")
 
-    monkeypatch.setattr(TurnMachine, "_write_header", broken)
+    monkeypatch.setattr(HeaderLog, "write", broken)
     with Runtime.open(store_path) as rt:
         disposed = threading.Event()
         rt.on("agent/disposed", lambda _e: disposed.set())

@@ -8,7 +8,8 @@ import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from actors.model import Model, ModelError, ModelRequest
+from actors.errors import ModelError
+from actors.model import Model, ModelRequest
 from storage.events import (
     FinishChunk,
     LlmFailure,
@@ -104,7 +105,7 @@ class FakeClock:
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
         return self.now
 
     async def sleep(self, delay: float) -> None:

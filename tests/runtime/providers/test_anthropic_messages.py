@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from actors.model import Model, ModelError
+from actors.errors import ModelError
+from actors.model import Model
 from runtime.providers import AnthropicModel
 from runtime.providers.anthropic_wire import message_params
 from storage.events import (

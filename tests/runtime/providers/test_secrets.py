@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from actors.model import ModelError
+from actors.errors import ModelError
 from runtime.providers import (
     AnthropicModel,
     MissingCredentialsError,

@@ -14,19 +14,17 @@ import sys
 import threading
 from collections.abc import Callable, Coroutine
 from itertools import count
-from typing import Any, Literal
+from typing import Any, assert_never
 
-import msgspec
 from pykka._envelope import Envelope
 
-from storage import CancelCause, DisposedCause, InboxLane, MessageId, UserMessage
+from storage import CancelCause, DisposedCause, InboxLane, UserMessage
 
-from ._dispatcher import work_for
-from ._ioside import IoSide, Outcome
-from ._mailbox import Mailbox, MailboxOwner
-from ._pooled import PooledActor
-from ._scheduler import Scheduler
-from .effects import (
+from .._dispatcher import work_for
+from .._ioside import IoSide, Outcome
+from .._pooled import PooledActor
+from .._scheduler import Scheduler
+from ..effects import (
     Admit,
     Checkpoint,
     Effect,
@@ -39,10 +37,11 @@ from .effects import (
     StartTool,
     TurnAborted,
 )
-from .flushes import FlushGroup
-from .inbox import Inbox, InboxView
-from .live import TurnSignal, loggable_cause
-from .streams import (
+from ..errors import AgentKilledError
+from ..flushes import FlushGroup
+from ..inbox import Inbox
+from ..signal import TurnSignal, loggable_cause
+from ..streams import (
     StreamHandle,
     ToolHandle,
     chunks_checked,
@@ -50,222 +49,33 @@ from .streams import (
     open_stream,
     start_tool,
 )
-from .turn import TurnMachine
+from ..turn import TurnMachine
+from .mailbox import AgentMailbox
+from .messages import (
+    AgentMessage,
+    Announce,
+    AwaitIdle,
+    Barrier,
+    Cancel,
+    Control,
+    Edit,
+    Flushed,
+    Insert,
+    Kill,
+    Quiescent,
+    Resume,
+    StreamReady,
+    ToolDone,
+    apply_edit,
+)
 
-__all__ = [
-    "AgentActor",
-    "AgentMailbox",
-    "Announce",
-    "AwaitIdle",
-    "Barrier",
-    "Cancel",
-    "Edit",
-    "Insert",
-    "Kill",
-    "Quiescent",
-    "apply_edit",
-]
+__all__ = ["AgentActor"]
 
 log = logging.getLogger("corral.agent")
 _get_ident = threading.get_ident
 
 _PENDING: Any = object()
-
-
-class Insert(msgspec.Struct, frozen=True):
-    """Put a reserved message into a lane; ``wake`` starts a turn when idle.
-
-    ``unwinding``: the sender saw an aborted turn still open when it sent this wake; if
-    that turn is still unwinding, the wake is forced to ``next-turn`` and latched.
-    ``inserted``: the sender (one of the agent's own listeners, on its actor) put the
-    message into the inbox itself; only the wake is left to handle.
-    """
-
-    lane: InboxLane
-    message: UserMessage
-    wake: bool
-    unwinding: bool = False
-    inserted: bool = False
-
-
-class Edit(msgspec.Struct, frozen=True):
-    """A supervisor's inbox edit; answered through ``ask``. ``splice`` is the general
-    form: in ``lane``, remove ``removed_count`` messages from ``start`` and insert
-    ``messages`` (reserved) there. ``reused``: the ids of inserted messages that were
-    pending, among those the edit removes, when it was sent (not reserved again: see
-    ``Inbox.reserve_all``)."""
-
-    op: Literal["remove", "replace", "clear", "splice"]
-    message_id: MessageId | None = None
-    message: UserMessage | None = None
-    lane: InboxLane = "next-turn"
-    start: int = 0
-    removed_count: int = 0
-    messages: tuple[UserMessage, ...] = ()
-    reused: frozenset[MessageId] = frozenset()
-
-
-class Cancel(msgspec.Struct, frozen=True):
-    """``target``: the turn that was active when cancel was called (already aborted in
-    the caller's thread), or None if none was: then the turn active now is aborted."""
-
-    cause: CancelCause
-    keep_inbox: bool = False
-    target: TurnSignal | None = None
-
-
-class Announce(msgspec.Struct, frozen=True):
-    """Ask: call ``callback`` on the actor. The runtime sends it as a new agent's first
-    message, to announce it there (``agent/created``, then ``agent/session-start``):
-    whatever the listeners of those send waits in the mailbox behind it, so no work
-    starts before both are announced (CONTRACT 2)."""
-
-    callback: Callable[[], None]
-
-
-class Quiescent(msgspec.Struct, frozen=True):
-    """Tell: call ``callback`` (on the actor) with True when the agent is idle with
-    nothing queued (it may be passivated), else False."""
-
-    callback: Callable[[bool], None]
-
-
-class AwaitIdle(msgspec.Struct, frozen=True):
-    """Call ``callback`` once every envelope sent before this one ran and the agent is idle."""
-
-    callback: Callable[[], None]
-
-
-class Barrier(msgspec.Struct, frozen=True):
-    """Ask: answered once every envelope sent before it ran, so the facts of every
-    message told before it (a send's splice, a cancel's discards) are appended
-    (``Runtime.flush`` waits for it)."""
-
-
-class Kill(msgspec.Struct, frozen=True):
-    """Crash the actor on purpose (fault injection for supervisors and their tests)."""
-
-    reason: str = "killed"
-
-
-class AgentKilledError(RuntimeError):
-    """Raised inside an agent actor by :class:`Kill`; the actor dies through pykka's
-    failure path, as it would on an unexpected error."""
-
-
-class _Resume(msgspec.Struct, frozen=True):
-    token: int
-    error: BaseException | None = None
-    value: Any = None
-
-
-class _Flushed(msgspec.Struct, frozen=True):
-    """A Flush effect's completion. Flush is not abortable and the turn awaits one
-    effect at a time, so a completion always answers the Flush being waited for."""
-
-    error: BaseException | None = None
-
-
-_FLUSHED = _Flushed()
-
-
-class _StreamReady(msgspec.Struct, frozen=True):
-    stream: StreamHandle
-    upto: int
-
-
-class _ToolDone(msgspec.Struct, frozen=True):
-    handle: ToolHandle
-
-
-def apply_edit(inbox: Inbox, edit: Edit) -> Any:
-    """Apply a supervisor's inbox edit (on the actor, or inline from one of its own
-    listeners); ids the edit reserved are released if it fails."""
-    if edit.op == "remove":
-        assert edit.message_id is not None
-        return inbox.remove(edit.message_id)
-    if edit.op == "replace":
-        assert edit.message_id is not None
-        assert edit.message is not None
-        try:
-            inbox.replace(edit.message_id, edit.message, reused=edit.reused)
-        except Exception:
-            if edit.message.id not in edit.reused:  # a reused id is not the edit's to free
-                inbox.release(edit.message.id)
-            raise
-        return None
-    if edit.op == "splice":
-        try:
-            return inbox.splice(
-                edit.lane, edit.start, edit.removed_count, edit.messages, reused=edit.reused
-            )
-        except Exception:
-            for message in edit.messages:
-                if message.id not in edit.reused:
-                    inbox.release(message.id)
-            raise
-    return inbox.clear()
-
-
-class AgentMailbox(Mailbox):
-    """The agent's pykka mailbox *is* its inbox: control envelopes handled in send order,
-    plus ``lanes``, the pending user messages of the ``next-turn`` and ``next-step``
-    lanes, changed only by the actor through durable splices."""
-
-    __slots__ = ("_idle_after_death", "abandoned", "lanes")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lanes: Inbox | None = None
-        # wait_idle callbacks refused while the actor is torn down: answered once its
-        # death watchers ran (the runtime's sets agent.crash). None outside a teardown.
-        self._idle_after_death: list[Callable[[], None]] | None = None
-        # Set by a runtime's close that gave up on the actor (its disposal did not end in
-        # time) and went on to close the store and the I/O side under it.
-        self.abandoned = False
-
-    def pending_messages(self) -> InboxView:
-        assert self.lanes is not None
-        return self.lanes.view()
-
-    def _refuse(self, envelope: Envelope[Any], reason: str) -> None:
-        """A send the actor will never handle because it crashed: its caller holds the
-        message's id, so the message is logged pending (the crashed handler's turn stays
-        open; ``rt.resume`` repairs it and finds the message in the inbox). Anything
-        else, or after a requested stop, is a dead letter as for any actor, except a
-        ``wait_idle`` that was queued behind the stop: it is answered (idle for good)."""
-        message = envelope.message
-        if type(message) is AwaitIdle:  # a stopped agent runs nothing more: idle for good
-            if self._idle_after_death is not None:
-                self._idle_after_death.append(message.callback)  # once its watchers ran
-            else:
-                message.callback()
-            return
-        death, lanes = self._death, self.lanes
-        if (
-            type(message) is Insert
-            and not message.inserted
-            and death is not None
-            and death.failed
-            and lanes is not None
-        ):
-            try:
-                lanes.insert(message.lane, message.message)
-            except Exception:  # a failed log: the message is lost with the actor
-                log.exception(
-                    "agent could not keep message %s sent before it crashed", message.message.id
-                )
-            else:
-                return
-        super()._refuse(envelope, reason)
-
-    def _teardown(self, actor: MailboxOwner) -> None:
-        answers = self._idle_after_death = []
-        super()._teardown(actor)  # refuses what is left: a crashed actor's sends are kept
-        self.lanes = None
-        self._idle_after_death = None
-        for callback in answers:  # after the death watchers (agent.crash is set)
-            callback()
+_FLUSHED = Flushed()  # every successful flush's completion: one instance serves them all
 
 
 class AgentActor(PooledActor):
@@ -321,7 +131,7 @@ class AgentActor(PooledActor):
         self._post: Callable[[object], None] = mailbox.tell
 
         def stream_ready(stream: StreamHandle, upto: int) -> None:  # on the I/O loop
-            mailbox.put(Envelope(_StreamReady(stream, upto)))
+            mailbox.put(Envelope(StreamReady(stream, upto)))
 
         self._stream_ready = stream_ready  # one closure per actor, not one per stream
         run_now = mailbox.run_now
@@ -331,25 +141,26 @@ class AgentActor(PooledActor):
             # One envelope serves every successful flush: at most one is in flight (the
             # turn awaits one effect at a time) and the mailbox drops it once handled.
             # The group calls back on a dispatcher worker: an idle agent goes on there.
-            run_now(flushed_envelope if error is None else Envelope(_Flushed(error)))
+            run_now(flushed_envelope if error is None else Envelope(Flushed(error)))
 
         self._flushed = flushed  # one closure per actor, not one per flush
 
     # ------------------------------------------------------------------ envelopes
 
     def _actor_handle(self, envelope: Envelope[Any]) -> None:
-        """``PooledActor._actor_handle`` with the per-turn envelopes (told, of a type in
-        ``_HANDLERS``) sent straight to their handler: two calls less per message."""
+        """``PooledActor._actor_handle`` with a told :class:`Control` message sent straight
+        to :meth:`_dispatch`: no pass through pykka's proxy checks, two calls less per
+        message. Asks, and pykka's own messages (stop, proxy calls), take pykka's path,
+        which ends in :meth:`on_receive` and so in the same dispatch."""
         message = envelope.message
-        handler = _HANDLERS.get(message.__class__)
-        if handler is None or envelope.reply_to is not None:
+        if envelope.reply_to is not None or not isinstance(message, Control):
             super()._actor_handle(envelope)
             return
         inbox = self.inbox
         inbox.owner = _get_ident()  # listeners run here may edit the inbox inline
         try:
             try:
-                handler(self, message)
+                self._dispatch(message)  # type: ignore[arg-type]  # every Control is one
             finally:
                 inbox.owner = None
         except Exception:  # noqa: BLE001 - a told message's failure fails the actor
@@ -357,71 +168,58 @@ class AgentActor(PooledActor):
         except BaseException as error:  # noqa: BLE001 - pykka's loop: stop everything
             self._fatal(error)
 
-    def _handle_receive(self, message: Any) -> Any:
-        # The envelopes of every turn (completions, inserts) go straight to their handler
-        # by exact type: no pass through pykka's proxy checks and the isinstance chain.
-        handler = _HANDLERS.get(message.__class__)
-        if handler is None:
-            return super()._handle_receive(message)
-        inbox = self.inbox
-        inbox.owner = _get_ident()  # listeners run here may edit the inbox inline
-        try:
-            handler(self, message)
-        finally:
-            inbox.owner = None
-        return None
-
     def on_receive(self, message: Any) -> Any:
+        if not isinstance(message, Control):
+            return super().on_receive(message)
         inbox = self.inbox
         inbox.owner = _get_ident()  # listeners run here may edit the inbox inline
         try:
-            return self._receive(message)
+            return self._dispatch(message)  # type: ignore[arg-type]  # every Control is one
         finally:
             inbox.owner = None
 
-    def _receive(self, message: Any) -> Any:
-        if isinstance(message, _Resume):
-            self._on_resume(message)
-        elif isinstance(message, _Flushed):
-            self._on_flushed(message)
-        elif isinstance(message, _StreamReady):
-            self._on_stream_ready(message.stream, message.upto)
-        elif isinstance(message, _ToolDone):
-            self._on_tool_done(message)
-        elif isinstance(message, Insert):
-            self._insert(message)
-        elif isinstance(message, Cancel):
-            self._cancel(message.cause, keep_inbox=message.keep_inbox, target=message.target)
-        elif isinstance(message, AwaitIdle):
-            if self._coro is None:
+    def _dispatch(self, message: AgentMessage) -> Any:
+        """Handle one message (the one dispatch table); the answer of an ask."""
+        match message:
+            case Resume():
+                self._on_resume(message)
+            case Flushed():
+                self._on_flushed(message)
+            case StreamReady():
+                self._on_stream_ready(message.stream, message.upto)
+            case ToolDone():
+                self._on_tool_done(message)
+            case Insert():
+                self._insert(message)
+            case Cancel():
+                self._cancel(message.cause, keep_inbox=message.keep_inbox, target=message.target)
+            case AwaitIdle():
+                if self._coro is None:
+                    message.callback()
+                else:
+                    self._idle_waiters.append(message.callback)
+            case Edit():
+                return apply_edit(self.inbox, message)
+            case Quiescent():
+                message.callback(self._coro is None and self.actor_mailbox.empty())
+            case Barrier():
+                pass
+            case Announce():
                 message.callback()
-            else:
-                self._idle_waiters.append(message.callback)
-        elif isinstance(message, Edit):
-            return self._edit(message)
-        elif isinstance(message, Quiescent):
-            message.callback(self._coro is None and self.actor_mailbox.empty())
-        elif isinstance(message, Barrier):
-            return None
-        elif isinstance(message, Announce):
-            message.callback()
-        elif isinstance(message, Kill):
-            raise AgentKilledError(f"agent {self.session.id} killed: {message.reason}")
-        else:
-            return super().on_receive(message)
+            case Kill():
+                raise AgentKilledError(f"agent {self.session.id} killed: {message.reason}")
+            case _:
+                assert_never(message)
         return None
 
-    def _on_resume(self, message: _Resume) -> None:
+    def _on_resume(self, message: Resume) -> None:
         # Only the wait that took this token: a cancel may have ended it (the resume of
         # an aborted checkpoint, or an async listener's outcome, arrives after the
         # cancel) while the turn now waits for something else, a flush say.
         if message.token == self._waiting_token and self._waiting is not None:
             self._advance(message.value, message.error)
 
-    def _on_stream_ready_message(self, message: _StreamReady) -> None:
-        self._on_stream_ready(message.stream, message.upto)
-
-    def _on_tool_done(self, message: _ToolDone) -> None:
+    def _on_tool_done(self, message: ToolDone) -> None:
         message.handle.delivered = True  # visible to the turn only now, in mailbox order
         waiting = self._waiting
         if isinstance(waiting, JoinTool) and message.handle in waiting.handles:
@@ -458,9 +256,6 @@ class AgentActor(PooledActor):
             err.add_note(f"agent {self.session.id} could not insert message {message.id}")
             raise
 
-    def _edit(self, edit: Edit) -> Any:
-        return apply_edit(self.inbox, edit)
-
     def _cancel(self, cause: CancelCause, *, keep_inbox: bool, target: TurnSignal | None) -> None:
         # The verb checked the cause (``checked_cause``); one that slips through (a
         # Cancel built elsewhere) must not crash the actor where the signal checks it.
@@ -493,7 +288,7 @@ class AgentActor(PooledActor):
         coro = self._coro
         assert coro is not None
         self._waiting = None
-        self._waiting_token = 0  # a late _Resume of the wait that ends here answers nothing
+        self._waiting_token = 0  # a late Resume of the wait that ends here answers nothing
         self._cancel_waiting = None
         while True:
             try:
@@ -534,10 +329,10 @@ class AgentActor(PooledActor):
 
     def _start_flush(self, effect: Flush) -> Any:
         self._cancel_waiting = None
-        self.flushes.join(self.session, self._flushed)  # answered by a _Flushed message
+        self.flushes.join(self.session, self._flushed)  # answered by a Flushed message
         return _PENDING
 
-    def _on_flushed(self, message: _Flushed) -> None:
+    def _on_flushed(self, message: Flushed) -> None:
         if self._waiting.__class__ is Flush:
             self._advance(None, message.error)
 
@@ -546,7 +341,7 @@ class AgentActor(PooledActor):
         post = self._post
 
         def admitted() -> None:
-            post(_Resume(token=token))
+            post(Resume(token=token))
 
         effect.on_admitted = admitted
         return (None, None) if effect.admission.enter(admitted) else pending
@@ -555,7 +350,7 @@ class AgentActor(PooledActor):
         if self._mailbox.empty():
             return None, None  # nothing queued could change the outcome: go on
         token, pending = self._wait(effect)
-        self.actor_ref.tell(_Resume(token=token))
+        self.actor_ref.tell(Resume(token=token))
         return pending
 
     def _start_open_stream(self, effect: OpenStream) -> Any:
@@ -579,7 +374,7 @@ class AgentActor(PooledActor):
                 self.io,
                 self.bus,
                 self.session.id,
-                lambda h: post(_ToolDone(h)),
+                lambda h: post(ToolDone(h)),
             )
         except Exception as err:  # noqa: BLE001 - e.g. a hand-written Tool whose timeout_s raises
             return None, err  # the tool phase's failure: it answers its calls
@@ -597,7 +392,7 @@ class AgentActor(PooledActor):
         post = self._post
 
         def on_done(outcome: Outcome[Any]) -> None:
-            post(_Resume(token=token, value=outcome.value, error=outcome.error))
+            post(Resume(token=token, value=outcome.value, error=outcome.error))
 
         work = work_for(self.inbox, self.io.start, effect.work, on_done=on_done)
         self._cancel_waiting = work.cancel
@@ -605,7 +400,7 @@ class AgentActor(PooledActor):
 
     def _start_sleep(self, effect: Sleep) -> Any:
         token, pending = self._wait(effect)
-        timer = self.scheduler.tell_later(effect.seconds, self.actor_ref, _Resume(token=token))
+        timer = self.scheduler.tell_later(effect.seconds, self.actor_ref, Resume(token=token))
 
         def cancel_timer() -> None:
             timer.cancel()
@@ -688,14 +483,4 @@ _STARTERS: dict[type[Any], Callable[[AgentActor, Any], Any]] = {
     JoinTool: AgentActor._start_join_tool,
     RunAsync: AgentActor._start_run_async,
     Sleep: AgentActor._start_sleep,
-}
-
-# The per-turn envelopes, by exact type (anything else, subclasses included, goes
-# through pykka's checks and on_receive).
-_HANDLERS: dict[type[Any], Callable[[AgentActor, Any], None]] = {
-    _Resume: AgentActor._on_resume,
-    _Flushed: AgentActor._on_flushed,
-    _StreamReady: AgentActor._on_stream_ready_message,
-    _ToolDone: AgentActor._on_tool_done,
-    Insert: AgentActor._insert,
 }
