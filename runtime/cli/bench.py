@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -330,6 +331,18 @@ def _resolve(model: str) -> Model:
     help="Write a PNG, or the image format of its suffix (needs corral[plot]).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Run the load in N shard processes on Ray (corral[ray]; docs/cluster.md).",
+)
+@click.option(
+    "--address",
+    metavar="ADDR",
+    default=None,
+    help="With --shards: a running Ray cluster's address (default: a local Ray).",
+)
 def bench(
     *,
     agents: int,
@@ -349,6 +362,8 @@ def bench(
     json_path: Path | None,
     plot_path: Path | None,
     quiet: bool,
+    shards: int | None,
+    address: str | None,
 ) -> None:
     """Host N agents for T turns each and report throughput, latency and memory."""
     if json_path is not None:  # before the run, which may make the store there
@@ -356,7 +371,9 @@ def bench(
     if plot_path is not None:
         refuse_store_file(plot_path, store, "plot_path")
         _check_plot_support()
-    model = _resolve(model_spec) if model_spec else None
+    if address is not None and shards is None:
+        raise click.UsageError("--address goes with --shards")
+    model = _resolve(model_spec) if model_spec and shards is None else None
     spec = LoadSpec(
         agents=agents,
         turns=turns,
@@ -373,7 +390,8 @@ def bench(
     out, err = _plain_console(), _plain_console(stderr=True)
     title = f"corral bench: {_load(agents, turns)} ({durability})"
     with _Display(err, quiet=quiet, title=title) as display:
-        report, samples = run_bench(
+        run = run_bench if shards is None else _sharded(shards, address, model_spec)
+        report, samples = run(
             store,
             spec,
             durability=cast(Durability, durability),
@@ -418,6 +436,13 @@ def _finish(out: Console, report: LoadReport) -> None:
             f"invariants: {plural(len(report.violations), 'violation')} over "
             f"{plural(report.sessions_checked or 0, 'session')}"
         )
+
+
+def _sharded(shards: int, address: str | None, model: str | None) -> Callable[..., Any]:
+    """``run_bench``'s twin that runs the load inside ``shards`` shards on Ray."""
+    from runtime.cluster.bench import sharded_bench_runner  # noqa: PLC0415 - optional extra
+
+    return sharded_bench_runner(shards, address, model)
 
 
 def _plain_console(*, stderr: bool = False) -> Console:

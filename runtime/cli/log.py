@@ -17,6 +17,7 @@ import io
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from runtime.load import check_store, store_bytes
+from runtime.cluster.layout import is_sharded, stores_for
+from runtime.load import StoreCheck, check_store, store_bytes
 from storage import (
     SCHEMA_VERSION,
     DuplicateSessionError,
@@ -57,7 +59,14 @@ def _out() -> Console:
 
 
 @contextmanager
-def _reading(path: Path) -> Iterator[Store]:
+def _reading(path: Path, session: str | None = None) -> Iterator[Store]:
+    if is_sharded(path):  # a cluster's store: the shard holding the session
+        if session is None:
+            raise CliError(
+                f"{path} is a cluster's store (one store per shard): give one shard's, "
+                f"--store {path / 'shard-0'}"
+            )
+        path = stores_for(path, session)[0]
     if not path.exists():
         raise CliError(
             f"no corral store at {path}: it does not exist (give the store with --store)"
@@ -122,36 +131,40 @@ def log() -> None:
 @store_option
 def ls(store: Path) -> None:
     """List sessions: created, turns, state of the last turn, size."""
-    with _reading(store) as st:
-        headers = st.sessions()
-        table = Table(box=None, pad_edge=False)
-        for name, justify in (
-            ("session", "left"),
-            ("created", "left"),
-            ("turns", "right"),
-            ("last turn", "left"),
-            ("events", "right"),
-            ("bytes", "right"),
-        ):
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
-        for header in headers:
-            count = _require(st, header.id)
-            try:
-                turn, state = _last_turn(st, header.id, count)
-                turns = f"{turn:,}"
-            except (InvalidEventError, LogCorruptError):  # `log check` says why
-                turns, state = "?", "unreadable"
-            counter = _Counter()
-            st.export_jsonl(header.id, counter)  # type: ignore[arg-type]
-            label = header.id if header.parent is None else f"{header.id} (fork of {header.parent})"
-            table.add_row(
-                Text(label),
-                _created(header.created),
-                turns,
-                state,
-                f"{count:,}",
-                f"{counter.count:,}",
-            )
+    table = Table(box=None, pad_edge=False)
+    for name, justify in (
+        ("session", "left"),
+        ("created", "left"),
+        ("turns", "right"),
+        ("last turn", "left"),
+        ("events", "right"),
+        ("bytes", "right"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    headers = []
+    for path in stores_for(store):  # one, or a cluster's shard stores
+        with _reading(path) as st:
+            found = st.sessions()
+            headers += found
+            for header in found:
+                count = _require(st, header.id)
+                try:
+                    turn, state = _last_turn(st, header.id, count)
+                    turns = f"{turn:,}"
+                except (InvalidEventError, LogCorruptError):  # `log check` says why
+                    turns, state = "?", "unreadable"
+                counter = _Counter()
+                st.export_jsonl(header.id, counter)  # type: ignore[arg-type]
+                parent = header.parent
+                label = header.id if parent is None else f"{header.id} (fork of {parent})"
+                table.add_row(
+                    Text(label),
+                    _created(header.created),
+                    turns,
+                    state,
+                    f"{count:,}",
+                    f"{counter.count:,}",
+                )
     out = _out()
     if headers:
         # never cut an id short (a pipe is 80 columns to rich): widen to the table's need
@@ -168,7 +181,7 @@ def ls(store: Path) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Also show chunks, inbox and request facts.")
 def show(session: str, store: Path, raw: bool, verbose: bool) -> None:
     """Print a session as a readable transcript (or its raw events)."""
-    with _reading(store) as st:
+    with _reading(store, session) as st:
         count = _require(st, session)
         if raw:
             _write_records(st, session, sys.stdout.buffer)
@@ -236,7 +249,7 @@ def tail(
 ) -> None:
     """Print the last events of a session; with --follow, keep printing new ones."""
     out = _out()
-    with _reading(store) as st:
+    with _reading(store, session) as st:
         total = _require(st, session)
         lower = max(0, total - count)
         if not follow:
@@ -270,7 +283,7 @@ def export(session: str, store: Path, output: Path) -> None:
     to_stdout = str(output) == "-"
     if not to_stdout:
         refuse_store_file(output, store, "output")
-    with _reading(store) as st:
+    with _reading(store, session) as st:
         _require(st, session)
         if to_stdout:
             written = st.export_jsonl(session, sys.stdout.buffer)
@@ -367,8 +380,15 @@ def _remove_new_store(path: Path, new_dirs: list[Path]) -> None:
 )
 def check(store: Path, allow_open_tail: bool) -> None:
     """Check every session log against the session invariants."""
-    with _reading(store) as st:
-        result = check_store(st, allow_open_tail=allow_open_tail)
+    checks = []
+    for path in stores_for(store):  # one, or a cluster's shard stores
+        with _reading(path) as st:
+            checks.append(check_store(st, allow_open_tail=allow_open_tail))
+    result = StoreCheck(
+        sum(c.sessions for c in checks),
+        [failed for c in checks for failed in c.failed],
+        dict(sorted(sum((Counter(c.ignored) for c in checks), Counter()).items())),
+    )
     out = _out()
     if result.ignored:  # a plugin's records: their seqs are checked, nothing else
         kinds = ", ".join(f"{shown(name)} ({count:,})" for name, count in result.ignored.items())

@@ -1,0 +1,141 @@
+"""``ClusterAgent``: the driver's handle of an agent that lives in some shard.
+
+The verbs of :class:`~runtime.Agent`, each one Ray call to the agent's shard (see
+:class:`~runtime.cluster.Cluster` for the batched forms). A send's ``MessageId`` is chosen
+here, in the driver, so that a send the driver repeats after a shard restart is
+recognised by the shard and applied once.
+
+A send returns once the shard has it in the agent's mailbox (``wait=True``, one Ray round
+trip), or once it is queued in the shard's outbox (``wait=False``, no round trip: its
+refusal, if any, is raised by the cluster's next ``flush()``). Sends to one shard are
+applied in the order they were made either way (see :mod:`runtime.cluster.outbox`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+from runtime import HookCause, ParentCause, UserCause, UserMessage
+from storage import Event, Message
+
+from .events import ClusterEvent
+from .shard import Send
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+__all__ = ["ClusterAgent"]
+
+
+class ClusterAgent:
+    """An agent of a :class:`~runtime.cluster.Cluster` (cheap: an id and its shard)."""
+
+    __slots__ = ("_cluster", "id", "shard")
+
+    def __init__(self, cluster: Cluster, agent_id: str, shard: int) -> None:
+        self._cluster = cluster
+        self.id = agent_id
+        self.shard = shard
+
+    def __repr__(self) -> str:
+        return f"<ClusterAgent {self.id} shard={self.shard}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClusterAgent) and (other.id, other.shard) == (self.id, self.shard)
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    # ------------------------------------------------------------------ sends
+
+    def _send(
+        self,
+        message: str | UserMessage,
+        lane: Literal["next-turn", "next-step"],
+        wake: bool,
+        message_id: str | None,
+        source: str,
+        wait: bool,
+    ) -> str:
+        if isinstance(message, UserMessage):
+            if message_id is not None and message_id != message.id:
+                raise ValueError("give the id inside the UserMessage, or pass a str")
+            message_id = message.id
+        elif not isinstance(message, str):
+            raise TypeError(f"a message is a str or a UserMessage, got {type(message).__name__}")
+        mid = message_id if message_id is not None else self._cluster.new_message_id()
+        send = Send(agent=self.id, message=message, id=mid, lane=lane, wake=wake, source=source)
+        self._cluster.send_batch(self.shard, [send], wait)
+        return mid
+
+    def followup(
+        self,
+        message: str | UserMessage,
+        *,
+        id: str | None = None,
+        source: str = "user",
+        wait: bool = True,
+    ) -> str:
+        """Queue ``message`` as its own next turn and wake the agent; its ``MessageId``."""
+        return self._send(message, "next-turn", True, id, source, wait)
+
+    def steer(
+        self,
+        message: str | UserMessage,
+        *,
+        id: str | None = None,
+        source: str = "user",
+        wait: bool = True,
+    ) -> str:
+        """Add ``message`` to the next step of the running turn (or a new turn) and wake."""
+        return self._send(message, "next-step", True, id, source, wait)
+
+    def inject(
+        self,
+        message: str | UserMessage,
+        *,
+        id: str | None = None,
+        source: str = "user",
+        wait: bool = True,
+    ) -> str:
+        """Add ``message`` to the next step without waking an idle agent."""
+        return self._send(message, "next-step", False, id, source, wait)
+
+    # ------------------------------------------------------------------ control
+
+    def cancel(
+        self, cause: UserCause | ParentCause | HookCause | None = None, *, keep_inbox: bool = False
+    ) -> None:
+        """As :meth:`runtime.Agent.cancel` (``cause`` a ``UserCause()``, ...)."""
+        self._cluster.link(self.shard).call("cancel", self.id, cause, keep_inbox)
+
+    def dispose(self, timeout: float | None = None) -> bool:
+        """As :meth:`runtime.Agent.dispose`; idempotent."""
+        return self._cluster.dispose([self], timeout=timeout)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Whether every send before this call was handled and the agent went idle."""
+        return bool(self._cluster.link(self.shard).call("wait_idle", [self.id], timeout))
+
+    def on(self, name: str, listener: Callable[[ClusterEvent], object]) -> Callable[[], None]:
+        """Listen to this agent's live events only; returns a disposer."""
+        return self._cluster.listen(name, listener, self.id)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def status(self) -> Literal["idle", "running"]:
+        status: Literal["idle", "running"] = self._cluster.link(self.shard).call("status", self.id)
+        return status
+
+    def events(self, lower: int = 0, upper: int | None = None) -> list[Event]:
+        """The session's committed events with ``lower <= seq <= upper`` (as
+        ``agent.session.events``)."""
+        events: list[Event] = self._cluster.link(self.shard).call("events", self.id, lower, upper)
+        return events
+
+    def messages(self) -> list[Message]:
+        """The model-visible history (``agent.session.messages()``)."""
+        messages: list[Message] = self._cluster.link(self.shard).call("messages", self.id)
+        return messages
