@@ -1,5 +1,5 @@
-"""The ``corral`` command line: ``corral bench``, ``corral log ...``, ``corral run SCRIPT``,
-``corral acp``.
+"""The ``corral`` command line: ``corral bench``, ``corral compare``, ``corral log ...``,
+``corral run SCRIPT``, ``corral acp``.
 
 ``main`` is the console-script entry point (``corral = "runtime.cli:main"``); the global
 ``--debug`` flag prints tracebacks, otherwise every error is one line on stderr (see
@@ -12,6 +12,7 @@ import click
 
 from .acp import acp
 from .bench import bench
+from .compare import compare
 from .errors import CorralGroup
 from .log import log
 from .run import run
@@ -33,6 +34,7 @@ def cli(debug: bool) -> None:
 
 cli.add_command(acp)
 cli.add_command(bench)
+cli.add_command(compare)
 cli.add_command(log)
 cli.add_command(run)
 

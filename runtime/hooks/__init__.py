@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .bridge import Asker, HookBridge
+from .bridge import Asker, HookBridge, HookHost
 from .decisions import HookOutcome, read_outcome
 from .facts import HOOK_RUN, HookRun
 from .runner import CommandResult, run_command
@@ -27,9 +27,6 @@ from .settings import (
     MatcherGroup,
     load_settings,
 )
-
-if TYPE_CHECKING:
-    from runtime.runtime import Runtime
 
 __all__ = [
     "EVENTS",
@@ -51,7 +48,7 @@ __all__ = [
 
 
 def install(
-    rt: Runtime,
+    rt: HookHost,
     hooks: str | os.PathLike[str] | Mapping[str, Any] | HookSettings,
     *,
     cwd: str | None = None,

@@ -35,7 +35,7 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from actors import (
     Allow,
@@ -58,7 +58,17 @@ from .transcripts import Transcripts
 
 if TYPE_CHECKING:
     from runtime.agent import Agent
-    from runtime.runtime import Runtime
+    from storage import Store
+
+
+class HookHost(Protocol):
+    """What the bridge needs of the runtime it is installed on (a protocol: the facade
+    installs the bridge, so the bridge does not import the facade)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]: ...
 
 __all__ = ["Asker", "HookBridge"]
 
@@ -100,7 +110,7 @@ class HookBridge:
 
     def __init__(
         self,
-        rt: Runtime,
+        rt: HookHost,
         settings: HookSettings,
         *,
         cwd: str | None = None,
