@@ -22,6 +22,7 @@ from storage.budget import (
 from storage.codec import Codec, EventTypes
 from storage.errors import (
     CorralError,
+    DiskFullError,
     DuplicateSessionError,
     EventTooLargeError,
     ForkBoundaryError,
@@ -148,6 +149,7 @@ __all__ = [
     "Completed",
     "ContentBlock",
     "CorralError",
+    "DiskFullError",
     "DisposedCause",
     "DuplicateSessionError",
     "Durability",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "CorralError",
+    "DiskFullError",
     "DuplicateSessionError",
     "EventTooLargeError",
     "ForkBoundaryError",
@@ -79,3 +80,23 @@ class StoreClosedError(StorageError):
 
 class ForkBoundaryError(StorageError):
     """A fork boundary is out of range or ends inside an open turn."""
+
+
+class DiskFullError(StorageError):
+    """The filesystem that holds the store has no room for a write (``ENOSPC``, or the
+    short write LMDB reports as an I/O error on a full disk).
+
+    Nothing is lost and nothing half-written: the transaction was aborted. ``free`` is
+    what the filesystem had left for this process and ``needed`` about what the write
+    asked for (both in bytes, ``needed`` 0 when unknown). A writable store *holds* the
+    records appended meanwhile and writes them once space is freed (see
+    docs/durability.md, "A full disk").
+    """
+
+    def __init__(self, message: str, free: int = 0, needed: int = 0) -> None:
+        super().__init__(message, free, needed)  # all in args: it pickles whole
+        self.free = free
+        self.needed = needed
+
+    def __str__(self) -> str:
+        return str(self.args[0])

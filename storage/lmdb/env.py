@@ -35,6 +35,7 @@ from storage.lmdb.layout import (
     SESSIONS_DB,
     Databases,
     Span,
+    Tail,
     Tails,
     decode_row,
     decode_u64,
@@ -43,6 +44,7 @@ from storage.lmdb.layout import (
     put_spans,
 )
 from storage.lmdb.reads import Reads, scan_journal
+from storage.lmdb.space import LOCK_FILE_BYTES, compaction_fits, disk_full, reserve_lock_file
 
 __all__ = ["DAMAGE", "LmdbEnv", "ResizeLock"]
 
@@ -119,6 +121,10 @@ class LmdbEnv(Reads):
         # open: the journal is compacted first). The writer replaces the dict when it
         # compacts; readers take it (and a tail's length) *before* their transaction.
         self.tails: Tails = {}
+        # The session rows (id, header JSON) of the sessions in ``tails`` at open: a
+        # journal a crash left that did not fit to be compacted (see _recover), for the
+        # writer to compact later.
+        self.recovered: dict[int, tuple[bytes, bytes]] = {}
         self._stored_version: bytes | None = None  # as meta holds it (see _open_dbs)
         self._closed = False
         self._lock_fd: int | None = None
@@ -126,6 +132,7 @@ class LmdbEnv(Reads):
         if not readonly:
             self._lock_fd = _lock_writer(path)
         try:
+            reserve_lock_file(path, readonly=readonly)
             self.env = lmdb.open(
                 str(path),
                 subdir=True,
@@ -140,7 +147,10 @@ class LmdbEnv(Reads):
             )
         except BaseException as err:  # (a Ctrl-C too: the lock is not left held)
             self._unlock()
-            if isinstance(err, lmdb.Error):
+            full = disk_full(err, path, "a new store", _NEW_STORE_BYTES)
+            if full is not None:
+                raise full from err
+            if isinstance(err, (lmdb.Error, OSError)):
                 raise StorageError(f"cannot open the store at {path}: {err}") from err
             raise
         try:
@@ -153,9 +163,14 @@ class LmdbEnv(Reads):
             self.env.close()
             self._unlock()
             raise LogCorruptError(f"the store at {path} is damaged ({err}): restore it") from err
-        except BaseException:
+        except BaseException as err:
             self.env.close()
             self._unlock()
+            full = disk_full(err, path, "opening the store", _NEW_STORE_BYTES)
+            if full is not None:
+                raise full from err
+            if isinstance(err, lmdb.Error):
+                raise StorageError(f"cannot open the store at {path}: {err}") from err
             raise
 
     def _open_dbs(self, *, existed: bool) -> Databases:
@@ -204,25 +219,41 @@ class LmdbEnv(Reads):
     def _recover(self) -> None:
         """Compact what a crash left in the journal, so that :attr:`tails` (empty) is
         exact for the writer that is about to start; an older store is stamped with the
-        current version in the same transaction (its journal read in its own format)."""
+        current version in the same transaction (its journal read in its own format).
+
+        A compaction that does not fit on the disk (asked first, see
+        :func:`~storage.lmdb.space.compaction_fits`, or found when the commit fails) is
+        left to the writer: the journal's records go into :attr:`tails` and their
+        sessions' rows into :attr:`recovered`, as if the writer had journaled them."""
         current = str(SCHEMA_VERSION).encode("ascii")
+        keep = False
         while True:
             try:
                 with self.writing() as txn:
-                    self._compact_journal(txn)
+                    self._compact_journal(txn, keep=keep)
                     if self._stored_version != current:
                         txn.put(SCHEMA_VERSION_KEY, current, db=self.dbs.meta)
             except lmdb.MapFullError:
                 self.grow()
+            except lmdb.Error as err:
+                full = disk_full(err, self.path, "recovering the journal", 0)
+                if full is None:
+                    raise
+                if keep or not self.framed:  # (a version 2 journal must be compacted)
+                    raise full from err
+                keep = True  # try again, leaving the journal to the writer
             else:
                 self._stored_version = current
                 return
 
-    def _compact_journal(self, txn: lmdb.Transaction[bytes]) -> None:
+    def _compact_journal(self, txn: lmdb.Transaction[bytes], *, keep: bool) -> None:
         """Compact the whole journal in ``txn``. A session's journaled records up to its
         row's last seq are in ``events`` already (a compaction round that a crash
-        interrupted moved them there): only those after it are compacted."""
+        interrupted moved them there): only those after it are compacted. With ``keep``,
+        or when the compaction does not fit on the disk, they are kept in
+        :attr:`tails` instead (see :meth:`_recover`)."""
         dbs = self.dbs
+        self.tails, self.recovered = {}, {}
         tails = scan_journal(txn, dbs.journal, None, framed=self.framed)
         if not tails:
             return
@@ -247,6 +278,11 @@ class LmdbEnv(Reads):
             first = max(tail.first, stored + 1)
             if first < tail.first + len(tail.records):
                 spans.append((key, first, tail.records[first - tail.first :]))
+        size = sum(len(record) for _, _, records in spans for record in records)
+        if self.framed and (keep or not compaction_fits(self.env, self.path, size)):
+            self.tails = {key: Tail(first, list(records)) for key, first, records in spans}
+            self.recovered = {key: rows[key] for key in self.tails}
+            return
         last = put_spans(txn, dbs.events, spans)
         compact(txn, dbs, [(rows[k][0], encode_row(rows[k][1], seq)) for k, seq in last.items()])
 
@@ -328,6 +364,9 @@ class LmdbEnv(Reads):
             self._lock_fd = None
 
 
+# What a new store writes at its first open: the lock file, two meta pages, the roots.
+_NEW_STORE_BYTES: Final = LOCK_FILE_BYTES + (8 << 10) * 4
+
 _OWN_DBS: Final = frozenset({META_DB, EVENTS_DB, SESSIONS_DB, ORDER_DB, JOURNAL_DB})
 _OWN_FILES: Final = frozenset({"writer.lock", "lock.mdb"})
 """What a first open makes before ``data.mdb`` (the lock files)."""
@@ -367,7 +406,13 @@ def _check_directory(path: Path, *, readonly: bool) -> bool:
     try:
         if path.exists() and not path.is_dir():
             raise StorageError(f"{path} is not a directory: a corral store is a directory")
-        existed = (path / "data.mdb").exists()
+        data = path / "data.mdb"
+        existed = data.exists()
+        if existed and not data.is_file():  # a FIFO would hang LMDB's read of it forever
+            raise StorageError(
+                f"{data} is not a regular file, so {path} is not a corral store: choose "
+                "another directory (or restore the store from a backup or an export)"
+            )
         if readonly and not existed:
             raise StorageError(
                 f"no corral store at {path} (no data.mdb): a store is made by its first "

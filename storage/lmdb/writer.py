@@ -25,6 +25,14 @@ Failure semantics:
 
 - A full map aborts the transaction, doubles the map and retries the same batch:
   nothing is lost or written twice.
+- A full *disk* (see :mod:`storage.lmdb.space`) is not a failure: the batch is *held*
+  (queued again, in order, ahead of what comes next) and retried every
+  :data:`FULL_RETRY_S` and at each flush request; the flushes of a commit that found the
+  disk full fail with :class:`~storage.errors.DiskFullError`, appends go on being
+  accepted (held in memory), and the first commit that fits writes everything held and
+  acknowledges later flushes as usual. A compaction that does not fit is put off
+  (:data:`COMPACT_RETRY_S`) and the batch retried at once without it: appending needs
+  far less room than compacting.
 - Any other failure is sticky: the flush requests of the failed batch and every later
   one fail with a :class:`~storage.errors.StorageError` whose ``__cause__`` is the
   original error, and new records are refused (an append raises, leaving nothing).
@@ -49,6 +57,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -56,7 +65,7 @@ from typing import Final
 import lmdb
 import msgspec
 
-from storage.errors import StorageError, StoreClosedError
+from storage.errors import DiskFullError, StorageError, StoreClosedError
 from storage.lmdb.compaction import (
     JOURNAL_IDLE_S,
     JOURNAL_MAX_BYTES,
@@ -81,12 +90,13 @@ from storage.lmdb.layout import (
     encode_u64,
     put_spans,
 )
+from storage.lmdb.space import compaction_fits, disk_full, room_for
 from storage.lmdb.waiters import SoloWaiter, Waiter, call, resolve, spare, wake
 from storage.locks import wait_until_free
 from storage.records import FlushCallback, Record, SessionHeader
 from storage.threads import start_thread
 
-__all__ = ["GATHER_S", "LogWriter", "WriterStatistics"]
+__all__ = ["COMPACT_RETRY_S", "FULL_RETRY_S", "GATHER_S", "LogWriter", "WriterStatistics"]
 
 _log = logging.getLogger("storage.writer")  # its name before the move into storage.lmdb
 
@@ -96,6 +106,18 @@ _get_ident: Final = threading.get_ident
 
 
 GATHER_S: Final = 0.002
+# While the disk is full: how often the held batch is tried again without a flush
+# asking, and how long a compaction that did not fit is put off.
+FULL_RETRY_S: Final = 0.25
+COMPACT_RETRY_S: Final = 5.0
+_HELD: Final = (
+    "the records appended meanwhile are held in memory and written, in order, as soon "
+    "as there is room (flush again then)"
+)
+_LOST: Final = (
+    "the store was closed meanwhile: what no flush acknowledged was not written (it is "
+    "not in the log; nothing acknowledged is lost)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +129,7 @@ class WriterStatistics:
     bytes_written: int
     resizes: int
     compactions: int
+    full_disk_commits: int = 0  # commits that found the disk full (and were held)
 
 
 class _Tracked:
@@ -114,9 +137,13 @@ class _Tracked:
 
     __slots__ = ("header_json", "id_bytes")
 
-    def __init__(self, header: SessionHeader) -> None:
-        self.id_bytes = header.id.encode("utf-8")
-        self.header_json = _header_encoder.encode(header)
+    def __init__(self, id_bytes: bytes, header_json: bytes) -> None:
+        self.id_bytes = id_bytes
+        self.header_json = header_json
+
+    @classmethod
+    def of(cls, header: SessionHeader) -> _Tracked:
+        return cls(header.id.encode("utf-8"), _header_encoder.encode(header))
 
 
 class _Outbox:
@@ -185,11 +212,20 @@ class LogWriter:
         self._bytes_written = 0
         self._resizes = 0
         self._compactions = 0
+        self._full_disk_commits = 0
+        # Set while the disk is full (the last commit did not fit): the batch is held.
+        self._full: DiskFullError | None = None
+        # No compaction is tried before this (time.monotonic): the last one did not fit.
+        self._compact_after = 0.0
         # The journal as the writer thread left it: its next key, and the records and
         # bytes of its tails (the records not compacted yet).
         self._counter, self._frames = self._journal_end()  # next key, frames on disk
-        self._journal_records = 0
-        self._journal_bytes = 0
+        # (Not empty at open only if the journal a crash left did not fit to be compacted.)
+        recovered = store.tails.values()
+        self._journal_records = sum(len(tail.records) for tail in recovered)
+        self._journal_bytes = sum(len(r) for tail in recovered for r in tail.records)
+        for key, (id_bytes, header_json) in store.recovered.items():
+            self._tracked[key] = _Tracked(id_bytes, header_json)
         # The compaction round in progress (see _run): the sessions it has still to
         # compact, and the key of the first journal frame it does not cover (None: no
         # round in progress).
@@ -222,7 +258,7 @@ class LogWriter:
         of an import or fork), all queued at once so that a crash leaves the new
         session either absent or whole.
         """
-        tracked = _Tracked(header)
+        tracked = _Tracked.of(header)
         with self._lock:
             self._check_open()
             self._tracked[header.key] = tracked
@@ -432,7 +468,13 @@ class LogWriter:
             self._bytes_written,
             self._resizes,
             self._compactions,
+            self._full_disk_commits,
         )
+
+    @property
+    def disk_full(self) -> DiskFullError | None:
+        """Why the last commit was held, while the disk is full; ``None`` otherwise."""
+        return self._full
 
     @property
     def failure(self) -> StorageError | None:
@@ -496,10 +538,20 @@ class LogWriter:
             if chain is not None:
                 chain.wait(GATHER_S)
             with self._lock:
+                if self._full is not None:  # held: try again on a flush, a close or in a while
+                    deadline = time.monotonic() + FULL_RETRY_S
+                    while not (self._callbacks or self._stopping):
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not self._wake.wait(left):
+                            break
                 while not (self._runs or self._pending or self._headers or self._callbacks):
                     if self._stopping:
                         break
-                    idle = JOURNAL_IDLE_S if self._frames else None
+                    idle = (
+                        max(JOURNAL_IDLE_S, self._compact_after - time.monotonic())
+                        if self._frames
+                        else None
+                    )
                     if not self._wake.wait(idle):
                         break  # idle with a journal: compact it now
                 runs, self._runs = self._runs, []
@@ -512,11 +564,17 @@ class LogWriter:
             journal = self._journal_records + batch.journal_records  # if this batch joined it
             # Idle or closing: compact the whole journal at once. Under load: in a round
             # of steps, one per commit, so that no commit carries a whole compaction.
-            compacting = (journal > 0 or self._frames > 0) and (
-                stop or not (runs or headers or callbacks)
+            # (Closing too: a journal that did not fit stays for the next open to recover.)
+            may_compact = time.monotonic() >= self._compact_after
+            compacting = (
+                (journal > 0 or self._frames > 0)
+                and (stop or not (runs or headers or callbacks))
+                and may_compact
+                and self._compaction_fits(batch)
             )
             if (
                 not compacting
+                and may_compact
                 and self._round_end is None
                 and (
                     journal >= JOURNAL_MAX_RECORDS
@@ -538,15 +596,69 @@ class LogWriter:
                     self._env.sync(True)
                     self._unsynced = False
             except Exception as err:  # noqa: BLE001 -- any failure fails the flushes, loudly
-                error, late = self._fail(err)
-                callbacks.extend(late)
+                full = disk_full(err, self._store.path, "the commit", batch.size, _HELD)
+                if full is not None and (compacting or step.keys or step.last):
+                    # Compacting needs room appending does not: put it off, try again now.
+                    self._put_off_compaction(full)
+                    self._hold(runs, headers, callbacks)
+                    chain = None
+                    continue
+                if full is not None and not stop:
+                    self._hold(runs, headers, [])
+                    self._full = error = full
+                else:
+                    if full is not None:  # closing: what is held cannot be written
+                        err = room_for(self._store.path, "the commit", batch.size, _LOST)
+                    error, late = self._fail(err)
+                    callbacks.extend(late)
+            else:
+                if self._full is not None:
+                    _log.warning("the disk has room again: the held records are written")
+                    self._full = None
             chain = resolve(callbacks, error)
-            if error is not None or stop:
-                return  # after ``close`` nothing more can be queued
+            if (error is not None and error is not self._full) or stop:
+                return  # failed, or closed: nothing more can be queued
+
+    def _hold(
+        self, runs: list[Span], headers: list[SessionHeader], callbacks: list[FlushCallback]
+    ) -> None:
+        """Queue a batch that did not fit on the disk again, ahead of what came since
+        (the same seqs, in the same order: see ``_runs``)."""
+        self._full_disk_commits += 1
+        with self._lock:
+            self._runs = runs + self._runs
+            self._headers = headers + self._headers
+            self._callbacks = callbacks + self._callbacks
+        if self._full is None and (runs or headers):
+            _log.warning("the disk is full: %d records held until there is room", len(runs))
+
+    def _compaction_fits(self, batch: Batch) -> bool:
+        """Whether a whole compaction fits on the disk (asked only while the disk has
+        been full since the last one: a statvfs per idle compaction otherwise)."""
+        if not (self._full_disk_commits or self._store.recovered):
+            return True
+        size = self._journal_bytes + batch.journal_bytes
+        if compaction_fits(self._env, self._store.path, size):
+            return True
+        self._compact_after = time.monotonic() + COMPACT_RETRY_S
+        return False
+
+    def _put_off_compaction(self, full: DiskFullError) -> None:
+        """A compaction did not fit: none is tried for :data:`COMPACT_RETRY_S`; a round
+        in progress is given up (its frames stay until a later round or a whole
+        compaction deletes them, as after a crash)."""
+        _log.warning("compacting the journal does not fit on the disk; put off: %s", full)
+        self._compact_after = time.monotonic() + COMPACT_RETRY_S
+        self._round, self._round_end = [], None
 
     def _fail(self, err: Exception) -> tuple[StorageError, list[FlushCallback]]:
-        failure = StorageError(f"the log writer could not commit: {type(err).__name__}: {err}")
-        failure.__cause__ = err
+        if isinstance(err, DiskFullError):
+            failure: StorageError = err
+        else:
+            failure = StorageError(
+                f"the log writer could not commit: {type(err).__name__}: {err}"
+            )
+            failure.__cause__ = err
         _log.error("log writer failed; later appends and flushes will fail", exc_info=err)
         with self._lock:
             self._failure = failure
