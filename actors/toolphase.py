@@ -297,6 +297,20 @@ class ToolPhase:
             raise
         return any(o is not None and o.concludes_turn for o in outcomes)
 
+    def refuse(
+        self,
+        turn: int,
+        step: int,
+        calls: Sequence[ToolCallBlock],
+        call_seqs: Sequence[int],
+        reason: str,
+    ) -> None:
+        """Answer every call with a ``TOOL_NOT_STARTED`` error result, running none (the
+        calls could not be made durable first: the write-ahead rule)."""
+        outcome = _error("TOOL_NOT_STARTED", f"this call was not started: {reason}")
+        for call, seq in zip(calls, call_seqs, strict=True):
+            self._commit(turn, step, call, seq, outcome)
+
     def _commit(
         self, turn: int, step: int, call: ToolCallBlock, call_seq: int, outcome: ToolOutcome | None
     ) -> None:

@@ -27,6 +27,7 @@ from storage import (
     Aborted,
     Blocked,
     Completed,
+    DiskFullError,
     Errored,
     InvalidEventError,
     LimitExceeded,
@@ -68,7 +69,7 @@ from ..limits import Admission, UsageMeter
 from ..model import ModelRequest
 from ..signal import TurnSignal, loggable_cause
 from ..toolphase import ToolPhase
-from .reply import FLUSH, Exchange, StepResult
+from .reply import FLUSH, Exchange, StepResult, not_durable
 from .request import HeaderLog, checked_batch, take_request
 from .retry import bounded, decide_retry, listener_failure
 
@@ -292,7 +293,13 @@ class TurnMachine:
 
     async def _settle(self, turn: int, reason: TurnEndReason) -> None:
         if self.durability != "none":
-            await FLUSH
+            try:
+                await FLUSH
+            except DiskFullError as err:
+                # The turn ended, its turn/end is held, not durable: it does not settle
+                # (settled means durable); the agent goes on (see docs/durability.md).
+                self._error(turn, None, not_durable(err))
+                return
         if self._maybe("agent/settled"):
             self.emit("agent/settled", AgentSettled(agent=self.agent, turn=turn, reason=reason))
 
@@ -517,7 +524,10 @@ class TurnMachine:
                 failure = LlmFailure(message=f"the request cannot be logged: {err}")
                 return StepResult(failure=failure, offer=False)
             if self.durability == "write-ahead":
-                await FLUSH
+                try:
+                    await FLUSH
+                except DiskFullError as err:  # the request is not sent: the turn ends error
+                    return StepResult(failure=not_durable(err), offer=False)
             if signal.aborted:
                 return StepResult()
             request = ModelRequest(

@@ -16,6 +16,7 @@ from storage import (
     DIRECT_SHARE,
     AssistantChunk,
     AssistantMessageData,
+    DiskFullError,
     EventTooLargeError,
     InvalidEventError,
     LlmFailure,
@@ -52,6 +53,12 @@ class StepResult(msgspec.Struct, frozen=True):
 
 DONE: Final = StepResult()  # a step that ended normally, nothing more to do
 FLUSH: Final = Flush()  # stateless: one instance serves every wait
+
+
+def not_durable(err: DiskFullError) -> LlmFailure:
+    """The failure a turn ends with when its write-ahead flush finds the disk full."""
+    return LlmFailure(message=f"the session log could not be made durable: {err}")
+
 # A reply's chunks are logged one per delta, then gathered (:class:`HeldChunks`): see
 # the citation shares in storage.budget.
 
@@ -243,7 +250,12 @@ class Exchange:
         if not calls:
             return DONE
         if self.durability == "write-ahead":
-            await FLUSH
+            try:
+                await FLUSH
+            except DiskFullError as err:  # no tool runs: each call gets an error result
+                failure = not_durable(err)
+                self.tools.refuse(turn, step, calls, call_seqs, failure.message)
+                return StepResult(failure=failure, offer=False)
         try:
             concluded = await self.tools.run(turn, step, calls, call_seqs, signal)
         except Exception as err:
