@@ -655,9 +655,7 @@ class LogWriter:
         if isinstance(err, DiskFullError):
             failure: StorageError = err
         else:
-            failure = StorageError(
-                f"the log writer could not commit: {type(err).__name__}: {err}"
-            )
+            failure = StorageError(f"the log writer could not commit: {type(err).__name__}: {err}")
             failure.__cause__ = err
         _log.error("log writer failed; later appends and flushes will fail", exc_info=err)
         with self._lock:

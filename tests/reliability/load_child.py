@@ -28,6 +28,11 @@ kill can only tear the last line (which acknowledges nothing):
 ``settled <id> <turn> <reason kind>``
     from every ``agent/settled`` (emitted only once its ``turn/end`` is durable).
 
+With ``--on-full`` (a store on a small filesystem, see ``test_disk_full``), a flush that
+finds the disk full prints ``full <n>`` instead of ending the run, and a
+turn that ends without settling (its write-ahead flush found the disk full: an
+``agent/error``) sends the agent its next followup too, so the load goes on.
+
 ``sends`` spawns ``--agents`` agents, sends each two followups (the second waits behind
 the first one's turn), calls ``rt.flush()``, prints ``flushed <id>/<message id> ...``
 (the second followups) and SIGKILLs itself: each of them must be in its agent's log.
@@ -53,12 +58,13 @@ import random
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from runtime import LlmFailure, RetryPolicy, Runtime, ScriptedModel, ToolCall, tool
+from runtime import DiskFullError, LlmFailure, RetryPolicy, Runtime, ScriptedModel, ToolCall, tool
 from runtime.scripted import ScriptItem
 from storage.events import ToolMessage
 from storage.lmdb.store import Store
@@ -131,11 +137,19 @@ def run_load(opts: argparse.Namespace, out: Out) -> None:
         send(event.agent, f"work {counter[0]}")
 
     rt.on("agent/settled", settled)
+    if opts.on_full:
+
+        def not_durable(event: Any) -> None:
+            if "could not be made durable" in event.error.message:
+                send(event.agent, "after a full disk")
+
+        rt.on("agent/error", not_durable)
     for agent in agents:
         send(agent, "start")
     out.line("ready")
     rounds = 0
     told = 0  # how many of ``sent`` an earlier ack covered
+    fulls = 0
     while True:
         with sent_lock:
             covered = len(sent)  # returned before this flush is called
@@ -146,7 +160,15 @@ def run_load(opts: argparse.Namespace, out: Out) -> None:
             if seq >= 0:
                 event = session.events(seq, seq)[0]
                 marks.append(f"{agent.id}:{seq}:{event.time}:{event.type}")
-        rt.flush()
+        try:
+            rt.flush()
+        except DiskFullError:
+            if not opts.on_full:
+                raise
+            fulls += 1
+            out.line(f"full {fulls}")
+            time.sleep(0.02)  # the child's pace while full, not a synchronisation
+            continue
         rounds += 1
         resizes = rt.store.statistics().resizes
         with sent_lock:
@@ -223,6 +245,7 @@ def main() -> None:
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--fail-rate", type=float, default=0.1)
     load.add_argument("--map-size", type=int, default=None)
+    load.add_argument("--on-full", action="store_true")
     sends = modes.add_parser("sends")
     sends.add_argument("store")
     sends.add_argument("--agents", type=int, default=300)
