@@ -10,12 +10,15 @@ Each record line is the record's stored bytes, verbatim, so exporting, importing
 exporting again gives byte-identical record lines. The header line is optional on
 import (a file of bare records imports too). :func:`read_jsonl` validates *every* line
 (well-formed record, known or ignorable type, data matching its schema, size, seq
-contiguous from 0) before the caller writes anything.
+contiguous from 0) and then the session as a whole (the invariant checker: references,
+turn and step numbers, the inbox) before the caller writes anything, so an import is
+all or nothing; the error names the first violation. A line over the size limit is
+refused after reading at most the limit (and a byte) of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO, Final, Literal, NamedTuple
 
 import msgspec
@@ -28,6 +31,7 @@ from storage.errors import (
     UnknownEventTypeError,
 )
 from storage.events import Event
+from storage.invariants import check_invariants
 from storage.records import SessionHeader
 
 __all__ = [
@@ -81,14 +85,15 @@ def write_jsonl(out: BinaryIO, header: SessionHeader, payloads: Iterable[bytes])
 
 
 def read_jsonl(inp: BinaryIO, codec: Codec) -> ImportedLog:
-    """Read and validate a whole export; raises InvalidEventError naming the line, or
-    saying the input is empty (no header, no record: not an export)."""
+    """Read and validate a whole export; raises InvalidEventError naming the line (or,
+    for a session that breaks an invariant, the seq and the rule), or saying the input
+    is empty (no header, no record: not an export)."""
     header: SessionHeader | None = None
     payloads: list[bytes] = []
     events: list[Event] = []
+    checked: list[Event] = []  # with placeholders of ignorable records, for their seqs
     name = "<import>"
-    for number, raw in enumerate(inp, start=1):
-        line = raw[:-1] if raw.endswith(b"\n") else raw
+    for number, line in enumerate(_lines(inp, codec.max_event_bytes), start=1):
         if not line.strip():
             continue
         if not payloads and header is None and number == 1 and line.startswith(b'{"format"'):
@@ -99,9 +104,51 @@ def read_jsonl(inp: BinaryIO, codec: Codec) -> ImportedLog:
         payloads.append(bytes(line))
         if event is not None:
             events.append(event)
+            checked.append(event)
+        else:  # an ignorable record of an unknown type: its placeholder keeps its seq
+            placeholder = codec.decode(line, session_id=name, include_ignored=True)
+            if placeholder is not None:
+                checked.append(placeholder)
     if header is None and not payloads:  # an export of an empty session has its header
         raise InvalidEventError("the input is empty: no export header and no records")
+    _check_session(checked)
     return ImportedLog(header, payloads, events)
+
+
+def _lines(inp: BinaryIO, limit: int) -> Iterator[bytes]:
+    """The lines of ``inp`` without their newline; a record line longer than ``limit``
+    bytes is refused once ``limit + 1`` of its bytes are read (not read whole: a 1 GiB
+    line). The header line (the first) is read whole: it is not a record."""
+    number = 0
+    while True:
+        number += 1
+        raw = inp.readline(limit + 2)  # the record, its newline, one byte too many
+        if not raw:
+            return
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        if len(line) > limit:
+            if not (number == 1 and line.startswith(b'{"format"')):
+                raise EventTooLargeError(
+                    f"line {number}: the record is over {limit} bytes, the limit; open "
+                    "the store with a larger max_event_bytes. Nothing was written."
+                )
+            if not raw.endswith(b"\n"):
+                rest = inp.readline()
+                line = raw + (rest[:-1] if rest.endswith(b"\n") else rest)
+        yield line
+
+
+def _check_session(events: list[Event]) -> None:
+    """Refuse a session that breaks the invariants (:mod:`storage.invariants`), naming
+    the first violation; an open tail turn is allowed (a resume repairs it)."""
+    found = check_invariants(events, allow_open_tail=True)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise InvalidEventError(
+            f"the session breaks the log's invariants at {found[0]}{more}; an import is "
+            "all or nothing: nothing was written. Export the session again from its "
+            "store, or fix the file"
+        )
 
 
 def _read_header(line: bytes) -> SessionHeader:

@@ -401,7 +401,10 @@ class Store:
         """Create a session from an export under ``session_id`` (default: the exported
         id, or a new one). Every record is validated before anything is written; the
         stored records are byte-identical to the file's lines, and the header keeps the
-        export's ``created`` and lineage. Durable when this returns, and atomic: the
+        export's ``created`` and lineage. A session that breaks the log's invariants
+        (see :mod:`storage.invariants`; an open tail turn is allowed, a resume repairs
+        it) is refused as a whole, naming the first violation. Durable when this
+        returns, and atomic: the
         header and every record go to the writer at once and commit in one transaction,
         so a crash leaves the session either absent or whole."""
         self._check_writable()

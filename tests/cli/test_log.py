@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from storage import Store
 from tests.cli.conftest import (
     SESSIONS,
     assert_one_error_line,
@@ -83,6 +84,29 @@ def test_export_then_import_round_trips_the_records_byte_for_byte(
     assert_one_error_line(duplicate, "copy", "--session-id")
 
 
+def test_an_import_that_fails_its_checks_leaves_no_session_behind(
+    written_store: Path, tmp_path: Path
+) -> None:
+    exported = tmp_path / "alpha.jsonl"
+    run_ok(["log", "export", "alpha", "-o", exported, "--store", written_store])
+    lines = exported.read_text().splitlines()
+    records = [json.loads(line) for line in lines[1:]]
+    at = next(i for i, r in enumerate(records) if r["type"] == "step/start")
+    del records[at]  # the probe's case: later records then cite seqs past their own
+    for seq, record in enumerate(records):
+        record["seq"] = seq
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("".join(json.dumps(r) + "\n" for r in [json.loads(lines[0]), *records]))
+    other = tmp_path / "other"
+    refused = corral("log", "import", broken, "--session-id", "copy", "--store", other)
+    assert_one_error_line(refused, "invariants", "nothing was written")
+    assert refused.returncode == 1
+    listing = corral("log", "ls", "--store", other)
+    assert "copy" not in listing.stdout
+    run_ok(["log", "import", exported, "--session-id", "copy", "--store", other])
+    assert "invariants: 1 session OK" in run_ok(["log", "check", "--store", other])
+
+
 def test_check_passes_on_sound_logs(written_store: Path) -> None:
     out = run_ok(["log", "check", "--store", written_store])
     assert "invariants: 3 sessions OK" in out
@@ -108,7 +132,13 @@ def test_check_fails_listing_a_step_outside_a_turn(tmp_path: Path) -> None:
     ]
     crafted.write_text("".join(json.dumps(r) + "\n" for r in records))
     store = tmp_path / "store"
-    run_ok(["log", "import", crafted, "--session-id", "crafted", "--store", store])
+    refused = corral("log", "import", crafted, "--session-id", "crafted", "--store", store)
+    assert refused.returncode == 1, refused.stderr  # all or nothing: nothing written
+    assert "[step-outside-turn]" in refused.stderr
+    with Store.open(store) as opened:  # appended one by one, the log takes them
+        session = opened.create_session("crafted")
+        for record in records:
+            session.append(str(record["type"]), record["data"])
 
     result = corral("log", "check", "--store", store)
     assert result.returncode == 3
