@@ -79,6 +79,38 @@ class Violation(NamedTuple):
         return f"{where}: [{self.rule}] {self.message}"
 
 
+class _Lane:
+    """A lane's pending ids in order. The usual splices (an insert at the end, a claim
+    or removal at the front) cost what they insert or remove, not the lane's length: a
+    removal at the front moves ``head`` on (the list is cut once half of it is gone)."""
+
+    __slots__ = ("head", "ids")
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.head = 0  # Invariant: ids[:head] were removed
+
+    def __len__(self) -> int:
+        return len(self.ids) - self.head
+
+    def window(self, start: int, count: int) -> list[str]:
+        at = self.head + start
+        return self.ids[at : at + count] if count else []
+
+    def splice(self, start: int, removed: int, inserted: list[str]) -> None:
+        ids = self.ids
+        if start == len(self) and not removed:
+            ids.extend(inserted)
+        elif start == 0 and not inserted:
+            self.head += removed
+            if self.head > len(ids) // 2:
+                del ids[: self.head]
+                self.head = 0
+        else:
+            at = self.head + start
+            ids[at : at + removed] = inserted
+
+
 class _Checker:
     def __init__(self, *, whole_log: bool) -> None:
         self.whole_log = whole_log
@@ -92,7 +124,10 @@ class _Checker:
         self.answered: set[str] = set()
         self.seqs: set[int] = set()
         self.surface: set[int] = set()
-        self.lanes: dict[str, list[str]] = {"next-turn": [], "next-step": []}
+        self.lanes: dict[str, _Lane] = {"next-turn": _Lane(), "next-step": _Lane()}
+        # Invariant: how many times each id is in the two lanes together (kept with the
+        # lanes, not rebuilt per splice: that made a log of n pending messages n^2).
+        self.pending: Counter[str] = Counter()
         self.inboxed: set[str] = set()  # ids that ever went through the inbox
         # Claimed in the open turn and not entered yet, with how many times: an id may come
         # back into the inbox once it left it, and be claimed again.
@@ -132,7 +167,8 @@ class _Checker:
         elif kind == "user/message" and self.whole_log:
             self.entry(event)
         elif kind == "session/end-seed":  # a seeded prefix's pending inbox is not inherited
-            self.lanes = {"next-turn": [], "next-step": []}
+            self.lanes = {"next-turn": _Lane(), "next-step": _Lane()}
+            self.pending = Counter()
         if kind in SURFACE_TYPES:
             self.surface_refs(event)
         self.seqs.add(event.seq)
@@ -236,16 +272,23 @@ class _Checker:
                 self.bad(event, "inbox-claim", f"claims {where} outside any turn")
             if start != 0 or data.inserted:
                 self.bad(event, "inbox-claim", f"a claim takes the front of a lane: {where}")
-            self.claimed.update(lane[start : start + removed])  # a Counter: counts them
-        pending = {*self.lanes["next-turn"], *self.lanes["next-step"]}
-        pending.difference_update(lane[start : start + removed])
+        taken = lane.window(start, removed)
+        if data.outcome is None and removed:
+            self.claimed.update(taken)  # a Counter: counts them
+        pending = self.pending
+        for message_id in taken:
+            pending[message_id] -= 1
+            if not pending[message_id]:
+                del pending[message_id]
         ids = [message.id for message in data.inserted]
+        seen: set[str] = set()
         for message_id in ids:
-            if message_id in pending:
+            if pending[message_id] or message_id in seen:
                 self.bad(event, "inbox-duplicate", f"inserts {message_id!r}, already pending")
-            pending.add(message_id)
+            seen.add(message_id)
+        pending.update(ids)
         self.inboxed.update(ids)
-        lane[start : start + removed] = ids
+        lane.splice(start, removed, ids)
 
     def entry(self, event: Event) -> None:
         data = event.data
