@@ -108,6 +108,9 @@ class ImmediateModel(Model, Protocol):
         ...
 
 
+_KEPT_AS_IS: Final = (bytes, bytearray, memoryview)
+
+
 def checked_chunk(chunk: object) -> StreamChunk:
     """``chunk`` if it is a well-formed stream chunk (one the log can hold and read
     back); else raises :class:`ModelError` with an ``UNKNOWN`` failure that names what
@@ -145,7 +148,9 @@ def checked_chunk(chunk: object) -> StreamChunk:
         if type(chunk.text) is str and (signature is None or type(signature) is str):
             return chunk
     try:  # a subclass, a plain value, or a malformed chunk: msgspec says which
-        converted: StreamChunk = msgspec.convert(msgspec.to_builtins(chunk), StreamChunk)
+        # bytes kept as they are (not base64 text: b"x" is no text "eA=="): refused
+        plain = msgspec.to_builtins(chunk, builtin_types=_KEPT_AS_IS)
+        converted: StreamChunk = msgspec.convert(plain, StreamChunk)
     except (msgspec.ValidationError, TypeError) as err:
         failure = LlmFailure(
             message=f"the model produced a malformed stream chunk ({err}): {_preview(chunk)}",

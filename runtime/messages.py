@@ -108,6 +108,10 @@ class MessageChecker:
             # become the block structs the log reads back (and providers send).
             if not (isinstance(value, str) and isinstance(source, str)):
                 message = _message_decoder.decode(encoded)
+        except RecursionError as err:  # (msgspec's encoder: nested too deep to encode)
+            raise InvalidMessageError(
+                f"the message is not a valid UserMessage: it is nested too deeply ({err})"
+            ) from err
         except (TypeError, ValueError, msgspec.MsgspecError) as err:
             raise InvalidMessageError(f"the message is not a valid UserMessage: {err}") from err
         size = len(encoded)

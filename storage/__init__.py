@@ -114,11 +114,12 @@ from storage.projections import (
 )
 from storage.records import FlushCallback, LogSink, PendingRecord, SessionHeader
 from storage.session import Session
-from storage.session_ids import InvalidSessionIdError, check_session_id
+from storage.session_ids import BIDI_CONTROLS, InvalidSessionIdError, check_session_id
 from storage.threads import start_thread
 from storage.timeouts import check_timeout
 
 __all__ = [
+    "BIDI_CONTROLS",
     "CARRIED_BYTES",
     "CITATION_BYTES",
     "CITED_SHARE",

@@ -1,22 +1,31 @@
 """Session ids: how a new one is made (sorting by creation time) and what an id given by
-a caller must be (a non-empty ``str`` of printable characters, within
-:data:`~storage.budget.MAX_SESSION_ID_CHARS` and an LMDB key)."""
+a caller must be (a non-empty ``str`` of printable characters, no bidirectional
+controls, within :data:`~storage.budget.MAX_SESSION_ID_CHARS` and an LMDB key)."""
 
 from __future__ import annotations
 
 import secrets
 import unicodedata
 from collections.abc import Callable
+from typing import Final
 
 from storage.budget import MAX_SESSION_ID_CHARS
 from storage.errors import InvalidEventError
 from storage.session import epoch_ms
 
-__all__ = ["InvalidSessionIdError", "check_session_id", "new_session_id"]
+__all__ = ["BIDI_CONTROLS", "InvalidSessionIdError", "check_session_id", "new_session_id"]
+
+# The Unicode bidirectional formatting characters (embeddings, overrides, isolates and
+# the marks): printed raw they reorder the text around them, so that a transcript or a
+# listing shows something other than what was logged (U+202E turns "exe.txt" around).
+BIDI_CONTROLS: Final = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
 
 
 class InvalidSessionIdError(InvalidEventError, ValueError):
-    """A session id is empty, too long, or contains control characters."""
+    """A session id is empty, too long, or contains control characters (bidirectional
+    controls included)."""
 
 
 def new_session_id(clock: Callable[[], int] = epoch_ms) -> str:
@@ -36,6 +45,12 @@ def check_session_id(session_id: object, *, max_key_bytes: int = 511) -> str:
             f"the limit is {MAX_SESSION_ID_CHARS}"
         )
     for index, char in enumerate(session_id):
+        if char in BIDI_CONTROLS:
+            raise InvalidSessionIdError(
+                f"session id {session_id!r} contains the bidirectional control U+"
+                f"{ord(char):04X} at index {index}, which would make listings show another "
+                "id; use printable characters"
+            )
         if unicodedata.category(char) in ("Cc", "Cs"):
             raise InvalidSessionIdError(
                 f"session id {session_id!r} contains the control character {char!r} at "

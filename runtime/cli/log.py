@@ -157,7 +157,9 @@ def ls(store: Path) -> None:
                 counter = _Counter()
                 st.export_jsonl(header.id, counter)  # type: ignore[arg-type]
                 parent = header.parent
-                label = header.id if parent is None else f"{header.id} (fork of {parent})"
+                label = shown(
+                    header.id if parent is None else f"{header.id} (fork of {parent})"
+                )
                 table.add_row(
                     Text(label),
                     _created(header.created),
@@ -191,7 +193,7 @@ def show(session: str, store: Path, raw: bool, verbose: bool) -> None:
         header = next((h for h in st.sessions() if h.id == session), None)
     out = _out()
     created = f"  created {_created(header.created)}" if header is not None else ""
-    out.print(Text(f"session {session}{created}  {count:,} events", style="bold"))
+    out.print(Text(f"session {shown(session)}{created}  {count:,} events", style="bold"))
     for line in transcript(events, verbose=verbose):
         out.print(line)
 
@@ -294,7 +296,7 @@ def export(session: str, store: Path, output: Path) -> None:
         fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
             written = st.export_jsonl(session, fh)
-    click.echo(f"exported {written:,} events of {session} to {output}", err=True)
+    click.echo(f"exported {written:,} events of {shown(session)} to {output}", err=True)
 
 
 def _new_session_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -400,7 +402,7 @@ def check(store: Path, allow_open_tail: bool) -> None:
         out.print(f"invariants: {plural(result.sessions, 'session')} OK")
         return
     for failed in result.failed:
-        out.print(Text(f"{failed.session_id}:"))
+        out.print(Text(f"{shown(failed.session_id)}:"))
         for violation in failed.violations:
             out.print(Text(f"  {shown(violation)}"))  # may quote a logged record
     raise InvariantsError(

@@ -5,8 +5,9 @@ markup, so logged text is printed as it is); :func:`transcript` indents a whole 
 turn and step and leaves out the bookkeeping facts unless ``verbose``.
 
 Logged text (model and tool output) is untrusted: :func:`shown` makes it safe for a
-terminal (every control character but tab visible as ``\\xNN``, a newline as ``⏎``) and
-:func:`safe_json` does the same for JSON lines with ``\\uNNNN`` escapes.
+terminal (every control character but tab visible as ``\\xNN``, a bidirectional control
+as ``\\u202e``, a newline as ``⏎``) and :func:`safe_json` does the same for JSON lines
+with ``\\uNNNN`` escapes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import msgspec
 from rich.text import Text
 
 from storage import (
+    BIDI_CONTROLS,
     AgentInboxSpliced,
     AssistantChunk,
     AssistantMessageData,
@@ -71,13 +73,18 @@ def clock(ms: int) -> str:
 # text clear the screen, set the window title (OSC 0) or show a fake link (OSC 8).
 _CONTROLS: Final = {
     code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if code != 0x09
-}
-_JSON_CONTROLS: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+} | {ord(char): f"\\u{ord(char):04x}" for char in BIDI_CONTROLS}
+# ... and the bidirectional controls (U+202E, U+2066-2069, ...), which would reorder what
+# the terminal shows around them: a transcript could show another text than was logged.
+_JSON_CONTROLS: Final = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f" + "".join(sorted(BIDI_CONTROLS)) + "]"
+)
 
 
 def shown(text: str) -> str:
     r"""``text`` safe for a terminal: a newline as `` ⏎ ``, every other control character
-    but tab (C0, DEL, C1) as ``\xNN`` (ESC as ``\x1b``)."""
+    but tab (C0, DEL, C1) as ``\xNN`` (ESC as ``\x1b``), a bidirectional control as
+    ``\u202e``."""
     return text.replace("\n", " ⏎ ").translate(_CONTROLS)
 
 

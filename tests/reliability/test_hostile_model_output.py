@@ -97,8 +97,22 @@ MODEL_KINDS = pytest.mark.parametrize("kind", [Emits, EmitsInline], ids=["stream
         (FinishChunk(reason="done"), "Invalid enum value 'done'"),  # type: ignore[arg-type]
         (UsageChunk(usage=Usage(input_tokens="many")), "$.usage.inputTokens"),  # type: ignore[arg-type]
         (ToolCallDelta(index=0, call_id="c", name=5), "at `$.name`"),  # type: ignore[arg-type]
+        (TextDelta(text=b"x"), "Expected `str`, got `bytes` - at `$.text`"),  # type: ignore[arg-type]
+        (
+            ToolCallDelta(index=0, call_id="c", name="n", arguments_delta=b"{}"),  # type: ignore[arg-type]
+            "Expected `str`, got `bytes` - at `$.argumentsDelta`",
+        ),
     ],
-    ids=["text not a str", "a plain str", "None", "unknown finish", "usage a str", "name an int"],
+    ids=[
+        "text not a str",
+        "a plain str",
+        "None",
+        "unknown finish",
+        "usage a str",
+        "name an int",
+        "text bytes (not base64 text)",
+        "arguments bytes",
+    ],
 )
 def test_a_malformed_chunk_ends_the_turn_as_error_naming_it_and_keeps_the_chunks_before(
     rt: Runtime, kind: type[Emits], bad: Any, said: str
