@@ -9,10 +9,14 @@ it is.
 from __future__ import annotations
 
 import os
+import random
+import shutil
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -229,44 +233,109 @@ def test_reopening_a_full_disk_store_after_a_crash_fits_in_the_space_there_is(
     assert check_invariants(events) == []
 
 
-def test_a_runtime_under_load_survives_a_full_disk_and_carries_on_once_freed(
-    load_disk: SmallDisk,
-) -> None:
-    """50 agents in a child process fill the disk; their turns end with a storage error
-    (no agent crashes); the ballast is deleted and the same process goes on: flushes are
-    acknowledged again. Then it is SIGKILLed and everything acknowledged is checked."""
-    path = load_disk.root / "store"
-    load_disk.fill(leave=3 << 20)
+@dataclass
+class DiskFigures:
+    """What a disk-full campaign checked; printed at its end."""
+
+    trials: int = 0
+    freed_live: int = 0  # trials where the space came back under the running child
+    freed_after_kill: int = 0  # ... after a SIGKILL while full, before the reopen
+    full_flushes: int = 0
+    acks_after_free: int = 0
+    crash: Figures = field(default_factory=Figures)
+
+    def report(self) -> str:
+        c = self.crash
+        return (
+            f"disk full under load: {self.trials} trials ({self.freed_live} freed under the "
+            f"running runtime, {self.freed_after_kill} freed after a SIGKILL while full); "
+            f"{self.full_flushes} flushes refused DiskFullError; {c.acks} flush "
+            f"acknowledgements ({self.acks_after_free} after the space came back) covering "
+            f"{c.acked_events} events and {c.acked_sends} followups; {c.settled} settled "
+            f"turns and {c.events_checked} durable events checked: nothing acknowledged "
+            f"lost; {c.resumed_turns} turns by resumed agents"
+        )
+
+
+def fill_once(disk: SmallDisk, rng: random.Random, figures: DiskFigures, *, live: bool) -> None:
+    """One trial: 50 agents in a child fill the disk (3 MiB left, behind a 1-4 MiB
+    ballast and a large one); at the 5th refused flush the small ballast goes, either
+    under the running child (``live``: it must carry on by itself, 20 acknowledgements)
+    or after a SIGKILL while full (the reopen must fit in the 1-4 MiB freed)."""
+    for entry in disk.root.iterdir():
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    small = disk.root / "small-ballast"
+    small.write_bytes(b"\0" * rng.randint(1 << 20, 4 << 20))
+    disk.fill(leave=3 << 20)
+    path = disk.root / "store"
     seen = {"full": 0, "after": 0}
 
     def cue(line: str) -> float | None:
         if line.startswith("full "):
             seen["full"] += 1
             if seen["full"] == 5:
-                load_disk.free()
-        elif line.startswith("ack ") and seen["full"] >= 5:
+                if not live:
+                    return 0.0
+                small.unlink()
+        elif line.startswith("ack ") and live and seen["full"] >= 5:
             seen["after"] += 1
             if seen["after"] == 20:
-                return 0.0
+                return rng.uniform(0.0, 0.01)
         return None
 
+    seed = str(rng.randrange(1 << 30))
     run = run_until_killed(
-        child_command("load", str(path), "--agents", "50", "--seed", "3", "--on-full"), cue
+        child_command("load", str(path), "--agents", "50", "--seed", seed, "--on-full"), cue
     )
     assert not run.watchdog_fired, run.stderr[-2000:]
-    assert seen["full"] >= 5 and seen["after"] >= 20, (seen, run.stderr[-2000:])
-    assert "crashed" not in run.stderr, run.stderr[-2000:]
     assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
-    figures = Figures()
+    assert seen["full"] >= 5, (seen, run.stderr[-2000:])
+    assert "crashed" not in run.stderr, run.stderr[-2000:]  # no agent died of the disk
+    if live:
+        assert seen["after"] >= 20, seen
+        disk.free()  # the large ballast too: the resumed agents' turns need room
+        figures.freed_live += 1
+    else:
+        small.unlink()
+        figures.freed_after_kill += 1
     reported = parse(run)
     with Store.open(path, readonly=True) as store:
-        logs = check_durable(store, reported, figures)
-    resume_and_work(path, logs, "after the full disk", figures)
-    print(
-        f"disk full under load: {figures.acks} acks, {seen['full']} full flushes, "
-        f"{figures.acked_events} acknowledged events, {figures.settled} settled turns checked"
-    )
-    assert figures.acked_events > 0 and figures.settled > 0
+        logs = check_durable(store, reported, figures.crash)
+    resume_and_work(path, logs, f"after full disk {figures.trials}", figures.crash)
+    figures.trials += 1
+    figures.full_flushes += seen["full"]
+    figures.acks_after_free += seen["after"]
+
+
+def test_a_runtime_under_load_survives_a_full_disk_and_carries_on_once_freed(
+    load_disk: SmallDisk, rng: random.Random
+) -> None:
+    """No agent crashes while the disk is full; freed under the running runtime, the same
+    process goes on (flushes acknowledged again); freed after a SIGKILL while full, the
+    reopen works in the room there is. Everything acknowledged is checked with the
+    SIGKILL harness's checkers (test_crash_under_load)."""
+    figures = DiskFigures()
+    fill_once(load_disk, rng, figures, live=True)
+    fill_once(load_disk, rng, figures, live=False)
+    print(figures.report())
+    assert figures.crash.acked_events > 0 and figures.crash.settled > 0
+
+
+@pytest.mark.soak
+def test_soak_disk_full_under_load(
+    load_disk: SmallDisk,
+    rng: random.Random,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    trials = max(2, int(request.config.getoption("--soak-kills")) // 10)
+    figures = DiskFigures()
+    start = time.perf_counter()
+    for index in range(trials):
+        fill_once(load_disk, rng, figures, live=index % 2 == 0)
+    with capsys.disabled():
+        print(f"\n{figures.report()} ({time.perf_counter() - start:.0f} s)")
+    assert figures.trials == trials
 
 
 def test_storage_error_is_the_base_of_disk_full() -> None:
