@@ -146,6 +146,7 @@ class Agent:
         slot = self._slot
         if slot.disposing:
             self._check_open("a wake" if wake else "a message")
+        self._host.check_room()  # a full disk refuses sends: see docs/durability.md
         if slot.on_own_thread():
             session, inbox = slot.session, slot.inbox
             quiet = inbox is not None and not inbox.emitting  # see Inbox.queueing_sends

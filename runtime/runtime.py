@@ -66,6 +66,7 @@ from actors import (
     watch,
 )
 from storage import (
+    DiskFullError,
     DisposedCause,
     Session,
     Store,
@@ -1016,6 +1017,16 @@ class _Host:
 
     def check_released(self) -> None:
         self._runtime._check_released()
+
+    def check_room(self) -> None:
+        full = self._runtime.store.disk_full
+        if full is not None:
+            raise DiskFullError(
+                f"the disk that holds the store is full ({full.free:,} bytes free), so a "
+                "send is refused and nothing was logged; send again once there is room",
+                full.free,
+                full.needed,
+            ) from full
 
     def rehydrate(self, slot: AgentSlot[Agent]) -> None:
         self._runtime._rehydrate(slot)

@@ -272,6 +272,10 @@ class AgentHost(Protocol[H]):
     def check_released(self) -> None:
         """Raise ``RuntimeClosedError`` once ``close()`` let go of the store."""
 
+    def check_room(self) -> None:
+        """Raise ``DiskFullError`` while the store's disk is full: a send is refused,
+        nothing logged (the store holds only what turns under way append)."""
+
     def rehydrate(self, slot: AgentSlot[H]) -> None:
         """Rebuild the passive agent from its log (the caller holds ``slot.lock``)."""
 

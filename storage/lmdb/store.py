@@ -33,6 +33,7 @@ from storage import export
 from storage.aio import wait_durable
 from storage.codec import Codec, EventTypes
 from storage.errors import (
+    DiskFullError,
     DuplicateSessionError,
     InvalidEventError,
     LogCorruptError,
@@ -310,6 +311,12 @@ class Store:
             raise UnknownSessionError(f"no durable session {session_id!r} in {self.path}")
         last = row.last_seq if row.last_seq >= 0 else None
         return SessionStats(session_id, row.last_seq + 1, last)
+
+    @property
+    def disk_full(self) -> DiskFullError | None:
+        """Why the last commit did not fit, while the disk stays full (the writer holds
+        what is appended and retries); ``None`` otherwise, and for a read-only store."""
+        return self._writer.disk_full if self._writer is not None else None
 
     def statistics(self) -> StoreStatistics:
         self._check_open()

@@ -29,9 +29,10 @@ kill can only tear the last line (which acknowledges nothing):
     from every ``agent/settled`` (emitted only once its ``turn/end`` is durable).
 
 With ``--on-full`` (a store on a small filesystem, see ``test_disk_full``), a flush that
-finds the disk full prints ``full <n>`` instead of ending the run, and a
-turn that ends without settling (its write-ahead flush found the disk full: an
-``agent/error``) sends the agent its next followup too, so the load goes on.
+finds the disk full prints ``full <n>`` instead of ending the run; a turn that ends
+without settling (its write-ahead flush found the disk full: an ``agent/error``) sends
+the agent its next followup too, and a send the full disk refuses (``DiskFullError``)
+is sent again after the next acknowledged flush, so the load goes on.
 
 ``sends`` spawns ``--agents`` agents, sends each two followups (the second waits behind
 the first one's turn), calls ``rt.flush()``, prints ``flushed <id>/<message id> ...``
@@ -126,8 +127,17 @@ def run_load(opts: argparse.Namespace, out: Out) -> None:
     sent: list[str] = []  # "<agent id>/<message id>" of each followup, once it returned
     sent_lock = threading.Lock()
 
+    starved: dict[str, Any] = {}  # agents whose send the full disk refused (--on-full)
+
     def send(agent: Any, text: str) -> None:
-        message_id = agent.followup(text)
+        try:
+            message_id = agent.followup(text)
+        except DiskFullError:
+            if not opts.on_full:
+                raise
+            with sent_lock:
+                starved[agent.id] = agent  # sent again after the next acknowledged flush
+            return
         with sent_lock:
             sent.append(f"{agent.id}/{message_id}")
 
@@ -175,6 +185,11 @@ def run_load(opts: argparse.Namespace, out: Out) -> None:
             sends = ",".join(sent[told:covered])
         told = covered
         out.line(f"ack {rounds} {resizes} " + " ".join(marks) + (f" sent={sends}" if sends else ""))
+        with sent_lock:
+            again = list(starved.values())
+            starved.clear()
+        for agent in again:
+            send(agent, "after a full disk")
 
 
 def run_sends(opts: argparse.Namespace, out: Out) -> None:

@@ -199,6 +199,45 @@ def test_a_store_holds_appends_while_full_and_writes_them_once_space_is_freed(
         assert check_invariants(events) == []
 
 
+def test_a_turn_that_meets_a_full_disk_ends_error_and_the_runtime_carries_on_when_freed(
+    disk: SmallDisk,
+) -> None:
+    with Runtime.open(disk.root / "store") as rt:
+        agent = rt.spawn(model=ScriptedModel.echo(), session_id="a")
+        errors: list[str] = []
+        rt.on("agent/error", lambda event: errors.append(event.error.message))
+        agent.followup("first")
+        assert agent.wait_idle(WAIT)
+        disk.fill(leave=64 << 10)
+        turns = 0
+        while not errors:  # each turn writes a few KiB: the disk fills within a few
+            agent.followup("x" * 2000)
+            assert agent.wait_idle(WAIT)
+            turns += 1
+            assert turns < 200, "the disk never filled"
+        assert "could not be made durable" in errors[0] and "no space left" in errors[0]
+        assert agent.crash is None and agent.status == "idle"
+        with pytest.raises(DiskFullError, match="a send is refused and nothing was logged"):
+            agent.followup("refused")
+        disk.free()
+        rt.flush()  # the held facts fit now
+        assert rt.store.disk_full is None
+        agent.followup("after")
+        assert agent.wait_idle(WAIT)
+        last = agent.session.events()[-1]
+        assert last.type == "turn/end" and last.data.reason.kind == "completed"
+    with Store.open(disk.root / "store", readonly=True) as store:
+        events = store.read("a")
+    assert check_invariants(events) == []
+    ends = [e.data.reason.kind for e in events if e.type == "turn/end"]
+    # Every turn is there, the one the full disk met too (ended error at its write-ahead
+    # flush, or completed and held at its settle flush: its turn/end written once freed).
+    assert len(ends) == turns + 2 and ends[-1] == "completed"
+    assert set(ends) <= {"completed", "error"}
+    texts = [e.data.message.content[0].text for e in events if e.type == "user/message"]
+    assert "refused" not in texts and texts[-1] == "after"
+
+
 def test_reopening_a_full_disk_store_after_a_crash_fits_in_the_space_there_is(
     disk: SmallDisk,
 ) -> None:
