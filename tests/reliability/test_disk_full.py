@@ -361,6 +361,7 @@ def test_a_runtime_under_load_survives_a_full_disk_and_carries_on_once_freed(
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(6 * 3600)
 def test_soak_disk_full_under_load(
     load_disk: SmallDisk,
     rng: random.Random,
