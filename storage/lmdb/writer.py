@@ -589,14 +589,20 @@ class LogWriter:
                 else next_step(self._round, self._store.tails, batch)
             )
             error: StorageError | None = None
+            committed = False  # a failure after the commit (the sync) cannot be held
             try:
                 if runs or headers or compacting or step.keys or step.last:
                     self._commit(headers, batch, compacting=compacting, step=step)
+                committed = True
                 if (callbacks or stop) and self._unsynced:
                     self._env.sync(True)
                     self._unsynced = False
             except Exception as err:  # noqa: BLE001 -- any failure fails the flushes, loudly
-                full = disk_full(err, self._store.path, "the commit", batch.size, _HELD)
+                full = (
+                    None
+                    if committed
+                    else disk_full(err, self._store.path, "the commit", batch.size, _HELD)
+                )
                 if full is not None and (compacting or step.keys or step.last):
                     # Compacting needs room appending does not: put it off, try again now.
                     self._put_off_compaction(full)
