@@ -109,7 +109,7 @@ def reserve_lock_file(path: Path, *, readonly: bool) -> None:
     leaves it to LMDB, which then opens without a lock file."""
     lock = path / "lock.mdb"
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
     except OSError as err:
         if readonly and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return

@@ -199,6 +199,8 @@ class Store:
                     except StorageError as err:
                         failure = err
                 self._writer.close()
+                if isinstance(failure, DiskFullError) and self._writer.failure is not None:
+                    failure = self._writer.failure  # what the close's last batch could not write
             self._db.close()  # waits for readers in progress; lets go of the writer lock
             self._released = True
         finally:

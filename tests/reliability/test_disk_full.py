@@ -199,6 +199,32 @@ def test_a_store_holds_appends_while_full_and_writes_them_once_space_is_freed(
         assert check_invariants(events) == []
 
 
+def test_closing_while_the_disk_is_full_says_what_was_not_written_and_loses_nothing_acked(
+    disk: SmallDisk,
+) -> None:
+    store = Store.open(disk.root / "store")
+    session = store.create_session("a")
+    log = LogBuilder(session)
+    session.flush()
+    disk.fill(leave=256 << 10)
+    acknowledged = -1
+    while True:
+        completed_turn(log)
+        try:
+            session.flush()
+        except DiskFullError:
+            break
+        acknowledged = session.last_seq
+    with pytest.raises(DiskFullError, match="what no flush acknowledged was not written"):
+        store.close()
+    disk.free()
+    with Store.open(disk.root / "store") as again:
+        events = again.read("a")
+    assert len(events) >= acknowledged + 1
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert check_invariants(events, allow_open_tail=True) == []
+
+
 def test_a_turn_that_meets_a_full_disk_ends_error_and_the_runtime_carries_on_when_freed(
     disk: SmallDisk,
 ) -> None:
