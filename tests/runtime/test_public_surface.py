@@ -32,7 +32,7 @@ PUBLIC = {
     "TurnEndReason", "Completed", "Aborted", "Blocked", "Errored", "MaxTokens",
     "Interrupted", "LimitExceeded",
     # errors (the tree: runtime.errors)
-    "CorralError", "StorageError", "StoreClosedError", "ReentrantAppendError",
+    "CorralError", "StorageError", "StoreClosedError", "ReentrantAppendError", "DiskFullError",
     "UnknownSessionError", "EngineError", "AgentStateError", "AgentDisposedError",
     "DuplicateMessageError", "EditTimeoutError", "InboxFullError", "InvalidMessageError",
     "UnknownMessageError", "WaitCycleError", "ModelError", "RuntimeClosedError",
