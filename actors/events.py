@@ -48,6 +48,7 @@ __all__ = [
     "RequestEvent",
     "Retry",
     "SessionEventLive",
+    "SessionFlush",
     "ToolExecute",
     "ToolResultEvent",
     "TurnStopping",
@@ -109,6 +110,15 @@ class SessionEventLive(_Live, frozen=True):
     """``session/event``: one committed fact of this agent's session."""
 
     event: Any
+
+
+class SessionFlush(_Live, frozen=True):
+    """``session/flush``: a durability checkpoint of this agent's session passed. Every
+    fact from ``first_seq`` to ``last_seq`` (inclusive; those appended since the previous
+    checkpoint) is durable on disk."""
+
+    first_seq: int
+    last_seq: int
 
 
 class AgentError(_Live, frozen=True):
@@ -264,6 +274,7 @@ AGENT_EVENTS: Final = frozenset(
         "tools/post-execute",
         "tools/result",
         "session/event",
+        "session/flush",
     }
 )
 """Every live event name the runtime emits (a typo in ``on()`` is refused)."""
