@@ -13,6 +13,7 @@ from .bench import bench
 from .errors import CorralGroup
 from .log import log
 from .run import run
+from .top import top
 
 __all__ = ["cli", "main"]
 
@@ -32,6 +33,7 @@ def cli(debug: bool) -> None:
 cli.add_command(bench)
 cli.add_command(log)
 cli.add_command(run)
+cli.add_command(top)
 
 
 def main() -> None:

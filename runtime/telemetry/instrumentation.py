@@ -27,11 +27,6 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from opentelemetry import metrics, trace
-from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-
 from actors.live import (
     AgentDisposed,
     AgentStatusChanged,
@@ -41,6 +36,11 @@ from actors.live import (
     SessionEventLive,
     SessionFlush,
 )
+from opentelemetry import metrics, trace
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
 from storage.events import (
     Aborted,
     AssistantMessageData,
