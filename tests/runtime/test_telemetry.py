@@ -250,6 +250,36 @@ def test_the_gauges_show_a_running_agent_and_its_waiting_message(
     assert dict(turn.attributes or {})[sc.ERROR_TYPE] == "aborted"
 
 
+@pytest.mark.parametrize("durability", ["write-ahead", "turn", "none"])
+def test_a_turn_span_is_exported_once_its_turn_end_is_durable(
+    tmp_path: Path, otel: Otel, durability: str
+) -> None:
+    at_turn_end: list[int] = []  # turn spans exported when each turn/end is appended
+    at_settled: list[int] = []  # ... when each agent/settled is emitted
+
+    with open_rt(tmp_path, durability=durability) as rt:
+        wire(rt, otel)  # its listeners first: they have seen each event before ours
+
+        def on_event(event: Any) -> None:
+            if event.event.type == "turn/end":
+                at_turn_end.append(len(otel.spans("invoke_agent")))
+
+        rt.on("session/event", on_event)
+        rt.on("agent/settled", lambda e: at_settled.append(len(otel.spans("invoke_agent"))))
+        done = settled_waiter(rt, 2)
+        agent = rt.spawn(model=ScriptedModel.echo())
+        agent.followup("a")
+        agent.followup("b")
+        assert done.wait(WAIT)
+        assert agent.wait_idle(WAIT)
+    if durability == "none":  # no checkpoint comes: a turn's span ends with it
+        assert at_turn_end == [1, 2]
+    else:  # exported at the session/flush checkpoint, before agent/settled
+        assert at_turn_end == [0, 1]
+    assert at_settled == [1, 2]
+    assert len(otel.spans("invoke_agent")) == 2
+
+
 def test_close_stops_the_instrumentation(tmp_path: Path, otel: Otel) -> None:
     with open_rt(tmp_path) as rt:
         wired = wire(rt, otel)
