@@ -120,7 +120,6 @@ def log(store: Path) -> None:
     A SESSION argument may be any unique prefix of a session id."""
 
 
-_COLUMNS: Final = ("created", "turns", "retries", "last turn", "state", "events")
 
 
 @log.command(name="ls")
@@ -215,10 +214,12 @@ def ls(
 
 
 def _row(st: Store, item: SessionSummary, width: int, with_bytes: bool) -> str:
-    turns = "?" if item.state == "unreadable" else f"{item.turns:,}"
+    unreadable = item.state == "unreadable"  # `log check` says why
+    turns = "?" if unreadable else f"{item.turns:,}"
+    retries = "?" if unreadable else f"{item.retries:,}"
     cells = (
         f"{shown(item.id):<{width}}  {_created(item.created):<19}  {turns:>7}  "
-        f"{item.retries:>7,}  {item.outcome:<11}  {item.state:<10}  "
+        f"{retries:>7}  {item.outcome:<11}  {item.state:<10}  "
         f"{item.events:>9,}"
     )
     if with_bytes:
