@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import median, parser, print_table, write_json
 
 
-def run(n: int, turns: int, chunks: int, telemetry: bool) -> dict[str, Any]:
+def run(n: int, turns: int, chunks: int, latency: float, telemetry: bool) -> dict[str, Any]:
     from runtime import Runtime, ScriptedModel, ToolCall, tool
     from storage.events import UserMessage
 
@@ -62,7 +62,7 @@ def run(n: int, turns: int, chunks: int, telemetry: bool) -> dict[str, Any]:
                 tracer_provider=tracer_provider,
                 meter_provider=MeterProvider(metric_readers=[reader]),
             )
-        model = ScriptedModel(reply, chunks=chunks)
+        model = ScriptedModel(reply, chunks=chunks, latency=latency)
         agents = [rt.spawn(model=model, tools=[noop]) for _ in range(n)]
         by_id = {a.id: a for a in agents}
         left = dict.fromkeys(by_id, turns)
@@ -95,7 +95,7 @@ def run(n: int, turns: int, chunks: int, telemetry: bool) -> dict[str, Any]:
     }
 
 
-def case(n: int, turns: int, chunks: int, telemetry: bool) -> dict[str, Any]:
+def case(n: int, turns: int, chunks: int, latency: float, telemetry: bool) -> dict[str, Any]:
     cmd = [
         sys.executable,
         __file__,
@@ -103,6 +103,7 @@ def case(n: int, turns: int, chunks: int, telemetry: bool) -> dict[str, Any]:
         str(n),
         str(turns),
         str(chunks),
+        str(latency),
         str(int(telemetry)),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
@@ -113,18 +114,26 @@ def case(n: int, turns: int, chunks: int, telemetry: bool) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        n, turns, chunks, on = (int(v) for v in sys.argv[2:6])
-        print(json.dumps(run(n, turns, chunks, bool(on))))
+        n, turns, chunks, on = (int(v) for v in (*sys.argv[2:5], sys.argv[6]))
+        print(json.dumps(run(n, turns, chunks, float(sys.argv[5]), bool(on))))
         return
     p = parser(__doc__.splitlines()[0], repeats=3)
     p.add_argument("--agents", type=int, default=1000, help="agents (default 1000)")
     p.add_argument("--turns", type=int, default=5, help="turns per agent (default 5)")
     p.add_argument("--chunks", type=int, default=8, help="chunks per reply (default 8)")
+    p.add_argument(
+        "--latency",
+        type=float,
+        default=0.0,
+        help="model latency per request, seconds (default 0: the CPU-bound worst case)",
+    )
     args = p.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for _ in range(args.repeats):  # alternate, so that load drifts hit both alike
         for label in ("off", "on"):
-            runs[label].append(case(args.agents, args.turns, args.chunks, label == "on"))
+            runs[label].append(
+                case(args.agents, args.turns, args.chunks, args.latency, label == "on")
+            )
     off = median([r["turns_per_s"] for r in runs["off"]])
     on = median([r["turns_per_s"] for r in runs["on"]])
     expected = args.agents * args.turns * 4  # invoke_agent + 2 chat + execute_tool
@@ -132,6 +141,7 @@ def main() -> None:
         "agents": args.agents,
         "turns": args.turns,
         "chunks": args.chunks,
+        "latency_s": args.latency,
         "off_turns_per_s": off,
         "on_turns_per_s": on,
         "ratio_on_vs_off": on / off,
