@@ -174,8 +174,8 @@ class StoreView:
             writer = Text(f"writer: process {self.writer} running", style="green")
         else:
             writer = Text(
-                f"writer: process {self.writer} is not running (it exited or was killed); "
-                "showing what it made durable",
+                f"writer: process {self.writer} is not running (it exited or was killed)\n"
+                "  shown: what it made durable",
                 style="bold red",
             )
         head = Text(f"corral top  {shown(str(self.path))}  {self.size:,} bytes on disk")

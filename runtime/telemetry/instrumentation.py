@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 from actors.live import (
@@ -59,6 +59,7 @@ from storage.events import (
 from . import semconv as sc
 
 if TYPE_CHECKING:
+    from runtime.agent import Agent
     from runtime.runtime import Runtime
 
 __all__ = ["Instrumentation", "instrument"]
@@ -93,11 +94,14 @@ class _Turn:
 
 
 class _Agent:
-    __slots__ = ("failed", "header", "turn", "waiting")
+    __slots__ = ("failed", "header", "read_header", "turn", "waiting")
 
     def __init__(self) -> None:
         self.turn: _Turn | None = None
         self.header: RequestHeader | None = None
+        # Whether the session's last request/header was read (once: a resumed agent whose
+        # configuration did not change logs none before its first request here).
+        self.read_header = False
         self.failed: _Pending | None = None  # a step with no reply, in the turn
         self.waiting: list[_Turn] = []  # ended turns whose turn/end is not durable yet
 
@@ -191,12 +195,17 @@ class Instrumentation:
             agent = self._agents.get(agent_id)
             if agent is None:
                 agent = self._agents[agent_id] = _Agent()
+            if not agent.read_header and kind == "step/start":
+                agent.read_header = True
+                if agent.header is None:  # a resumed agent's, from its log
+                    handle = cast("Agent", live.agent)
+                    agent.header = handle.session.state.last_header
             handler(self, agent_id, agent, event)
 
     def _turn_start(self, agent_id: str, agent: _Agent, event: Event) -> None:
         data: TurnStart = event.data
         if agent.turn is not None:  # never ended (cannot happen in a checked log)
-            self._end_turn(agent, agent.turn, "unknown", None)
+            self._end_turn(agent, agent.turn, "unknown")
         attributes: Attributes = {
             sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
             sc.GEN_AI_AGENT_ID: agent_id,
@@ -219,6 +228,7 @@ class Instrumentation:
 
     def _header(self, agent_id: str, agent: _Agent, event: Event) -> None:
         agent.header = event.data
+        agent.read_header = True
 
     def _user_message(self, agent_id: str, agent: _Agent, event: Event) -> None:
         if self._capture and agent.turn is not None:
@@ -385,7 +395,7 @@ class Instrumentation:
         agent = self._agents.pop(agent_id, None)
         if agent is not None:
             if agent.turn is not None:
-                self._end_turn(agent, agent.turn, "agent_disposed", None)
+                self._end_turn(agent, agent.turn, "agent_disposed")
             for turn in agent.waiting:  # its last flush already ran
                 turn.span.end()
 
@@ -449,7 +459,8 @@ class Instrumentation:
         )
         span.end(end_time=pending.end_ns)
 
-    def _end_turn(self, agent: _Agent, turn: _Turn, error_type: str, _: None) -> None:
+    def _end_turn(self, agent: _Agent, turn: _Turn, error_type: str) -> None:
+        """End ``turn`` as it stands, with ``error_type`` (it never logged its turn/end)."""
         self._close_failed(agent, error_type)
         agent.turn = None
         turn.span.set_attribute(sc.ERROR_TYPE, error_type)

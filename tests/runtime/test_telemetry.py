@@ -280,6 +280,23 @@ def test_a_turn_span_is_exported_once_its_turn_end_is_durable(
     assert len(otel.spans("invoke_agent")) == 2
 
 
+def test_a_resumed_agent_names_its_model_from_its_log(tmp_path: Path, otel: Otel) -> None:
+    with open_rt(tmp_path) as rt:
+        agent = rt.spawn(model=ScriptedModel(["one"], name="m2"), session_id="again")
+        agent.followup("first")
+        assert agent.wait_idle(WAIT)
+    with open_rt(tmp_path) as rt:
+        wire(rt, otel)
+        done = settled_waiter(rt, 1)
+        resumed = rt.resume("again", model=ScriptedModel(["two"], name="m2"))
+        resumed.followup("second")
+        assert done.wait(WAIT)
+        headers = [e for e in resumed.session.events() if e.type == "request/header"]
+    assert len(headers) == 1  # the unchanged configuration was not logged again
+    (chat,) = otel.spans("chat m2")
+    assert dict(chat.attributes or {})[sc.GEN_AI_REQUEST_MODEL] == "m2"
+
+
 def test_close_stops_the_instrumentation(tmp_path: Path, otel: Otel) -> None:
     with open_rt(tmp_path) as rt:
         wired = wire(rt, otel)
