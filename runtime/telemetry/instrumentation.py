@@ -27,7 +27,12 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
-from actors.live import (
+from opentelemetry import metrics, trace
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from actors import (
     AgentDisposed,
     AgentStatusChanged,
     InboxClaimed,
@@ -36,11 +41,6 @@ from actors.live import (
     SessionEventLive,
     SessionFlush,
 )
-from opentelemetry import metrics, trace
-from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-
 from storage.events import (
     Aborted,
     AssistantMessageData,

@@ -12,7 +12,7 @@ import pytest
 
 from runtime import LlmFailure, RetryPolicy, Runtime, ScriptedModel
 from storage.events import MessageTrigger, TurnStart
-from storage.lmdb_store import Store
+from storage import Store
 
 from .conftest import assert_one_error_line, corral, run_ok
 

@@ -29,7 +29,7 @@ def test_each_settled_turn_passes_one_checkpoint_before_agent_settled_covering_i
     def on_flush(event: Any) -> None:
         # Another process reads the store: what it sees is on disk.
         code = (
-            "import sys; from storage.lmdb_store import Store\n"
+            "import sys; from storage import Store\n"
             "with Store.open(sys.argv[1], readonly=True) as st:\n"
             "    print(st.stats(sys.argv[2]).event_count - 1)\n"
         )
