@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import threading
 
-from actors.events import AgentSettled
-from runtime import ModelRequest, Runtime, ScriptedModel
-from runtime.agent import Agent
-from storage.events import AssistantMessage, TextBlock, UserMessage
+from runtime import (
+    Agent,
+    AgentSettled,
+    AssistantMessage,
+    ModelRequest,
+    Runtime,
+    ScriptedModel,
+    TextBlock,
+    UserMessage,
+)
 
 
 def square(request: ModelRequest) -> str:

@@ -23,8 +23,7 @@ import random
 import threading
 import time
 
-from actors.events import AgentDisposed, AgentSettled, AgentStatusChanged
-from runtime import Runtime, ScriptedModel
+from runtime import AgentDisposed, AgentSettled, AgentStatusChanged, Runtime, ScriptedModel
 
 MAX_RESTARTS = 3
 

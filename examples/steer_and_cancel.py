@@ -20,9 +20,16 @@ from __future__ import annotations
 
 import threading
 
-from actors.events import SessionEventLive
-from runtime import Agent, ModelRequest, Runtime, ScriptedModel
-from storage.events import Event, TextBlock, UserMessage
+from runtime import (
+    Agent,
+    Event,
+    ModelRequest,
+    Runtime,
+    ScriptedModel,
+    SessionEventLive,
+    TextBlock,
+    UserMessage,
+)
 
 
 def reply(request: ModelRequest) -> str:

@@ -3,82 +3,62 @@
 Every verb is safe from any thread. ``followup`` / ``steer`` / ``inject`` validate the
 message, reserve its id (a duplicate is refused here, synchronously) and return the
 ``MessageId`` at once; the agent actor does the rest in order.
+
+One piece (a little over 500 lines) because it is one class: the handle's verbs, each
+with the rules for calling it from the agent's own listeners, its tool bodies or the I/O
+loop. Its state lives in its slot (``runtime.slots``), its messages are checked by
+``runtime.messages``, and it calls its runtime only through ``AgentHost``.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import msgspec
-from pykka import ActorDeadError, ActorRef, Future, Timeout
-from pykka._envelope import Envelope
+from pykka import ActorDeadError, Timeout
 
 from actors import (
     AgentDisposedError,
     AgentStateError,
     AwaitIdle,
-    Barrier,
     Cancel,
     Edit,
     EditTimeoutError,
     Idle,
-    Inbox,
     InboxView,
     Insert,
     InvalidMessageError,
     Kill,
-    LendingLock,
     Mailbox,
-    TurnSignal,
     WaitCycleError,
     WaitTarget,
     apply_edit,
     checked_cause,
     in_io_loop_thread,
     waiting_for,
-    working_for,
 )
 from storage import (
-    CARRIED_BYTES,
-    EMPTY_TEXT_BYTES,
-    JSON_BYTES_PER_CHAR,
-    SPLICE_BYTES,
     CancelCause,
-    ContentBlock,
     DisposedCause,
-    ImageBlock,
     InboxLane,
     MessageId,
-    ReasoningBlock,
-    TextBlock,
-    ToolCallBlock,
-    ToolResultBlock,
     UserCause,
     UserMessage,
-    message_bytes,
 )
 
 from . import waiting
+from .messages import MessageChecker, MessageLike, check_id
+from .slots import AgentHost, AgentSlot
 from .waiting import check_timeout
 
 if TYPE_CHECKING:
+    from actors import Model, Tool
     from storage import Session
 
-    from .runtime import Runtime
-
 __all__ = ["Agent", "MessageLike"]
-
-MessageLike = str | UserMessage | Sequence[ContentBlock]
-_BLOCKS = (TextBlock, ReasoningBlock, ImageBlock, ToolCallBlock, ToolResultBlock)
-_message_decoder = msgspec.json.Decoder(UserMessage)
-
-
-def _check_id(message_id: object) -> None:
-    if not isinstance(message_id, str) or not message_id:
-        raise InvalidMessageError(f"a message id is a non-empty str, got {message_id!r}")
 
 
 class Agent:
@@ -86,73 +66,30 @@ class Agent:
 
     def __init__(
         self,
-        runtime: Runtime,
-        session: Session,
+        slot: AgentSlot[Agent],
+        host: AgentHost[Agent],
         *,
         new_id: Callable[[], str],
         max_message_bytes: int,
-        spec: Any = None,
     ) -> None:
-        self._runtime = runtime
-        self._id = session.id
-        self._spec = spec
-        self._session: Session | None = session
-        # Held while sending and while passivating, so a send never reaches an actor
-        # that is being stopped; a passivated agent is rehydrated by its next use.
-        self._live_lock = LendingLock()  # (a passivation holds it while it asks the actor)
-        self._passive = False
-        self._inbox: Inbox | None = None
-        self._new_id = new_id
-        self._max_bytes = max_message_bytes
-        # A message's own JSON may take this much: see storage.budget.
-        self._max_message_bytes = message_bytes(max_message_bytes)
-        self._ref: ActorRef[Any] | None = None
-        self._status: Callable[[], Literal["idle", "running"]] = lambda: "idle"
-        self._active_signal: Callable[[], TurnSignal | None] = lambda: None
-        self._unwinding: Callable[[], bool] = lambda: False
-        self._dispose_lock = threading.Lock()
-        self._disposing = False
-        self._disposed = threading.Event()
-        self._announcer: int | None = None  # the thread emitting its agent/disposed
-        self._passivating = False  # a passivation stops its actor (no disposal: _on_death)
+        self._slot = slot  # its lifecycle: live, passive, disposing (runtime.slots)
+        self._host = host
+        self._id = slot.id
+        self._checker = checker = MessageChecker(new_id, max_message_bytes)
+        self._message = checker.check  # (bound once: every send calls it)
         self.crash: BaseException | None = None
         """Why the agent's actor died unexpectedly, if it did (``rt.resume`` restarts it)."""
 
-    def _bind(
-        self,
-        ref: ActorRef[Any],
-        session: Session,
-        inbox: Inbox,
-        status: Callable[[], Literal["idle", "running"]],
-        active_signal: Callable[[], TurnSignal | None],
-        unwinding: Callable[[], bool],
-    ) -> None:
-        self._ref = ref
-        self._session = session
-        self._inbox = inbox
-        self._passive = False
-        self._status = status
-        self._active_signal = active_signal
-        self._unwinding = unwinding
-
-    def _unbind(self) -> None:
-        """Forget the stopped actor and the in-memory session (passivation)."""
-        self._passive = True
-        self._session = None
-        self._inbox = None
-        self._status = lambda: "idle"
-        self._active_signal = lambda: None
-        self._unwinding = lambda: False
-
     def _live(self) -> None:
         """Rehydrate a passivated agent from its log before it is used."""
-        if self._passive:
-            with self._live_lock:
-                if self._passive:
-                    self._runtime._rehydrate(self)
+        slot = self._slot
+        if slot.passive:
+            with slot.lock:
+                if slot.passive:
+                    self._host.rehydrate(slot)
 
     def __repr__(self) -> str:
-        state = "passive" if self._passive else self.status
+        state = "passive" if self._slot.passive else self.status
         return f"<Agent {self.id} {state}>"
 
     # ------------------------------------------------------------------ state
@@ -167,118 +104,66 @@ class Agent:
         runtime's ``close()`` has returned (its listeners may read it meanwhile)."""
         self._check_released()
         self._live()
-        assert self._session is not None
-        return self._session
+        assert self._slot.session is not None
+        return self._slot.session
 
     @property
     def passive(self) -> bool:
         """Evicted from memory by :meth:`passivate`; its next use rehydrates it."""
-        return self._passive
+        return self._slot.passive
 
     @property
     def status(self) -> Literal["idle", "running"]:
-        return self._status()
+        return self._slot.status()
 
     @property
     def inbox(self) -> InboxView:
         self._check_released()
         self._live()
-        assert self._inbox is not None
-        return self._inbox.view()
+        assert self._slot.inbox is not None
+        return self._slot.inbox.view()
 
     @property
     def disposed(self) -> bool:
-        return self._disposed.is_set()
+        return self._slot.disposed.is_set()
+
+    @property
+    def model(self) -> Model:
+        """The model this agent was started with (its requests' ``provider`` and ``name``)."""
+        return cast("Model", self._slot.spec.model)
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """The agent's tools by name, read-only (what it was started with)."""
+        return MappingProxyType(self._slot.spec.tools)
 
     # ------------------------------------------------------------------ messages
-
-    def _message(self, value: object, message_id: MessageId | None, source: str) -> UserMessage:
-        if (
-            type(value) is str
-            and message_id is None
-            and type(source) is str
-            and value.isascii()
-            and source.isascii()
-        ):
-            # The common send: its fields are right by construction and ASCII always
-            # encodes; only the size is left to check, by a bound when it is far below.
-            message_id = self._new_id()
-            size = len(value) + len(source) + len(message_id)
-            if EMPTY_TEXT_BYTES + JSON_BYTES_PER_CHAR * size <= self._max_message_bytes:
-                return UserMessage(id=message_id, content=(TextBlock(text=value),), source=source)
-        if message_id is not None:
-            _check_id(message_id)  # an empty id is refused, not replaced by a new one
-        if isinstance(value, UserMessage):
-            if message_id is not None and message_id != value.id:
-                raise InvalidMessageError("give the id inside the UserMessage, or pass a str")
-            if source not in ("user", value.source):
-                raise InvalidMessageError("give the source inside the UserMessage, or pass a str")
-            message = value
-        elif isinstance(value, str):
-            message = UserMessage(
-                id=self._new_id() if message_id is None else message_id,
-                content=(TextBlock(text=value),),
-                source=source,
-            )
-        elif (
-            isinstance(value, list | tuple) and value and all(isinstance(b, _BLOCKS) for b in value)
-        ):
-            message = UserMessage(
-                id=self._new_id() if message_id is None else message_id,
-                content=tuple(value),
-                source=source,
-            )
-        else:
-            raise InvalidMessageError(
-                f"a message is a str, a UserMessage or a non-empty list of content blocks; "
-                f"got {type(value).__name__}"
-            )
-        if not message.id or not isinstance(message.id, str):
-            raise InvalidMessageError(f"a message id is a non-empty str, got {message.id!r}")
-        if isinstance(message.content, list | tuple) and not message.content:
-            raise InvalidMessageError("a message holds at least one content block, got none")
-        try:
-            encoded = msgspec.json.encode(message)
-            # Field types: msgspec does not check them at construction. A message built
-            # here from a str (and a str source) has them right by construction. The
-            # decoded message is the one kept: content blocks given as plain dicts
-            # become the block structs the log reads back (and providers send).
-            if not (isinstance(value, str) and isinstance(source, str)):
-                message = _message_decoder.decode(encoded)
-        except (TypeError, ValueError, msgspec.MsgspecError) as err:
-            raise InvalidMessageError(f"the message is not a valid UserMessage: {err}") from err
-        size = len(encoded)
-        if size > self._max_message_bytes:
-            raise InvalidMessageError(
-                f"the message encodes to {size} bytes; with the {CARRIED_BYTES} bytes the "
-                "records that carry it (agent/inbox/spliced, user/message) may add, that is "
-                f"over the {self._max_bytes}-byte event limit"
-            )
-        return message
 
     def _send(
         self, value: object, lane: InboxLane, wake: bool, message_id: MessageId | None, source: str
     ) -> MessageId:
         message = self._message(value, message_id, source)
-        if self._disposing:
+        slot = self._slot
+        if slot.disposing:
             self._check_open("a wake" if wake else "a message")
-        if self._on_own_thread():
-            session, inbox = self._session, self._inbox
+        if slot.on_own_thread():
+            session, inbox = slot.session, slot.inbox
             quiet = inbox is not None and not inbox.emitting  # see Inbox.queueing_sends
             if quiet and session is not None and not session.notifying_here():
                 return self._send_here(message, lane, wake)
-        with self._exclusive():
-            if self._disposing:  # again: a disposal tells its messages under this lock
+        with slot.exclusive():
+            if slot.disposing:  # again: a disposal tells its messages under this lock
                 self._check_open("a wake" if wake else "a message")
-            if self._passive:
+            if slot.passive:
                 self._live()
-            assert self._inbox is not None
-            self._inbox.reserve(message.id)
+            inbox = slot.inbox
+            assert inbox is not None
+            inbox.reserve(message.id)
             try:
-                unwinding = wake and self._unwinding()
+                unwinding = wake and slot.unwinding()
                 self._tell_live(Insert(lane=lane, message=message, wake=wake, unwinding=unwinding))
             except BaseException:
-                self._inbox.release(message.id)
+                inbox.release(message.id)
                 raise
         return message.id
 
@@ -293,9 +178,9 @@ class Agent:
         events keep the log's order and a chain of such sends does not nest). A wake into
         an aborted turn that is still unwinding goes to ``next-turn`` (as the actor does
         for a wake told while it unwinds)."""
-        inbox = self._inbox
+        inbox = self._slot.inbox
         assert inbox is not None
-        unwinding = wake and self._unwinding()
+        unwinding = wake and self._slot.unwinding()
         if unwinding:
             lane = "next-turn"
         inbox.reserve(message.id)
@@ -316,7 +201,7 @@ class Agent:
         disposal discards the inbox, and anything inserted after it would stay pending
         in a disposed agent's log. Called again under the live lock, under which a
         disposal tells its messages: what passes it there is queued before them."""
-        if self._disposing:
+        if self._slot.disposing:
             self._check_runtime()
             raise AgentDisposedError(f"agent {self.id} is disposed; {what} sent to it is refused")
 
@@ -324,59 +209,34 @@ class Agent:
         """Raise ``RuntimeClosedError`` if the runtime is closed. Called once a disposal
         began (``close()`` disposes every agent first), so that the calls of a live agent
         pay nothing for it."""
-        if self._disposing:
-            self._runtime._check_open()
+        if self._slot.disposing:
+            self._host.check_open()
 
     def _check_released(self) -> None:
         """Raise ``RuntimeClosedError`` once the runtime's ``close()`` has released the
         store (the session could no longer read or flush its log)."""
-        if self._disposing:
-            self._runtime._check_released()
+        if self._slot.disposing:
+            self._host.check_released()
 
     def _tell_live(self, message: object) -> None:
         """``_tell`` for a caller that made the agent live (``ActorRef.tell``, inline)."""
-        ref = self._ref
+        ref = self._slot.ref
         assert ref is not None
-        if ref.actor_stopped._flag:  # type: ignore[attr-defined]
+        if ref.actor_stopped.is_set():
             raise AgentDisposedError(f"agent {self.id} is no longer running")
-        ref.actor_inbox.put(Envelope(message))
+        mailbox = ref.actor_inbox
+        assert isinstance(mailbox, Mailbox)  # (every agent actor is pooled)
+        mailbox.tell(message)
 
     def _tell(self, message: object) -> None:
         self._check_runtime()
-        with self._exclusive():
+        with self._slot.exclusive():
             self._live()
-            assert self._ref is not None
+            assert self._slot.ref is not None
             try:
-                self._ref.tell(message)
+                self._slot.ref.tell(message)
             except ActorDeadError as err:
                 raise AgentDisposedError(f"agent {self.id} is no longer running") from err
-
-    def _told_handled(self) -> Future[Any] | None:
-        """A future answered once the agent handled every message told to it before
-        this call (a send, a cancel: their facts are then appended), or None when
-        nothing is queued or running."""
-        with self._exclusive():  # not while a passivation stops the actor
-            ref = self._ref
-            if self._passive or ref is None or not self._busy():
-                return None
-            try:
-                return ref.ask(Barrier(), block=False)
-            except ActorDeadError:
-                return None  # what it had not handled died with it (or was kept: a crash)
-
-    def _busy(self) -> bool:
-        """Whether the agent's actor has messages queued or is handling some."""
-        ref = self._ref
-        mailbox = None if self._passive or ref is None else ref.actor_inbox
-        return isinstance(mailbox, Mailbox) and mailbox.busy()
-
-    def _exclusive(self) -> AbstractContextManager[object]:
-        """What a caller holds from making the agent live until its message is in the
-        actor's mailbox: the live lock, which a passivation holds while it stops the
-        actor (a message told meanwhile would never be handled). Not on the agent's own
-        actor: that runs the caller's listener, so no passivation can stop it, and one
-        that waits for it holds the lock."""
-        return nullcontext() if self._on_own_thread() else self._live_lock
 
     def followup(
         self, message: MessageLike, *, id: MessageId | None = None, source: str = "user"
@@ -409,28 +269,28 @@ class Agent:
         :func:`actors.agent.apply_edit`)."""
         self._check_runtime()
         inserted = [m.id for m in _inserted_by(edit)]
-        if self._on_own_thread():
+        if self._slot.on_own_thread():
             # called by one of this agent's own listeners, on the actor's thread: asking
             # the actor would wait for itself, so the edit is applied here, in order
             if inserted:
                 self._check_open(f"a {edit.op} inserting messages")
-            assert self._inbox is not None
+            assert self._slot.inbox is not None
             edit, inserted = self._reserve(edit, inserted)
-            return apply_edit(self._inbox, edit)
+            return apply_edit(self._slot.inbox, edit)
         try:
             # The edit is queued before a passivation may stop the actor (and the ids are
             # reserved in the inbox that actor owns); its reply is awaited outside the
             # lock: the edit's listeners may use the agent.
-            with self._live_lock:
+            with self._slot.lock:
                 if inserted:
                     self._check_open(f"a {edit.op} inserting messages")
                 self._live()
-                assert self._ref is not None
-                assert self._inbox is not None
-                inbox = self._inbox  # (the one that actor owns)
+                assert self._slot.ref is not None
+                assert self._slot.inbox is not None
+                inbox = self._slot.inbox  # (the one that actor owns)
                 edit, inserted = self._reserve(edit, inserted)
                 try:
-                    reply = self._ref.ask(edit, block=False)
+                    reply = self._slot.ref.ask(edit, block=False)
                 except ActorDeadError:
                     self._release(inserted)
                     raise
@@ -467,7 +327,7 @@ class Agent:
         one whose send is queued before the edit) fits, as does a 1-for-1 splice of
         messages in the lane (its coordinates are counted on the lane as it stands: a
         send still on its way in is not)."""
-        inbox = self._inbox
+        inbox = self._slot.inbox
         assert inbox is not None
         removes: Callable[[], Sequence[MessageId]]
         if edit.op == "replace":
@@ -490,14 +350,14 @@ class Agent:
 
     def _release(self, message_ids: Iterable[MessageId]) -> None:
         """Free the ids of an edit that was never applied (see :meth:`_ask`)."""
-        assert self._inbox is not None
+        assert self._slot.inbox is not None
         for message_id in message_ids:
-            self._inbox.release(message_id)
+            self._slot.inbox.release(message_id)
 
     def remove(self, message_id: MessageId, *, timeout: float | None = 10.0) -> UserMessage:
         """Discard one pending message (``outcome: canceled``); raises if it is not pending."""
         timeout = check_timeout(timeout)
-        _check_id(message_id)
+        check_id(message_id)
         removed: UserMessage = self._ask(Edit(op="remove", message_id=message_id), timeout)
         return removed
 
@@ -506,7 +366,7 @@ class Agent:
     ) -> MessageId:
         """Swap a pending message for a new one in the same place; returns the new id."""
         timeout = check_timeout(timeout)
-        _check_id(message_id)
+        check_id(message_id)
         new = self._message(message, None, "user")
         self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
         return new.id
@@ -545,13 +405,7 @@ class Agent:
                 "(one text is one message: pass [text])"
             )
         new = tuple(self._message(m, None, "user") for m in messages)
-        if len(new) > 1:  # one splice record carries them all
-            size = SPLICE_BYTES + sum(len(msgspec.json.encode(m)) + 1 for m in new) - 1
-            if size > self._max_bytes:
-                raise InvalidMessageError(
-                    f"the splice's record would be {size} bytes, over the {self._max_bytes}-byte "
-                    "event limit; splice fewer messages at a time"
-                )
+        self._checker.check_splice(new)
         edit = Edit(op="splice", lane=lane, start=start, removed_count=removed_count, messages=new)
         removed: list[UserMessage] = self._ask(edit, timeout)
         return removed
@@ -584,11 +438,11 @@ class Agent:
                 "agent, or cancel with UserCause(), ParentCause() or HookCause(reason=...)"
             )
         self._check_runtime()
-        with self._exclusive():
+        with self._slot.exclusive():
             self._live()  # a passivated agent's pending inbox is cleared durably too
-            if self._ref is None or not self._ref.is_alive():
+            if self._slot.ref is None or not self._slot.ref.is_alive():
                 return
-            target = self._active_signal()
+            target = self._slot.active_signal()
             if target is not None:
                 target.abort(cause)
             self._tell_live(Cancel(cause=cause, keep_inbox=keep_inbox, target=target))
@@ -602,9 +456,9 @@ class Agent:
         block every agent: both raise ``AgentStateError``. On the main thread a Ctrl-C
         ends the wait at once (see :mod:`runtime.waiting`)."""
         timeout = check_timeout(timeout)
-        if self._passive:
+        if self._slot.passive:
             return True
-        if self._on_own_thread() or self._runs_own_effect():
+        if self._slot.on_own_thread() or self._slot.runs_own_effect():
             raise AgentStateError(
                 f"wait_idle() of agent {self.id} was called from code the agent runs (one "
                 "of its listeners or tool bodies): it would wait for itself; react to "
@@ -636,56 +490,33 @@ class Agent:
         that calls ``dispose()`` gets False: the disposal ends once its listeners
         return)."""
         timeout = check_timeout(timeout)  # before the disposal starts
-        self._begin_disposal(keep_inbox=False)
+        self._host.begin_disposal(self._slot, keep_inbox=False)
         if (
-            self._on_own_thread()
-            or self._runs_own_effect()
+            self._slot.on_own_thread()
+            or self._slot.runs_own_effect()
             or in_io_loop_thread()
-            or self._announcer == threading.get_ident()
+            or self._slot.announcer == threading.get_ident()
         ):
-            return self._disposed.is_set()
+            return self._slot.disposed.is_set()
         try:
-            return waiting.wait(self._disposed, timeout, idle=self._idle_wait("to be disposed"))
+            return waiting.wait(
+                self._slot.disposed, timeout, idle=self._idle_wait("to be disposed")
+            )
         except WaitCycleError:
             # The disposal waits for code that waits for this one: it goes on once the
             # caller returns, as from the agent's own listener.
-            return self._disposed.is_set()
+            return self._slot.disposed.is_set()
 
     def _idle_wait(self, what: str) -> tuple[WaitTarget, str, Idle] | None:
         """What a wait for this agent to go idle (or be disposed) registers
         (``actors.waiting_for``)."""
-        inbox = self._inbox
+        inbox = self._slot.inbox
         if inbox is None:
             return None
-        holds = Idle(running=lambda: self.status == "running", announcer=lambda: self._announcer)
+        holds = Idle(
+            running=lambda: self.status == "running", announcer=lambda: self._slot.announcer
+        )
         return inbox, f"agent {self.id} {what}", holds
-
-    def _begin_disposal(self, *, keep_inbox: bool) -> None:
-        """Start this agent's one disposal, unless one began (``dispose()``, or the
-        runtime's ``close()``, which keeps the inbox for a resume)."""
-        with self._dispose_lock:
-            first = not self._disposing
-            self._disposing = True
-        if not first:
-            return
-        with self._exclusive():
-            if not keep_inbox:
-                self._live()  # the disposal discards the pending inbox durably: the actor
-            running = self._runtime._dispose_live(self, keep_inbox=keep_inbox)
-        if not running:  # passive (kept inbox) or crashed: no actor to stop
-            self._runtime._forget(self)
-
-    def _on_own_thread(self) -> bool:
-        """Whether the caller runs on this agent's actor (one of its own listeners)."""
-        inbox = self._inbox
-        return inbox is not None and inbox.owner == threading.get_ident()
-
-    def _runs_own_effect(self) -> bool:
-        """Whether the caller runs in one of this agent's effects (a tool body, a
-        ``tools/execute`` listener, a listener of a deferred chain), whose end the turn
-        waits for; see ``actors._dispatcher.work_for``."""
-        owner = working_for()
-        return owner is not None and owner is self._inbox
 
     def passivate(self, timeout: float | None = 10.0) -> bool:
         """Evict an idle agent from memory: its actor stops and its in-memory session is
@@ -693,7 +524,7 @@ class Agent:
         rebuilds it from the log. Returns False (and does nothing) if it is busy."""
         timeout = check_timeout(timeout)
         self._check_runtime()
-        return self._runtime._passivate(self, timeout)
+        return self._slot.passivate(timeout)
 
     def kill(self, reason: str = "killed") -> None:
         """Crash the agent's actor on purpose, as an unexpected failure would (fault
@@ -703,7 +534,7 @@ class Agent:
 
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
         """Listen to ``name`` for this agent only; returns a disposer."""
-        return self._runtime._listen(name, listener, self)
+        return self._host.listen(name, listener, self._slot)
 
 
 def _inserted_by(edit: Edit) -> Sequence[UserMessage]:

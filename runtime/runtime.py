@@ -2,6 +2,15 @@
 
 ``Runtime.open()`` is a context manager; ``close()`` cancels running turns (keeping
 their inboxes for a later resume), stops every agent, flushes and closes the store.
+
+Beside the facade this module holds the agents' start gating (spawn, resume and fork
+under way; a start a close gave up on) and the transitions of their slots that need the
+runtime (going live, rehydration, disposal, death), which is why it is over 500 lines:
+they all change the runtime's table of agents (live, pending, resuming) under its one
+lock, with ``get``, ``agents``, ``on`` and ``close``. Elsewhere: the per-agent lifecycle
+(``slots``), the close stages (``close``), the ``session/event`` bridge (``bridge``),
+building an agent's parts (``assembly``), the checks made before anything starts
+(``checks``), messages (``messages``) and the error tree (``errors``).
 """
 
 from __future__ import annotations
@@ -15,11 +24,11 @@ import sys
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from itertools import count
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from pykka import ActorDeadError, ActorRef, Timeout
 from pykka.messages import ProxyCall
@@ -28,11 +37,9 @@ from actors import (
     AGENT_EVENTS,
     ActorDeath,
     Admission,
-    AgentActor,
     AgentCreated,
     AgentDisposed,
     AgentDisposedError,
-    AgentMailbox,
     AgentSessionStart,
     Announce,
     AwaitIdle,
@@ -42,19 +49,13 @@ from actors import (
     DispatcherShutdownError,
     Durability,
     FlushGroup,
-    Inbox,
     IoSide,
     Model,
-    Quiescent,
     RegistryActor,
     Scheduler,
-    SessionEventLive,
     Tool,
-    ToolPhase,
-    TurnMachine,
     UsageLimits,
     UsageMeter,
-    WaitCycleError,
     deadline,
     extended,
     forget,
@@ -62,12 +63,10 @@ from actors import (
     in_runtime_thread,
     remaining,
     waiting_for,
-    waiting_on_actors,
     watch,
 )
 from storage import (
     DisposedCause,
-    RequestConfig,
     Session,
     Store,
     UnknownSessionError,
@@ -76,6 +75,8 @@ from storage import (
 
 from . import gctune, waiting
 from .agent import Agent
+from .assembly import Assembly, Parts, Spec
+from .bridge import SessionBridge
 from .checks import (
     agent_settings,
     check_arity,
@@ -84,8 +85,18 @@ from .checks import (
     check_header,
     check_limits,
 )
+from .close import (
+    CloseStages,
+    Deadline,
+    Stage,
+    close_models,
+    shut_down_dispatcher,
+    stop_registry,
+    stop_stragglers,
+)
 from .errors import RuntimeClosedError
 from .policy import RetryPolicy
+from .slots import AgentSlot
 from .waiting import check_timeout
 
 __all__ = ["Runtime"]
@@ -93,22 +104,6 @@ __all__ = ["Runtime"]
 log = logging.getLogger("corral.runtime")
 _DURABILITY = ("write-ahead", "turn", "none")
 _DEFAULT_POLICY: Any = object()
-_CLOSE_STAGES: tuple[str, ...] = (
-    "starts",  # wait for spawns under way; the agents to stop
-    "agents",  # their disposals (inboxes kept), waited for
-    "stragglers",  # the actors of those that did not end, stopped
-    "registry",
-    "scheduler",
-    "models",
-    "io",
-    "dispatcher",
-    "store",
-    "gc",
-)
-"""The stages of :meth:`Runtime.close`, in order."""
-_CLOSE_NEEDS: dict[str, str] = {"agents": "starts", "stragglers": "agents"}
-"""A stage that works on what an earlier one left it: when that one failed, the stage
-still runs (on what there is) but is not done, and the next close runs it again."""
 _UNDO_S = 5.0
 """What each part of a runtime whose open failed gets to stop (it ran nothing yet)."""
 
@@ -128,23 +123,6 @@ def _dispatcher(threads: int | None) -> Dispatcher:
     if threads is None and gil:
         return Dispatcher(1, standby=1, name="corral")
     return Dispatcher(threads, name="corral")
-
-
-class _Spec(NamedTuple):
-    """What an agent was made of (to rebuild it after passivation)."""
-
-    model: Model
-    tools: dict[str, Tool]
-    system: str | None
-    meters: list[UsageMeter]
-    """Its own meter (its ``limits``, or the runtime's ``agent_limits``) and the
-    runtime's: kept across passivation, so that a rebuilt agent goes on counting."""
-
-
-class _Parts(NamedTuple):
-    start: Callable[[], ActorRef[Any]]
-    inbox: Inbox
-    machine: TurnMachine
 
 
 class Runtime:
@@ -196,34 +174,25 @@ class Runtime:
         self._owns_store = owns_store
         self._tuned_gc = tune_gc
         self._lock = threading.Lock()
-        self._agents: dict[str, Agent] = {}
+        # The live and passivated agents, by id (their handles: slot.handle).
+        self._agents: dict[str, AgentSlot[Agent]] = {}
+        self._host = _Host(self)  # what the agents' handles call (runtime.slots.AgentHost)
         self._starting = 0  # spawns, resumes and forks under way: see _starting_agent()
         # The sessions of the resumes among them, until their agent is live (each held
         # by its resume's token).
         self._resuming: dict[str, object] = {}
         # Agents being started: registered, not announced yet. Not in _agents (get() and
         # agents() hand out live agents only) until their actor announces them.
-        self._pending: dict[str, Agent] = {}
+        self._pending: dict[str, AgentSlot[Agent]] = {}
         # A close() gave up waiting for the starts under way: it claimed those pending,
         # and one that was not pending yet is refused when it gets there (see _start).
         self._starts_claimed = False
         self._started = threading.Condition(self._lock)
-        self._refs: dict[str, ActorRef[Any]] = {}
         self._models: dict[int, Model] = {}
-        self._session_listeners = 0  # session/event listeners: appends skip the bridge at 0
-        # Sessions get a session/event bridge (an observer called on every append) only
-        # once someone has listened to session/event: until then appends skip observers.
-        self._bridging = False
-        # Held while a bridge is registered, so that a bridge is never registered twice
-        # and an on() that finds it registered returns after it is. Lock order: this
-        # lock, then a session's lock (a session observer must not bridge: see _bridge).
-        self._bridge_lock = threading.Lock()
-        self._bridged: dict[str, Session] = {}  # agent id -> the session it bridges
         self._scoped: dict[str, set[Callable[[], None]]] = {}  # agent id -> its disposers
         self._closed = False  # close() began: nothing new starts
-        self._closing = False  # a close() is running its stages
-        self._close_left = list(_CLOSE_STAGES)  # what no close() has done yet
-        self._closing_agents: list[Agent] = []  # the agents close() stops
+        self._close = CloseStages(self._close_stages())  # what no close() has done yet
+        self._closing_agents: list[AgentSlot[Agent]] = []  # the agents close() stops
         self._disposals_cut: str | None = None  # what interrupted close's wait for them
         self._released = False  # close() let go of the store: nothing can be read
         self._id_prefix = uuid.uuid4().hex[:12]
@@ -243,8 +212,20 @@ class Runtime:
             self.scheduler = Scheduler(dead_letters=self.dispatcher.dead_letters)
             undo.callback(self.scheduler.close, _UNDO_S)
             self.bus = Bus(self.io)
+            self._bridge = SessionBridge(self.bus, self._lock)  # session/event
             # The agents' durability waits: one log flush per round of the run queue.
-            self._flushes = FlushGroup(store, self.dispatcher)
+            flushes = FlushGroup(store, self.dispatcher)
+            self._assembly = Assembly(
+                bus=self.bus,
+                io=self.io,
+                scheduler=self.scheduler,
+                dispatcher=self.dispatcher,
+                flushes=flushes,
+                durability=durability,
+                max_steps=max_steps,
+                inbox_limit=inbox_limit,
+                admission=self._admission,
+            )
             # The registry announces nothing: a new agent is announced by its own actor
             # (see _announce), a disposal by the runtime's death watch or the disposer
             # (_on_death, _forget), never on the registry's worker, which their listeners
@@ -287,6 +268,7 @@ class Runtime:
         blocking_workers: int = 32,
         max_event_bytes: int = 4 << 20,
         map_size: int = 64 << 20,
+        hooks: str | os.PathLike[str] | Mapping[str, Any] | None = None,
     ) -> Runtime:
         """Open a runtime over the embedded LMDB store at ``path`` (default ``./.corral/``).
 
@@ -308,6 +290,8 @@ class Runtime:
           effects.
         - ``max_event_bytes`` (4 MiB) and ``map_size`` (64 MiB, grows by itself): the
           store's record limit and initial map.
+        - ``hooks``: a Claude Code / Codex command-hook settings file (or its mapping)
+          whose hooks run for every agent (see :mod:`runtime.hooks`, docs/hooks.md).
         """
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
@@ -318,7 +302,7 @@ class Runtime:
             path, durability=durability, max_event_bytes=max_event_bytes, map_size=map_size
         )
         try:
-            return cls(
+            rt = cls(
                 store,
                 durability=durability,
                 threads=threads,
@@ -334,6 +318,15 @@ class Runtime:
         except BaseException:
             store.close()
             raise
+        if hooks is not None:
+            from .hooks import install  # noqa: PLC0415 - only a runtime with hooks loads it
+
+            try:
+                install(rt, hooks)
+            except BaseException:
+                rt.close()
+                raise
+        return rt
 
     def __enter__(self) -> Runtime:
         return self
@@ -348,7 +341,7 @@ class Runtime:
         return self._listen(name, listener, None)
 
     def _listen(
-        self, name: str, listener: Callable[..., Any], owner: Agent | None
+        self, name: str, listener: Callable[..., Any], owner: AgentSlot[Agent] | None
     ) -> Callable[[], None]:
         """Register ``listener``; with ``owner``, for that agent's events only, and only
         while that handle is the live one of its id: a disposed agent's handle is
@@ -373,33 +366,15 @@ class Runtime:
                 )
             dispose = self.bus.on(name, listener, scope=scope)
             if session_event:
-                dispose = self._session_disposer(dispose)
-                self._session_listeners += 1
-                self._bridging = True  # every agent that goes live from now on is bridged
+                dispose = self._bridge.counted(dispose)  # (bridging from now on)
                 agents = self._agents
-                handles = list(agents.values()) if scope is None else [agents[scope]]
+                slots = list(agents.values()) if scope is None else [agents[scope]]
             if scope is not None:
                 dispose = self._scoped_disposer(scope, dispose)
         if session_event:
-            for handle in handles:  # before returning: the listener sees every later append
-                self._bridge(handle)
+            for slot in slots:  # before returning: the listener sees every later append
+                self._bridge.bridge(slot)
         return dispose
-
-    def _session_disposer(self, dispose: Callable[[], None]) -> Callable[[], None]:
-        """``dispose`` of a ``session/event`` listener, which also counts it out (appends
-        skip the bridge while none listens). Idempotent."""
-        done = False
-
-        def dispose_session_listener() -> None:
-            nonlocal done
-            with self._lock:
-                if done:
-                    return
-                done = True
-                self._session_listeners -= 1
-            dispose()
-
-        return dispose_session_listener
 
     def _scoped_disposer(self, scope: str, dispose: Callable[[], None]) -> Callable[[], None]:
         """``dispose``, also called when the agent ``scope`` is disposed (its listeners
@@ -573,26 +548,26 @@ class Runtime:
         open tail turn durably (CONTRACT 7), seen by ``session/event`` listeners like
         any append."""
         meters = self._meters_for(session.id, limits)
-        spec = _Spec(model=model, tools=tools, system=system, meters=meters)
-        handle = Agent(
-            self,
-            session,
+        spec = Spec(model=model, tools=tools, system=system, meters=meters)
+        slot: AgentSlot[Agent] = AgentSlot(session, spec)
+        handle = slot.handle = Agent(
+            slot,
+            self._host,
             new_id=self._new_message_id,
             max_message_bytes=self.store.codec.max_event_bytes,
-            spec=spec,
         )
         agent_id = session.id
         if source == "resume":
             with self._lock:
-                bridging = self._bridging
+                bridging = self._bridge.bridging
             if bridging:
-                self._bridge(handle)
+                self._bridge.bridge(slot)
             if session.repair():
                 session.flush()  # repaired durably by the time resume returns
-        parts = self._assemble(handle, session, spec)
+        parts = self._assemble(slot, session, spec)
         ref: ActorRef[Any] | None = None
         try:
-            self._add_pending(handle)
+            self._add_pending(slot)
             create = ProxyCall(attr_path=("create",), args=(agent_id, parts.start), kwargs={})
             # Both asks wait for other actors: on a dispatcher worker (a sync listener
             # that spawns) the dispatcher lends a worker meanwhile, or a few such
@@ -604,17 +579,17 @@ class Runtime:
                 ref = self._registry.ask(create, block=True)
                 # The actor's first message: nothing can be sent to it before (the handle
                 # is bound by it), so whatever the listeners send waits behind it.
-                announce = partial(self._announce, handle, session, ref, parts, source)
+                announce = partial(self._announce, slot, session, ref, parts, source)
                 ref.ask(Announce(callback=announce), block=True)
         except BaseException as err:
             with self._lock:
                 self._pending.pop(agent_id, None)
-                if self._agents.get(agent_id) is handle:
+                if self._agents.get(agent_id) is slot:
                     del self._agents[agent_id]
-                if ref is not None and self._refs.get(agent_id) is ref:  # (_go_live's)
-                    del self._refs[agent_id]
-                if self._bridged.get(agent_id) is session:
-                    del self._bridged[agent_id]
+                if ref is not None and slot.ref is ref:  # (_go_live's)
+                    slot.registered = False
+                if slot.bridged is session:
+                    slot.bridged = None
             if ref is not None:  # registered, never announced: nothing may keep it running
                 self._unstart(agent_id, ref)
             if self._closed and isinstance(err, Exception):  # a close() ended this start
@@ -622,14 +597,14 @@ class Runtime:
             raise
         return handle
 
-    def _add_pending(self, handle: Agent) -> None:
-        """``handle``'s start is under way: pending until its actor announces it (see
+    def _add_pending(self, slot: AgentSlot[Agent]) -> None:
+        """``slot``'s start is under way: pending until its actor announces it (see
         _announce). ``RuntimeClosedError`` if a close() gave up waiting for the starts
         under way (it claimed those pending then): this one ends here, never announced."""
         with self._lock:
             if self._starts_claimed:
                 raise RuntimeClosedError
-            self._pending[handle.id] = handle
+            self._pending[slot.id] = slot
 
     def _unstart(self, agent_id: str, ref: ActorRef[Any]) -> None:
         """Stop the actor of a start that failed (or that a close gave up on) and take
@@ -644,10 +619,10 @@ class Runtime:
 
     def _announce(
         self,
-        handle: Agent,
+        slot: AgentSlot[Agent],
         session: Session,
         ref: ActorRef[Any],
-        parts: _Parts,
+        parts: Parts,
         source: Literal["startup", "resume"],
     ) -> None:
         """On the new agent's actor, before anything else: make the handle live, then
@@ -655,12 +630,12 @@ class Runtime:
         listeners (allowed: the handle is live) is handled after both, so the agent's
         first turn never starts between them. From here ``rt.get`` and ``rt.agents()``
         return the agent (not before: its handle could not be used yet)."""
-        self._go_live(handle, session, ref, parts)
-        agent_id = handle.id
+        self._go_live(slot, session, ref, parts)
+        agent_id, handle = slot.id, slot.handle
         with self._lock:
-            claimed = self._pending.pop(agent_id, None) is not handle
+            claimed = self._pending.pop(agent_id, None) is not slot
             if not claimed:
-                self._agents[agent_id] = handle
+                self._agents[agent_id] = slot
                 self._resuming.pop(agent_id, None)  # _agents keeps a second resume out
         if claimed:  # by a close() that gave up waiting for this start: it ends here
             raise RuntimeClosedError
@@ -669,66 +644,16 @@ class Runtime:
             start = AgentSessionStart(agent=handle, source=source)
             self.bus.emit("agent/session-start", start, scope=agent_id)
 
-    def _assemble(self, handle: Agent, session: Session, spec: _Spec) -> _Parts:
-        """Build an agent's inbox, tool phase and turn machine over ``session``."""
-        model = spec.model
-        self._models.setdefault(id(model), model)
-        agent_id = session.id
+    def _assemble(self, slot: AgentSlot[Agent], session: Session, spec: Spec) -> Parts:
+        """Build an agent's parts over ``session`` (its model is closed by close())."""
+        self._models.setdefault(id(spec.model), spec.model)
+        return self._assembly.parts(slot.handle, session, spec)
 
-        def emit(name: str, payload: Any) -> None:
-            self.bus.emit(name, payload, scope=agent_id)
-
-        inbox = Inbox(
-            append_fact=session.append_fact,
-            emit=emit,
-            agent=handle,
-            limit=self.inbox_limit,
-            listened=self.bus.maybe_listened,
-        )
-        inbox.load(*session.pending_inbox())
-
-        def waterfall(name: str, event: Any, default: Callable[[], Any]) -> Any:
-            return self.bus.waterfall(name, event, default, scope=agent_id)
-
-        phase = ToolPhase(
-            agent=handle,
-            tools=spec.tools,
-            append_fact=session.append_fact,
-            waterfall=waterfall,
-            emit=emit,
-        )
-        machine = TurnMachine(
-            agent=handle,
-            session=session,
-            inbox=inbox,
-            bus=self.bus,
-            tools=phase,
-            default_config=lambda: RequestConfig(provider=model.provider, model=model.name),
-            system=spec.system,
-            durability=self.durability,
-            max_steps=self.max_steps,
-            meters=spec.meters,
-            admission=self._admission,
-        )
-
-        def start() -> ActorRef[Any]:
-            return AgentActor.start(
-                machine=machine,
-                inbox=inbox,
-                session=session,
-                model=model,
-                io=self.io,
-                scheduler=self.scheduler,
-                bus=self.bus,
-                flushes=self._flushes,
-                dispatcher=self.dispatcher,
-            )
-
-        return _Parts(start=start, inbox=inbox, machine=machine)
-
-    def _go_live(self, handle: Agent, session: Session, ref: ActorRef[Any], parts: _Parts) -> None:
+    def _go_live(
+        self, slot: AgentSlot[Agent], session: Session, ref: ActorRef[Any], parts: Parts
+    ) -> None:
         machine = parts.machine
-        handle._bind(
+        slot.bind(
             ref,
             session,
             parts.inbox,
@@ -737,95 +662,38 @@ class Runtime:
             machine.is_unwinding,
         )
         with self._lock:
-            self._refs[handle.id] = ref
-            bridging = self._bridging  # read after _bind: see _listen
+            slot.registered = True
+            bridging = self._bridge.bridging  # read after bind: see _listen
         if bridging:
-            self._bridge(handle)
-        agent_id = handle.id
+            self._bridge.bridge(slot)
+        agent_id = slot.id
         watch(ref, lambda dead, death: self._on_death(agent_id, death, dead))
 
     # ------------------------------------------------------------------ passivation
-
-    def _passivate(self, handle: Agent, timeout: float | None) -> bool:
-        """Stop an idle agent's actor and drop its in-memory session; the next send
-        rehydrates it from its log. False if it is busy (or gone)."""
-        if handle._on_own_thread():
-            return False  # one of its own listeners is running: busy (asking would stall)
-        with handle._live_lock:
-            if handle._passive:
-                return True
-            ref = self._refs.get(handle.id)
-            if handle._disposing or ref is None or not ref.is_alive():
-                return False
-            if not self._quiescent(handle, ref, timeout):
-                return False
-            if handle._disposing:  # (a disposal from its own actor meanwhile)
-                return False
-            handle._passivating = True  # its death is no disposal (see _on_death)
-            try:
-                with waiting_on_actors():
-                    ref.stop(block=True, timeout=timeout)
-            except ActorDeadError:
-                handle._passivating = False
-                return False
-            except Timeout:
-                # Its stop is queued behind nothing (it was quiescent, and the live lock
-                # keeps sends out): it stops without doing anything more. It is passive
-                # from here; its next use rebuilds it from the log.
-                log.debug("agent %s stops later than passivate's timeout", handle.id)
-            handle._unbind()
-            handle._passivating = False
-            with self._lock:
-                self._bridged.pop(handle.id, None)
-            return True
-
-    def _quiescent(self, handle: Agent, ref: ActorRef[Any], timeout: float | None) -> bool:
-        """Whether the agent's actor, asked under its live lock, says it is idle with
-        nothing queued. False (busy) when it is not, when it does not answer within
-        ``timeout`` (in one handler all that while), when the wait would close a cycle,
-        and as soon as another thread blocks on the live lock: that one wants to use the
-        agent, and might be what the actor's handler waits for (a cycle through the
-        lock, which no wait registers)."""
-        lock = handle._live_lock
-        answered = threading.Event()
-        answer: list[bool] = []
-
-        def answer_with(quiescent: bool) -> None:  # on the agent's actor
-            answer.append(quiescent)
-            answered.set()
-
-        lock.on_contention = answered.set
-        try:
-            ref.tell(Quiescent(callback=answer_with))
-            assert handle._inbox is not None
-            with waiting_for(handle._inbox, f"agent {handle.id} to be passivated"):
-                answered.wait(timeout)
-        except (ActorDeadError, WaitCycleError):  # gone, or busy in a handler that waits
-            return False  # for the caller
-        finally:
-            lock.on_contention = None
-        return answer == [True]
 
     def passivate_idle(self, timeout: float | None = 10.0) -> int:
         """Passivate every idle agent (evict it from memory until its next send);
         returns how many were passivated now (not those that were passive already)."""
         timeout = check_timeout(timeout)
         self._check_open()
+        with self._lock:
+            self._check_open()  # (as agents() does)
+            slots = list(self._agents.values())
         return sum(
             1
-            for a in self.agents()
-            if not a._passive and a.status == "idle" and self._passivate(a, timeout)
+            for slot in slots
+            if not slot.passive and slot.status() == "idle" and slot.passivate(timeout)
         )
 
-    def _rehydrate(self, handle: Agent) -> None:
+    def _rehydrate(self, slot: AgentSlot[Agent]) -> None:
         """Rebuild a passivated agent from its log (the caller holds its live lock)."""
         self._check_open()
-        session = self.store.open_session(handle.id)
+        session = self.store.open_session(slot.id)
         session.repair()
-        parts = self._assemble(handle, session, handle._spec)
+        parts = self._assemble(slot, session, slot.spec)
         ref = parts.start()
-        self._registry.tell(ProxyCall(attr_path=("rebind",), args=(handle.id, ref), kwargs={}))
-        self._go_live(handle, session, ref, parts)
+        self._registry.tell(ProxyCall(attr_path=("rebind",), args=(slot.id, ref), kwargs={}))
+        self._go_live(slot, session, ref, parts)
 
     def _on_death(self, agent_id: str, death: ActorDeath, ref: ActorRef[Any]) -> None:
         """An agent actor died (on the worker that ran its last batch: never the
@@ -834,22 +702,15 @@ class Runtime:
         passivation: nothing. A failure ends its registration like a dispose would; the
         session keeps its open turn, which ``resume`` repairs."""
         if not death.failed:
-            handle = self._agents.get(agent_id)
-            if (
-                handle is not None
-                and handle._disposing
-                and not handle._passivating
-                and not handle._passive
-                and self._refs.get(agent_id) is ref  # not an actor passivated before
-            ):
+            slot = self._agents.get(agent_id)
+            if slot is not None and slot.stopped_by_disposal(ref):
                 self._announce_disposed(agent_id)
             return
         log.error("agent %s crashed: %r", agent_id, death.error)
-        handle = self._agents.get(agent_id)
-        if handle is not None:
-            handle.crash = death.error
-            with handle._dispose_lock:
-                handle._disposing = True
+        slot = self._agents.get(agent_id)
+        if slot is not None:
+            slot.handle.crash = death.error
+            slot.begin_disposing()
         self._unregister(agent_id, stop=False)
         self._announce_disposed(agent_id)
 
@@ -860,53 +721,45 @@ class Runtime:
             meters.insert(0, UsageMeter(own, f"agent {agent_id}"))
         return meters
 
-    def _bridge(self, handle: Agent) -> None:
-        """Mirror the agent's session appends as live ``session/event`` events (once per
-        session; a passivated agent is bridged when it goes live again).
-
-        A session that is already bridged is not touched, so the session's own observers
-        (which run under its lock) may register listeners. The session's lock is never
-        taken under ``self._lock``: its observers call back into the runtime."""
-        with self._bridge_lock:
-            session = handle._session
-            if session is None or self._bridged.get(handle.id) is session:
-                return
-            session.on_event(self._session_bridge(handle))
-            with self._lock:
-                self._bridged[handle.id] = session
-
-    def _session_bridge(self, handle: Agent) -> Callable[[Any], None]:
-        bus, scope = self.bus, handle.id
-
-        def observe(event: Any) -> None:
-            if self._session_listeners and bus.has_listeners("session/event", scope=scope):
-                bus.emit("session/event", SessionEventLive(agent=handle, event=event), scope=scope)
-
-        return observe
-
     def _announce_disposed(self, agent_id: str) -> None:
         """Emit ``agent/disposed`` (once) on the calling thread: the dying actor's worker
         after a stop, the disposer's or the crashed actor's thread when no actor was
         left to stop (never the registry's worker: a listener may spawn or dispose,
         which asks the registry)."""
         with self._lock:
-            handle = self._agents.pop(agent_id, None)
-            self._refs.pop(agent_id, None)
-            self._bridged.pop(agent_id, None)
-        if handle is None:
+            slot = self._agents.pop(agent_id, None)
+            if slot is not None:
+                slot.registered = False
+                slot.bridged = None
+        if slot is None:
             return
-        handle._announcer = threading.get_ident()  # its dispose() there does not wait
+        slot.announcer = threading.get_ident()  # its dispose() there does not wait
         try:
-            self.bus.emit("agent/disposed", AgentDisposed(agent=handle), scope=agent_id)
+            self.bus.emit("agent/disposed", AgentDisposed(agent=slot.handle), scope=agent_id)
         finally:
-            handle._announcer = None
+            slot.announcer = None
         with self._lock:
             disposers = self._scoped.pop(agent_id, set())
         for dispose in list(disposers):  # its agent.on listeners go with it
             dispose()
-        handle._disposed.set()
+        slot.disposed.set()
 
-    def _dispose_live(self, handle: Agent, *, keep_inbox: bool = False) -> bool:
+    def _begin_disposal(self, slot: AgentSlot[Agent], *, keep_inbox: bool) -> None:
+        """Start this agent's one disposal, unless one began (``dispose()``, or the
+        runtime's ``close()``, which keeps the inbox for a resume)."""
+        if not slot.begin_disposing():
+            return
+        with slot.exclusive():
+            if not keep_inbox and slot.passive:
+                # the disposal discards the pending inbox durably: the actor does
+                with slot.lock:
+                    if slot.passive:
+                        self._rehydrate(slot)
+            running = self._dispose_live(slot, keep_inbox=keep_inbox)
+        if not running:  # passive (kept inbox) or crashed: no actor to stop
+            self._forget(slot)
+
+    def _dispose_live(self, slot: AgentSlot[Agent], *, keep_inbox: bool = False) -> bool:
         """Start disposing the agent's actor, if it runs: cancel (``disposed``), then stop
         it once idle, which announces ``agent/disposed``. False if no actor runs (passivated
         or crashed): then :meth:`_forget` it.
@@ -914,27 +767,27 @@ class Runtime:
         Call it holding the handle's live lock, or on the agent's own actor: otherwise a
         passivation could stop the actor between the check and the two messages, which
         would then never be handled, and the disposal never end."""
-        ref = self._refs.get(handle.id)
+        ref = slot.ref if slot.registered else None
         if ref is None or not ref.is_alive():
             return False
 
         def stop() -> None:
             # The registry stops it (unless a close that gave up on the agent stopped the
             # registry); _on_death announces the disposal.
-            self._unregister(handle.id, stop=True)
+            self._unregister(slot.id, stop=True)
 
         ref.tell(Cancel(cause=DisposedCause(), keep_inbox=keep_inbox))
         ref.tell(AwaitIdle(callback=stop))
         return True
 
-    def _forget(self, handle: Agent) -> None:
+    def _forget(self, slot: AgentSlot[Agent]) -> None:
         """Dispose an agent that has no actor running: the registry forgets it, and
         ``agent/disposed`` is announced here (called without the live lock: a listener
         of that event may use the agent). Told, not asked: a spawn or resume of the id
         from a listener reaches the registry after the removal (one mailbox, in order),
         and nothing waits for the registry (a close must not)."""
-        self._unregister(handle.id, stop=False)
-        self._announce_disposed(handle.id)
+        self._unregister(slot.id, stop=False)
+        self._announce_disposed(slot.id)
 
     def _unregister(self, agent_id: str, *, stop: bool) -> bool:
         """Tell the registry to forget the agent (``stop``: and stop its actor), announcing
@@ -954,7 +807,7 @@ class Runtime:
         with self._lock:
             self._check_open()
             try:
-                return self._agents[agent_id]
+                return self._agents[agent_id].handle
             except KeyError:
                 raise KeyError(f"no live agent {agent_id!r} in this runtime") from None
 
@@ -962,7 +815,7 @@ class Runtime:
         """Every agent of this runtime, live or passivated."""
         with self._lock:
             self._check_open()
-            return list(self._agents.values())
+            return [slot.handle for slot in self._agents.values()]
 
     # ------------------------------------------------------------------ durability
 
@@ -988,20 +841,22 @@ class Runtime:
             await asyncio.get_running_loop().run_in_executor(None, self._await_told, None, busy)
         await self.store.aflush()
 
-    def _busy_agents(self) -> list[Agent]:
+    def _busy_agents(self) -> list[AgentSlot[Agent]]:
         """The agents whose actors have messages queued or are handling some: one pass
         over every agent, ~1 µs each (11 ms with 10,000 idle agents)."""
         with self._lock:
             agents = list(self._agents.values())
-        return [handle for handle in agents if handle._busy()]
+        return [slot for slot in agents if slot.busy()]
 
-    def _await_told(self, timeout: float | None, busy: list[Agent] | None = None) -> None:
+    def _await_told(
+        self, timeout: float | None, busy: list[AgentSlot[Agent]] | None = None
+    ) -> None:
         """Wait until every agent handled the messages told to it before the call
         (``busy``: the :meth:`_busy_agents` found just before it, if any)."""
         if in_nonblocking_thread():
             return
         agents = self._busy_agents() if busy is None else busy
-        futures = [f for h in agents if (f := h._told_handled()) is not None]
+        futures = [f for slot in agents if (f := slot.told_handled()) is not None]
         until = deadline(timeout)
         for future in futures:
             try:
@@ -1012,23 +867,6 @@ class Runtime:
                 raise TimeoutError(
                     f"messages to {len(futures)} agents were not handled within {timeout} s"
                 ) from err
-
-    def _close_models(self, until: float | None) -> None:
-        """Close the models agents used (their HTTP clients live on this I/O loop), by
-        ``until`` (a deadline) in all."""
-        until = extended(until)  # closing a client takes a moment; they share it
-        for model in list(self._models.values()):
-            aclose = getattr(model, "aclose", None)
-            if aclose is None:
-                continue
-            closing = asyncio.run_coroutine_threadsafe(aclose(), self.io.loop)
-            try:
-                closing.result(remaining(until))
-            except TimeoutError:
-                closing.cancel()
-                log.warning("closing model %r did not end in time; cancelled", model)
-            except Exception:  # a model that fails to close must not block close
-                log.exception("closing model %r failed", model)
 
     def _check_open(self) -> None:
         """Raise :class:`RuntimeClosedError` once :meth:`close` began."""
@@ -1075,174 +913,120 @@ class Runtime:
             )
         until = deadline(timeout)
         with self._lock:
-            if self._closing or (self._closed and not self._close_left):
+            if self._close.running or self._close.done:
                 return  # another close() is under way, or one closed everything
             self._closed = True
-            self._closing = True
-            left = list(self._close_left)
-            if "starts" in left:  # the agents live now, whatever "starts" gets to
+            self._close.running = True
+            if "starts" in self._close.left:  # the agents live now, whatever "starts" gets to
                 self._closing_agents = list(self._agents.values())
-        # Every stage runs, whatever the ones before it raised (the first error is
-        # raised at the end): a stage that failed (or was interrupted) is left for the
-        # next close(), which runs only what is left.
-        failed: BaseException | None = None
-        not_done: set[str] = set()
         try:
-            for stage in left:
-                try:
-                    self._close_stage(stage, until, timeout)
-                except BaseException as err:  # raised once every stage ran
-                    not_done.add(stage)
-                    if failed is None:
-                        failed = err
-                    else:
-                        log.exception("closing the runtime (%s) failed too", stage)
-                else:
-                    if _CLOSE_NEEDS.get(stage) in not_done:
-                        not_done.add(stage)  # it ran on what a failed stage left it
-                    else:
-                        self._close_left.remove(stage)
+            self._close.run(Deadline(until, timeout))
         finally:
             with self._lock:
-                self._closing = False
-                if not self._close_left:
+                self._close.running = False
+                if self._close.done:
                     atexit.unregister(self._close_at_exit)  # (kept to finish a failed close)
-        if failed is not None:
-            raise failed
 
-    def _close_stage(self, stage: str, until: float | None, timeout: float | None) -> None:
-        """One stage of :meth:`close`, in the order of :data:`_CLOSE_STAGES`."""
-        if stage == "starts":
-            with self._lock:
-                try:
-                    if not self._started.wait_for(lambda: not self._starting, remaining(until)):
-                        log.warning(
-                            "an agent was still starting after %s s; closing anyway", timeout
-                        )
-                finally:  # (a Ctrl-C in the wait too: the later stages need the agents)
-                    self._closing_agents = list(self._agents.values())
-                    # A start still under way (given up on above) is claimed: it ends
-                    # without announcing its agent (its spawn raises RuntimeClosedError),
-                    # which then never ran, so it has nothing to dispose (see _announce
-                    # and _start).
-                    for handle in self._pending.values():
-                        handle._disposing = True
-                        handle._disposed.set()
-                    self._pending.clear()
-                    self._starts_claimed = True  # and those not pending yet, once they are
-        elif stage == "agents":
-            self._dispose_for_close(until)
-        elif stage == "stragglers":
-            stuck = [h for h in self._closing_agents if not h._disposed.is_set()]
-            self._stop_now(stuck, until, timeout)
-        elif stage == "registry":
-            self._stop_registry(until, timeout)
-        elif stage == "scheduler":
-            self.scheduler.close(remaining(extended(until)))
-        elif stage == "models":
-            self._close_models(until)
-        elif stage == "io":
-            self.io.close(remaining(until))
-        elif stage == "dispatcher":
-            if not self.dispatcher.shutdown(remaining(extended(until))):
-                log.warning(
-                    "a dispatcher thread was still running a handler (a blocked sync "
-                    "listener, say) after %s s; it ends when that returns",
-                    timeout,
-                )
-        elif stage == "store":
-            self._released = True
-            if self._owns_store:
-                self.store.close()
-        elif stage == "gc":
-            if self._tuned_gc:
-                # Cleared first: once per runtime, even if this stage runs again (a
-                # Ctrl-C after the release would have released another runtime's).
-                self._tuned_gc = False
-                gctune.release_gc_tuning()
-        else:  # pragma: no cover - _CLOSE_STAGES names them all
-            raise AssertionError(stage)
+    def _close_stages(self) -> tuple[Stage, ...]:
+        """The stages of :meth:`close`, in order."""
+        return (
+            # wait for spawns under way; the agents to stop
+            Stage("starts", self._close_starts),
+            # their disposals (inboxes kept), waited for
+            Stage("agents", self._dispose_for_close, needs="starts"),
+            # the actors of those that did not end, stopped
+            Stage("stragglers", self._close_stragglers, needs="agents"),
+            Stage("registry", lambda d: stop_registry(self._registry, self.dispatcher, d)),
+            Stage("scheduler", lambda d: self.scheduler.close(remaining(extended(d.until)))),
+            Stage("models", lambda d: close_models(self._models.values(), self.io.loop, d)),
+            Stage("io", lambda d: self.io.close(remaining(d.until))),
+            Stage("dispatcher", lambda d: shut_down_dispatcher(self.dispatcher, d)),
+            Stage("store", self._close_store),
+            Stage("gc", self._close_gc),
+        )
 
-    def _dispose_for_close(self, until: float | None) -> None:
+    def _close_starts(self, d: Deadline) -> None:
+        with self._lock:
+            try:
+                if not self._started.wait_for(lambda: not self._starting, remaining(d.until)):
+                    log.warning("an agent was still starting after %s s; closing anyway", d.timeout)
+            finally:  # (a Ctrl-C in the wait too: the later stages need the agents)
+                self._closing_agents = list(self._agents.values())
+                # A start still under way (given up on above) is claimed: it ends
+                # without announcing its agent (its spawn raises RuntimeClosedError),
+                # which then never ran, so it has nothing to dispose (see _announce
+                # and _start).
+                for slot in self._pending.values():
+                    slot.claim()
+                self._pending.clear()
+                self._starts_claimed = True  # and those not pending yet, once they are
+
+    def _close_stragglers(self, d: Deadline) -> None:
+        stuck = [slot for slot in self._closing_agents if not slot.disposed.is_set()]
+        cut, self._disposals_cut = self._disposals_cut, None
+        stop_stragglers(stuck, d.until, d.timeout, cut)
+
+    def _close_store(self, _d: Deadline) -> None:
+        self._released = True
+        if self._owns_store:
+            self.store.close()
+
+    def _close_gc(self, _d: Deadline) -> None:
+        if self._tuned_gc:
+            # Cleared first: once per runtime, even if this stage runs again (a
+            # Ctrl-C after the release would have released another runtime's).
+            self._tuned_gc = False
+            gctune.release_gc_tuning()
+
+    def _dispose_for_close(self, d: Deadline) -> None:
         """Begin every agent's disposal (inbox kept) and wait for them by ``until``; the
         stage after stops those that did not end. One agent's failure to begin does
         not keep the others from theirs (the first is raised after the wait)."""
         agents = self._closing_agents
         failed: Exception | None = None
-        for handle in agents:
+        for slot in agents:
             try:
-                handle._begin_disposal(keep_inbox=True)
+                self._begin_disposal(slot, keep_inbox=True)
             except Exception as err:  # noqa: BLE001 - raised below, once all were asked
                 failed = failed or err
         # In slices on the main thread (runtime.waiting): a Ctrl-C that lands just before
         # the wait's system call is handled within one, not once every turn has ended
         # (corral run's handler says the close goes on, or quits at the next press).
         try:
-            for handle in agents:
-                waiting.wait(handle._disposed, remaining(until))
+            for slot in agents:
+                waiting.wait(slot.disposed, remaining(d.until))
         except BaseException as err:  # (a Ctrl-C): the stage after stops them at once
             self._disposals_cut = type(err).__name__
             raise
         if failed is not None:
             raise failed
 
-    def _stop_now(self, stuck: list[Agent], until: float | None, timeout: float | None) -> None:
-        """Stop the actors of agents whose disposal did not end in time (a tool body
-        still running, say): their turns stay open in the log, their outcome unknown, as
-        after a crash (``resume`` repairs them). Left running, such an actor would finish
-        its turn on a closed runtime, and stay registered with pykka for good.
 
-        An actor stuck in a handler (a blocked sync listener) stops when the handler
-        returns, after close: it is marked abandoned, so that it then stops without
-        failing on the closed store or I/O side (see ``AgentActor._told_failed``)."""
-        stops = []
-        cut, self._disposals_cut = self._disposals_cut, None
-        for handle in stuck:
-            if cut is None:
-                log.warning(
-                    "agent %s did not stop within %s s; stopped with its turn left open",
-                    handle.id,
-                    timeout,
-                )
-            else:
-                log.warning(
-                    "agent %s had not stopped when close was interrupted (%s) while it "
-                    "waited for the disposals; stopped with its turn left open",
-                    handle.id,
-                    cut,
-                )
-            ref = self._refs.get(handle.id)
-            if ref is not None:
-                mailbox = ref.actor_inbox
-                if isinstance(mailbox, AgentMailbox):
-                    mailbox.abandoned = True
-                with contextlib.suppress(ActorDeadError):
-                    stops.append((handle, ref.stop(block=False)))
-        until = extended(until)  # a stop message is handled in a moment unless stuck
-        for handle, stop in stops:
-            try:
-                stop.get(timeout=remaining(until))
-            except Timeout:
-                log.warning(
-                    "agent %s is still in a handler (a blocked sync listener, say) after "
-                    "%s s: it stops when that returns, writing nothing more",
-                    handle.id,
-                    timeout,
-                )
-            except Exception:  # stopped anyway; close goes on
-                log.debug("stopping agent %s", handle.id, exc_info=True)
+class _Host:
+    """What a runtime's agent handles call (``runtime.slots.AgentHost``): the handle
+    calls nothing else of the runtime."""
 
-    def _stop_registry(self, until: float | None, timeout: float | None) -> None:
-        if self.dispatcher.is_shut_down:
-            # A close() finishing what a failed one left: the registry's stop can never
-            # be handled now. It runs nothing (every agent is stopped or abandoned): pykka
-            # forgets it, as it does an actor whose start failed (PooledActor).
-            forget(self._registry)
-            return
-        try:
-            self._registry.stop(timeout=remaining(extended(until)))
-        except Timeout:
-            log.warning("the agent registry did not stop within %s s; left to stop", timeout)
+    __slots__ = ("_runtime",)
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def check_open(self) -> None:
+        self._runtime._check_open()
+
+    def check_released(self) -> None:
+        self._runtime._check_released()
+
+    def rehydrate(self, slot: AgentSlot[Agent]) -> None:
+        self._runtime._rehydrate(slot)
+
+    def begin_disposal(self, slot: AgentSlot[Agent], *, keep_inbox: bool) -> None:
+        self._runtime._begin_disposal(slot, keep_inbox=keep_inbox)
+
+    def listen(
+        self, name: str, listener: Callable[..., Any], slot: AgentSlot[Agent]
+    ) -> Callable[[], None]:
+        return self._runtime._listen(name, listener, slot)
 
 
 def _announced_elsewhere(*_: object) -> None:

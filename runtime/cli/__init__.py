@@ -1,4 +1,5 @@
-"""The ``corral`` command line: ``corral bench``, ``corral log ...``, ``corral run SCRIPT``.
+"""The ``corral`` command line: ``corral bench``, ``corral compare``, ``corral log ...``,
+``corral run SCRIPT``, ``corral acp``.
 
 ``main`` is the console-script entry point (``corral = "runtime.cli:main"``); the global
 ``--debug`` flag prints tracebacks, otherwise every error is one line on stderr (see
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import click
 
+from .acp import acp
 from .bench import bench
+from .compare import compare
 from .errors import CorralGroup
 from .log import log
 from .run import run
@@ -30,7 +33,9 @@ def cli(debug: bool) -> None:
     """corral: host many LLM agents in one process, benchmark them, read their logs."""
 
 
+cli.add_command(acp)
 cli.add_command(bench)
+cli.add_command(compare)
 cli.add_command(log)
 cli.add_command(run)
 cli.add_command(top)

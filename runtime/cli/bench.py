@@ -1,45 +1,61 @@
-"""``corral bench``: host N agents for T turns on the embedded store and report.
+"""``corral bench``: load-test an agent stack on the embedded store and report.
 
-The load itself is :func:`runtime.load.run_bench`; this module adds the flags, the live
-progress display (rich ``Live`` on a terminal, a plain line every few seconds
-otherwise), the final table, ``--json``, ``--plot`` and the ``--fresh`` wipe.
+The load itself is :mod:`runtime.load` (:func:`~runtime.load.run_bench`,
+:func:`~runtime.load.run_sweep`); this module adds the flags and their checks (options
+of one model refused with another, a real model's cost confirmed), the ``--fresh``
+wipe, and the exit status; :mod:`.benchview` shows the progress and the tables,
+:mod:`.benchplot` draws ``--plot``. docs/load.md is the user's guide.
 """
 
 from __future__ import annotations
 
-import importlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, cast
 
 import click
 import msgspec
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
+from rich.console import Console
 from rich.text import Text
 
 from actors import Model
-from runtime.load import LoadProgress, LoadReport, LoadSamples, LoadSpec, run_bench
+from runtime.load import (
+    AgentStack,
+    AgentStackError,
+    LoadReport,
+    LoadSpec,
+    Prompts,
+    PromptsError,
+    SimulatedModel,
+    SweepReport,
+    Traffic,
+    load_factory,
+    lookup_tool,
+    read_prompts,
+    run_bench,
+    run_sweep,
+)
 from storage import Durability, SchemaVersionError, StorageError, Store
 
-from .errors import CliError, InvariantsError
+from .benchoptions import DistType, RateType, SweepType, check_options, confirm_cost, given
+from .benchplot import PlotPath, check_plot_support, write_plot, write_sweep_plot
+from .benchview import Display, breakdown_table, failures_table, render_table, sweep_table
+from .errors import EXIT_INTERRUPTED, CliError, InvariantsError
 from .options import (
     STORE_FILES,
     FiniteFloatRange,
     NewFilePath,
     durability_option,
+    hooks_option,
     refuse_store_file,
     store_option,
     threads_option,
 )
 from .transcript import plural, shown
 
-__all__ = ["bench", "wipe_store"]
+__all__ = ["EXIT_TURNS_FAILED", "bench", "wipe_store"]
 
-_PLAIN_EVERY_S: Final = 2.0
+EXIT_TURNS_FAILED: Final = 4
 
 
 def wipe_store(path: Path) -> None:
@@ -69,188 +85,38 @@ def wipe_store(path: Path) -> None:
         (path / name).unlink()
 
 
-class _Display:
-    """Live progress on a terminal; a plain line every few seconds otherwise."""
-
-    def __init__(self, console: Console, *, quiet: bool, title: str) -> None:
-        self.console = console
-        self.quiet = quiet
-        self.title = title
-        self.live: Live | None = None
-        self._last_plain = time.monotonic()
-
-    def __enter__(self) -> _Display:
-        if not self.quiet and self.console.is_terminal:
-            self.live = Live(
-                self._render(None), console=self.console, refresh_per_second=4, transient=True
-            )
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
-
-    def _render(self, p: LoadProgress | None) -> Group:
-        if p is None:
-            return Group(Text(f"{self.title}: spawning agents...", style="bold"))
-        bar = ProgressBar(total=p.turns_total, completed=p.turns_done, width=40)
-        line = Text.assemble(
-            (f"{p.turns_done:,}/{p.turns_total:,} turns", "bold"),
-            f"  {p.turns_per_s:,.0f} turns/s  p99 {p.p99_ms:,.0f} ms  "
-            f"errored {p.errored:,}  RSS {p.rss_mb:,.0f} MB  {p.elapsed_s:,.1f} s",
-        )
-        return Group(Text(self.title, style="bold"), bar, line)
-
-    def phase(self, what: str) -> None:
-        if self.quiet:
-            return
-        if self.live is not None:
-            self.live.update(Group(Text(self.title, style="bold"), Text(f"{what}...")))
-        else:
-            self.console.print(Text(f"bench: {what}..."))
-
-    def update(self, p: LoadProgress) -> None:
-        if self.quiet:
-            return
-        if self.live is not None:
-            self.live.update(self._render(p))
-            return
-        now = time.monotonic()
-        if now - self._last_plain >= _PLAIN_EVERY_S:
-            self._last_plain = now
-            self.console.print(
-                f"bench: {p.turns_done:,}/{p.turns_total:,} turns  {p.turns_per_s:,.0f} turns/s  "
-                f"p99 {p.p99_ms:,.0f} ms  errored {p.errored:,}  RSS {p.rss_mb:,.0f} MB",
-                highlight=False,
-            )
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:,.1f} {unit}" if unit != "B" else f"{n:,} B"
-        size /= 1024
-    return f"{n:,} B"
-
-
-def render_table(r: LoadReport) -> Table:
-    """The final table of a run."""
-    table = Table(show_header=False)
-    table.add_column("metric", style="bold")
-    table.add_column("value", justify="right")
-    lat = r.latency_ms
-    rows = [
-        ("turns/s", f"{r.turns_per_s:,.0f}"),
-        ("durable events/s", f"{r.events_per_s:,.0f}  ({r.events:,} events)"),
-        ("turn latency p50", f"{lat.p50:,.1f} ms"),
-        ("turn latency p95", f"{lat.p95:,.1f} ms"),
-        ("turn latency p99", f"{lat.p99:,.1f} ms"),
-        ("settled", f"{r.settled:,} / {r.agents * r.turns:,}"),
-        ("errored", f"{r.errored:,}"),
-        ("retried", f"{r.retried:,}"),
-        ("RSS peak", f"{r.rss_peak_mb:,.1f} MB"),
-        ("log size on disk", _size(r.log_bytes)),
-        ("spawn time", f"{r.spawn_s:,.2f} s"),
-        ("turns wall time", f"{r.wall_s:,.2f} s"),  # turns/s is settled / this
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    return table
-
-
-def _matplotlib(module: str = "matplotlib") -> Any:
-    """Import the optional ``corral[plot]`` extra (untyped, hence ``Any``)."""
-    return importlib.import_module(module)
-
-
-# matplotlib's own formats (``FigureCanvasBase.filetypes``), for when it is not installed
-_PLOT_FORMATS: Final = frozenset(
-    {"eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff"}
-    | {"webp"}
-)
-
-
-def _plot_formats() -> frozenset[str]:
-    """The image formats ``savefig`` writes: matplotlib's list when it is installed."""
-    try:
-        backend_bases = _matplotlib("matplotlib.backend_bases")
-    except ImportError:
-        return _PLOT_FORMATS
-    return frozenset(backend_bases.FigureCanvasBase.get_supported_filetypes())
-
-
-def _plot_format(path: Path) -> str:
-    """The format named by ``path``'s suffix; ``png`` without one."""
-    return path.suffix[1:].lower() or "png"
-
-
-class PlotPath(NewFilePath):
-    """``--plot``'s file: also refused up front if its suffix names a format matplotlib
-    does not write (``out.mdb``)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        path = super().convert(value, param, ctx)
-        fmt = _plot_format(Path(path))
-        formats = _plot_formats()
-        if fmt not in formats:
-            shown = ", ".join(f".{name}" for name in sorted(formats))
-            self.fail(
-                f"matplotlib does not write .{fmt} files (it writes {shown}; no suffix: png).",
-                param,
-                ctx,
-            )
-        return path
-
-
-def _check_plot_support() -> None:
-    try:
-        _matplotlib()
-    except ImportError as err:
-        raise CliError(
-            "--plot needs matplotlib, which is not installed: pip install 'corral[plot]'"
-        ) from err
-
-
-def write_plot(path: Path, report: LoadReport, samples: LoadSamples) -> None:
-    """A PNG: throughput over time (left) and the turn latency histogram (right)."""
-    _matplotlib().use("Agg")
-    plt = _matplotlib("matplotlib.pyplot")
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    span = max(samples.settled_s, default=0.0) or 1.0
-    bins = max(10, min(100, len(samples.settled_s) // 20))
-    width = span / bins
-    counts = [0] * bins
-    for t in samples.settled_s:
-        counts[min(bins - 1, int(t / width))] += 1
-    left.plot([(i + 0.5) * width for i in range(bins)], [c / width for c in counts])
-    left.set(title="throughput", xlabel="seconds since the first follow-up", ylabel="turns/s")
-    left.set_ylim(bottom=0)
-    right.hist(samples.latencies_ms, bins=50)
-    right.set(title="turn latency", xlabel="ms", ylabel="turns")
-    for pct, value in (("p50", report.latency_ms.p50), ("p99", report.latency_ms.p99)):
-        right.axvline(value, linestyle="--", color="black", linewidth=0.8)
-        right.annotate(
-            pct,
-            (value, 1),
-            xycoords=("data", "axes fraction"),
-            xytext=(2, -12),
-            textcoords="offset points",
-        )
-    fig.suptitle(f"{_load(report.agents, report.turns)}, {report.durability}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, format=_plot_format(path))
-    plt.close(fig)
-
-
 def _resolve(model: str) -> Model:
     from runtime.providers.resolve import resolve_model  # noqa: PLC0415 - optional vendor SDKs
 
     return resolve_model(model)
+
+
+class TurnsFailedError(CliError):
+    """More turns ended in error than ``--max-error-rate`` allows (exit code 4)."""
+
+    exit_code = EXIT_TURNS_FAILED
+
+
+class InterruptedRunError(CliError):
+    """Ctrl-C ended the run; its report was printed (exit code 130)."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+def _simulated(p: dict[str, Any]) -> SimulatedModel:
+    defaults = SimulatedModel()
+    return SimulatedModel(
+        ttft_s=p["ttft"] or defaults.ttft_s,
+        tokens_per_s=p["tokens_per_s"] or defaults.tokens_per_s,
+        reply_tokens=p["reply_tokens"] or defaults.reply_tokens,
+        tool_probability=p["tool_probability"],
+        seed=p["seed"],
+    )
+
+
+def _with_lookup(_rt: object) -> AgentStack:
+    """The built-in stack of a simulated model that calls tools: the cheap lookup tool."""
+    return AgentStack(tools=[lookup_tool()])
 
 
 @click.command()
@@ -262,68 +128,148 @@ def _resolve(model: str) -> Model:
     type=click.IntRange(min=1),
     default=10,
     show_default=True,
-    help="Turns per agent (follow-ups sent one after the other).",
+    help="Turns per agent, closed loop (follow-ups sent one after the other).",
 )
 @store_option
+@hooks_option
 @click.option("--fresh", is_flag=True, help="Wipe the store first (only a corral store).")
 @durability_option
 @threads_option
+@click.option(
+    "--agent",
+    "agent_target",
+    metavar="MODULE:FACTORY",
+    default=None,
+    help="Your stack: a function (rt) -> runtime.load.AgentStack (model, tools, system, "
+    "limits); it may register listeners on rt.",
+)
+@click.option(
+    "--prompts",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help='Prompts, one per line (.jsonl: JSON strings or {"prompt": ...}).',
+)
+@click.option(
+    "--prompt-order",
+    type=click.Choice(["cycle", "sample"]),
+    default="cycle",
+    show_default=True,
+    help="Take --prompts in order or at random (seeded).",
+)
+@click.option(
+    "--rate",
+    type=RateType(),
+    metavar="RATE",
+    default=None,
+    help="Open loop: arrivals per second (200, 200/s, 12000/min) over the agent pool.",
+)
+@click.option(
+    "--arrivals",
+    type=click.Choice(["poisson", "constant"]),
+    default="poisson",
+    show_default=True,
+    help="Open loop: how arrivals are spaced.",
+)
+@click.option(
+    "--duration",
+    type=FiniteFloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Open loop: seconds of arrivals.",
+)
+@click.option(
+    "--queue-limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Open loop: arrivals waiting for a free agent before more are shed (default: "
+    "10 per agent).",
+)
+@click.option(
+    "--sweep",
+    type=SweepType(),
+    metavar="agents=N,..|rate=R,..",
+    default=None,
+    help="Run one point per value (agents=100,1000 or rate=50,100,200) and report "
+    "throughput and p50/p99 against it.",
+)
+@click.option(
+    "--ttft",
+    type=DistType(),
+    default=None,
+    help="Simulated model: seconds to the first token (e.g. 0.3~0.1).",
+)
+@click.option(
+    "--tokens-per-s", type=DistType(), default=None, help="Simulated model: streaming speed."
+)
+@click.option(
+    "--reply-tokens", type=DistType(), default=None, help="Simulated model: reply length."
+)
+@click.option(
+    "--tool-probability",
+    type=FiniteFloatRange(min=0, max=1),
+    default=0.0,
+    show_default=True,
+    help="Simulated model: chance that a turn calls one of the stack's tools.",
+)
 @click.option(
     "--latency",
     type=FiniteFloatRange(min=0),
     default=0.0,
     show_default=True,
-    help="Scripted model latency per request, seconds.",
+    help="Scripted model: latency per request, seconds.",
 )
 @click.option(
     "--latency-jitter",
     type=FiniteFloatRange(min=0),
     default=0.0,
     show_default=True,
-    help="Uniform spread around --latency, seconds.",
+    help="Scripted model: uniform spread around --latency, seconds.",
 )
 @click.option(
     "--chunks",
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Streamed chunks per reply.",
+    help="Scripted model: streamed chunks per reply.",
 )
 @click.option(
     "--tool-calls",
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Calls of a cheap concurrency-safe tool per turn.",
+    help="Scripted model: calls of a cheap concurrency-safe tool per turn.",
 )
 @click.option(
     "--failure-rate",
     type=FiniteFloatRange(min=0, max=1, max_open=True),
     default=0.0,
     show_default=True,
-    help="Fraction of model requests failing with SERVER (retried).",
+    help="Scripted model: fraction of model requests failing with SERVER (retried).",
 )
 @click.option(
     "--model",
     "model_spec",
     metavar="STRING",
     default=None,
-    help="A real model string (e.g. openai:gpt-4.1-mini) instead of ScriptedModel.",
+    help="A real model string (e.g. openai:gpt-4.1-mini); replaces the stack's model.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the scripted model.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of all randomness.")
+@click.option(
+    "--max-error-rate",
+    type=FiniteFloatRange(min=0, max=1),
+    default=0.0,
+    show_default=True,
+    help="Fail (exit 4) if more than this fraction of turns ended in error after retries.",
+)
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before sending many paid requests.")
 @click.option(
     "--timeout",
     type=FiniteFloatRange(min=0, min_open=True),
     default=600.0,
     show_default=True,
-    help="Give up after this many seconds (spawning included).",
+    help="Give up after this many seconds (spawning included; per sweep point).",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=NewFilePath(),
-    help="Write the report as JSON.",
-)
+@click.option("--json", "json_path", type=NewFilePath(), help="Write the report as JSON.")
 @click.option(
     "--plot",
     "plot_path",
@@ -343,98 +289,216 @@ def _resolve(model: str) -> Model:
     default=None,
     help="With --shards: a running Ray cluster's address (default: a local Ray).",
 )
-def bench(
-    *,
-    agents: int,
-    turns: int,
-    store: Path,
-    fresh: bool,
-    durability: str,
-    threads: int | None,
-    latency: float,
-    latency_jitter: float,
-    chunks: int,
-    tool_calls: int,
-    failure_rate: float,
-    model_spec: str | None,
-    seed: int,
-    timeout: float,
-    json_path: Path | None,
-    plot_path: Path | None,
-    quiet: bool,
-    shards: int | None,
-    address: str | None,
-) -> None:
-    """Host N agents for T turns each and report throughput, latency and memory."""
-    if json_path is not None:  # before the run, which may make the store there
-        refuse_store_file(json_path, store, "json_path")
-    if plot_path is not None:
-        refuse_store_file(plot_path, store, "plot_path")
-        _check_plot_support()
-    if address is not None and shards is None:
-        raise click.UsageError("--address goes with --shards")
-    model = _resolve(model_spec) if model_spec and shards is None else None
+@click.pass_context
+def bench(ctx: click.Context, /, **p: Any) -> None:
+    """Load-test an agent stack: host agents, send them turns (closed loop) or arrivals
+    at a rate (open loop), report throughput, latency, failures and where the time went."""
+    try:
+        _bench(ctx, p)
+    except (AgentStackError, PromptsError) as err:  # the user's factory or prompts file
+        raise CliError(str(err)) from err
+
+
+def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
+    store: Path = p["store"]
+    check_options(ctx, p)
+    shards = p["shards"]
+    if p["address"] is not None and shards is None:
+        raise click.UsageError("--address goes with --shards", ctx)
+    if p["hooks"] is not None and shards is not None:  # the shards open runtimes of their own
+        raise click.UsageError("--hooks does not go with --shards", ctx)
+    if p["json_path"] is not None:  # before the run, which may make the store there
+        refuse_store_file(p["json_path"], store, "json_path")
+    if p["plot_path"] is not None:
+        refuse_store_file(p["plot_path"], store, "plot_path")
+        check_plot_support()
+    factory, factory_name = (None, "scripted")
+    if p["agent_target"]:
+        factory, factory_name = load_factory(p["agent_target"])
+    model: Model | None = None
+    if p["model_spec"] and shards is not None:  # each shard resolves the string
+        if not p["model_spec"].startswith("scripted:"):
+            confirm_cost(p)
+    elif p["model_spec"]:
+        model = _resolve(p["model_spec"])  # a bad string is refused before any question
+        if model.provider != "scripted":
+            confirm_cost(p)
+    elif given(ctx, "ttft", "tokens_per_s", "reply_tokens", "tool_probability"):
+        model = _simulated(p)
+        if factory is None:
+            factory, factory_name = (_with_lookup if p["tool_probability"] else None), "simulated"
+    prompts = None
+    if p["prompts"] is not None:
+        prompts = Prompts(read_prompts(p["prompts"]), order=p["prompt_order"], seed=p["seed"])
     spec = LoadSpec(
-        agents=agents,
-        turns=turns,
-        latency_s=latency,
-        jitter_s=latency_jitter,
-        chunks=chunks,
-        tool_calls=tool_calls,
-        failure_rate=failure_rate,
-        seed=seed,
-        timeout_s=timeout,
+        agents=p["agents"],
+        turns=p["turns"],
+        latency_s=p["latency"],
+        jitter_s=p["latency_jitter"],
+        chunks=p["chunks"],
+        tool_calls=p["tool_calls"],
+        failure_rate=p["failure_rate"],
+        seed=p["seed"],
+        timeout_s=p["timeout"],
     )
-    if fresh:
+    traffic = None
+    sweep = p["sweep"]
+    if p["rate"] is not None or (sweep is not None and sweep[0] == "rate"):
+        traffic = Traffic(
+            rate=p["rate"] or sweep[1][0],
+            duration_s=p["duration"],
+            shape=p["arrivals"],
+            queue_limit=p["queue_limit"],
+        )
+    if p["fresh"]:
         wipe_store(store)
     out, err = _plain_console(), _plain_console(stderr=True)
-    title = f"corral bench: {_load(agents, turns)} ({durability})"
-    with _Display(err, quiet=quiet, title=title) as display:
-        run = run_bench if shards is None else _sharded(shards, address, model_spec)
-        report, samples = run(
-            store,
-            spec,
-            durability=cast(Durability, durability),
-            threads=threads,
-            model=model,
-            on_progress=display.update,
-            on_phase=display.phase,
-            interval_s=0.25 if display.live else 0.5,
-        )
-    # two lines, each within 80 columns (rich wraps a pipe's output there) but a long model
-    out.print(
-        Text(f"corral bench: {_load(report.agents, report.turns)}, {report.durability}", "bold")
+    durability = cast(Durability, p["durability"])
+    loop = _loop_text(spec, traffic, sweep)
+    title = f"corral bench: {loop} ({durability})"
+    bench_args: dict[str, Any] = {
+        "durability": durability,
+        "threads": p["threads"],
+        "model": model,
+        "factory": factory,
+        "factory_name": factory_name,
+        "prompts": prompts,
+    }
+    if p["hooks"] is not None:
+        bench_args["hooks"] = p["hooks"]
+    with Display(err, quiet=p["quiet"], title=title) as display:
+        bench_args |= {
+            "on_progress": display.update,
+            "on_phase": display.phase,
+            "interval_s": 0.25 if display.live else 0.5,
+        }
+        if sweep is not None:
+            result: LoadReport | SweepReport = run_sweep(
+                store,
+                sweep[0],
+                sweep[1],
+                spec,
+                traffic=traffic,
+                on_point=lambda v: display.phase(f"sweep point {sweep[0]}={v:g}"),
+                **bench_args,
+            )
+        else:
+            run = run_bench if shards is None else _sharded(shards, p["address"], p["model_spec"])
+            result, samples = run(store, spec, traffic=traffic, **bench_args)
+    if isinstance(result, SweepReport):
+        _print_sweep(out, result)
+        reports = [point.report for point in result.points]
+    else:
+        _print_run(out, result)
+        reports = [result]
+    if p["json_path"] is not None:
+        p["json_path"].write_bytes(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
+    if p["plot_path"] is not None:
+        if isinstance(result, SweepReport):
+            write_sweep_plot(p["plot_path"], result, title)
+        else:
+            write_plot(p["plot_path"], result, samples, title)
+    _finish(out, reports, p["max_error_rate"])
+
+
+def _loop_text(
+    spec: LoadSpec, traffic: Traffic | None, sweep: tuple[str, tuple[float, ...]] | None
+) -> str:
+    if sweep is not None and sweep[0] == "agents":
+        return f"agents {_values(sweep[1])} x {plural(spec.turns, 'turn')}"
+    if traffic is None:
+        return _load(spec.agents, spec.turns)
+    rate = f"{_values(sweep[1])}/s" if sweep is not None else f"{traffic.rate:,g}/s"
+    return (
+        f"{plural(spec.agents, 'agent')}, {traffic.shape} arrivals at {rate} "
+        f"for {traffic.duration_s:g} s"
     )
+
+
+def _values(values: tuple[float, ...]) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def _print_run(out: Console, report: LoadReport) -> None:
+    # two lines, each within 80 columns (rich wraps a pipe's output there) but a long model
+    if report.mode == "open" and report.open_loop is not None:
+        loop = report.open_loop
+        head = f"{plural(report.agents, 'agent')}, {loop.rate:,g}/s for {loop.duration_s:g} s"
+    else:
+        head = _load(report.agents, report.turns)
+    out.print(Text(f"corral bench: {head}, {report.durability}", "bold"))
+    stack = "" if report.stack == "scripted" else f", stack {report.stack}"
     out.print(
-        Text(f"{_threads(report.threads, report.standby)}, model {report.model}", "bold"),
+        Text(f"{_threads(report.threads, report.standby)}, model {report.model}{stack}", "bold"),
         soft_wrap=True,
     )
     out.print(render_table(report))
-    if json_path is not None:
-        json_path.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
-    if plot_path is not None:
-        write_plot(plot_path, report, samples)
-    _finish(out, report)
+    if report.failures:
+        out.print(failures_table(report.failures))
+    if report.breakdown is not None and report.breakdown.turns:
+        out.print(breakdown_table(report.breakdown))
+    if report.earlier_sessions:
+        out.print(
+            f"the store held {plural(report.earlier_sessions, 'earlier session')}: "
+            "this report counts and checks this run's sessions only"
+        )
 
 
-def _finish(out: Console, report: LoadReport) -> None:
-    if report.invariants_ok:
-        out.print(f"invariants: {plural(report.sessions_checked or 0, 'session')} OK")
+def _print_sweep(out: Console, sweep: SweepReport) -> None:
+    out.print(sweep_table(sweep))
+    if sweep.knee is not None:
+        out.print(f"knee: {sweep.swept} {sweep.knee:,g} (the last point that still scaled)")
     else:
-        for line in report.violations[:20]:
+        out.print("knee: none (every step scaled)")
+    for point in sweep.points:
+        if point.report.failures:
+            out.print(Text(f"{sweep.swept} {point.value:,g}:", "bold"))
+            out.print(failures_table(point.report.failures))
+
+
+def _finish(out: Console, reports: list[LoadReport], max_error_rate: float) -> None:
+    """The invariants' verdict over every run (a sweep's points), then the exit status:
+    the first run's that failed, or success."""
+    if all(r.invariants_ok for r in reports):
+        checked = sum(r.sessions_checked or 0 for r in reports)
+        out.print(f"invariants: {plural(checked, 'session')} OK")
+    else:
+        violations = [line for r in reports for line in r.violations]
+        for line in violations[:20]:
             out.print(Text(f"  {shown(line)}"))
-        more = len(report.violations) - 20
+        more = len(violations) - 20
         if more > 0:
             out.print(f"  ... and {more} more (see `corral log check`)")
+    for report in reports:
+        _exit_status(report, max_error_rate)
+
+
+def _exit_status(report: LoadReport, max_error_rate: float) -> None:
+    total = report.turns_total or report.agents * report.turns
+    if report.interrupted:
+        raise InterruptedRunError(
+            f"interrupted: {report.settled:,} of {total:,} turns settled, "
+            f"{report.in_flight:,} in flight (the report above is of what ran)"
+        )
     if report.timed_out:
+        hint = ""
+        if report.in_flight and not report.failures:
+            hint = f"; {report.in_flight:,} requests in flight never answered"
         raise CliError(
-            f"timed out: {report.settled:,} of {report.agents * report.turns:,} turns settled "
-            "within --timeout"
+            f"timed out: {report.settled:,} of {total:,} turns settled within --timeout{hint}"
         )
     if not report.invariants_ok:
         raise InvariantsError(
             f"invariants: {plural(len(report.violations), 'violation')} over "
             f"{plural(report.sessions_checked or 0, 'session')}"
+        )
+    error_rate = report.errored / report.settled if report.settled else 0.0
+    if error_rate > max_error_rate:
+        first = next((f for f in report.failures if f.turns), None)
+        cause = f" (first: {first.code}: {first.example})" if first is not None else ""
+        raise TurnsFailedError(
+            f"{report.errored:,} of {report.settled:,} turns ended in error "
+            f"({error_rate:.2%} > --max-error-rate {max_error_rate:g}){cause}"
         )
 
 

@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runtime.cluster.layout import is_sharded, stores_for
-from runtime.load import StoreCheck, check_store, store_bytes
+from runtime.load import StoreCheck, check_store, latency_of, store_bytes
 from storage import (
     SCHEMA_VERSION,
     DuplicateSessionError,
@@ -42,6 +42,7 @@ from storage import (
     check_session_id,
 )
 
+from .benchview import breakdown_table
 from .errors import CliError, InvariantsError
 from .listing import SORT_KEYS, STATES, SessionSummary, parse_time, resolve_session, summarize
 from .options import (
@@ -470,11 +471,17 @@ def check(store: Path, allow_open_tail: bool) -> None:
 
 @log.command()
 @inherited_store_option
-def stats(store: Path) -> None:
+@click.option(
+    "--latency",
+    is_flag=True,
+    help="Also where the turns' time went (queue, hooks, model, tools...), from the logs.",
+)
+def stats(store: Path, latency: bool) -> None:
     """Store statistics: sessions, events, bytes, map size."""
     with _reading(store) as st:
         statistics = st.statistics()
         events = sum(st.stats(h.id).event_count for h in st.sessions())
+        turns = latency_of(st) if latency else None
     data = store / "data.mdb"
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column("what", style="bold")
@@ -486,3 +493,5 @@ def stats(store: Path) -> None:
     table.add_row("data file", f"{data.stat().st_size:,}")
     table.add_row("map size", f"{statistics.map_size:,}")
     _out().print(table)
+    if turns is not None:
+        _out().print(breakdown_table(turns))

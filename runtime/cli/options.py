@@ -18,6 +18,7 @@ __all__ = [
     "NewFilePath",
     "durability_option",
     "group_store_option",
+    "hooks_option",
     "inherited_store_option",
     "refuse_store_file",
     "store_option",
@@ -88,6 +89,16 @@ def durability_option(fn: F) -> F:
         default="write-ahead",
         show_default=True,
         help="When appended facts are synced to disk.",
+    )(fn)
+
+
+def hooks_option(fn: F) -> F:
+    return click.option(
+        "--hooks",
+        "hooks",
+        type=click.Path(path_type=Path, dir_okay=False, exists=True),
+        default=None,
+        help="A Claude Code / Codex hook settings file whose hooks every agent runs.",
     )(fn)
 
 

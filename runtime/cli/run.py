@@ -26,7 +26,7 @@ from runtime.runtime import Runtime
 from storage import Durability
 
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, CliError, ScriptError
-from .options import durability_option, store_option, threads_option
+from .options import durability_option, hooks_option, store_option, threads_option
 
 __all__ = ["RUN_NAME", "run"]
 
@@ -116,15 +116,23 @@ class _Interrupts:
 @store_option
 @durability_option
 @threads_option
+@hooks_option
 @click.argument("script", type=click.Path(path_type=Path, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(
-    store: Path, durability: str, threads: int | None, script: Path, args: tuple[str, ...]
+    store: Path,
+    durability: str,
+    threads: int | None,
+    hooks: Path | None,
+    script: Path,
+    args: tuple[str, ...],
 ) -> None:
     """Run a supervisor SCRIPT with a ready runtime (the global `rt`, or `main(rt, argv)`)."""
     if not script.is_file():
         raise CliError(f"no script at {script}")
-    rt = Runtime.open(store, durability=cast(Durability, durability), threads=threads)
+    rt = Runtime.open(
+        store, durability=cast(Durability, durability), threads=threads, hooks=hooks
+    )
     with _Interrupts() as interrupts:
         try:
             try:

@@ -13,8 +13,8 @@ applied in the order they were made either way (see :mod:`runtime.cluster.outbox
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from runtime import HookCause, ParentCause, UserCause, UserMessage
 from storage import Event, Message
@@ -23,9 +23,28 @@ from .events import ClusterEvent
 from .shard import Send
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from .transport import ShardLink
 
-__all__ = ["ClusterAgent"]
+__all__ = ["ClusterAgent", "ClusterHost"]
+
+
+class ClusterHost(Protocol):
+    """What a handle needs of its :class:`~runtime.cluster.Cluster` (which implements it;
+    a protocol, so that the handle does not import the facade that makes it)."""
+
+    def new_message_id(self) -> str: ...
+
+    def send_batch(self, shard: int, sends: list[Send], wait: bool = True) -> None: ...
+
+    def link(self, shard: int) -> ShardLink: ...
+
+    def dispose(
+        self, agents: Iterable[ClusterAgent | str], timeout: float | None = None
+    ) -> bool: ...
+
+    def listen(
+        self, name: str, listener: Callable[[ClusterEvent], object], scope: str | None
+    ) -> Callable[[], None]: ...
 
 
 class ClusterAgent:
@@ -33,7 +52,7 @@ class ClusterAgent:
 
     __slots__ = ("_cluster", "id", "shard")
 
-    def __init__(self, cluster: Cluster, agent_id: str, shard: int) -> None:
+    def __init__(self, cluster: ClusterHost, agent_id: str, shard: int) -> None:
         self._cluster = cluster
         self.id = agent_id
         self.shard = shard

@@ -44,8 +44,13 @@ from typing import Final
 from actors import ModelError
 from storage import FailureCode, LlmFailure
 
+from ..errors import (
+    JsonReplyTooLargeError,
+    NotAStreamError,
+    SseEventTooLargeError,
+    StreamReportedError,
+)
 from .secrets import Secret, scrub
-from .sse import SseEventTooLargeError
 
 __all__ = [
     "REQUEST_ID_HEADERS",
@@ -100,41 +105,6 @@ _SERVER_TEXT: Final = re.compile(
 # Finish reasons that say the server gave up mid-reply: OpenRouter/Mistral ``error``,
 # vLLM ``abort``, DeepSeek ``insufficient_system_resource``.
 FAILED_FINISHES: Final = frozenset({"error", "abort", "insufficient_system_resource"})
-
-
-class StreamReportedError(Exception):
-    """An error inside a 200 answer; ``body`` is its JSON payload: an error event
-    mid-stream, or (``what`` says so) a whole body that is an error."""
-
-    def __init__(self, body: object, what: str = "stream reported an error") -> None:
-        super().__init__(what)
-        self.body = body
-
-
-class NotAStreamError(Exception):
-    """A 200 answer to a streaming request whose body is not an event stream (an HTML
-    login page, a JSON body that is neither an error nor a reply)."""
-
-    def __init__(self, content_type: str, start: str) -> None:
-        super().__init__("the server answered 200 with a body that is not an event stream")
-        self.content_type = content_type
-        self.body = start  # the start of the body, for the failure's message
-
-
-class JsonReplyTooLargeError(Exception):
-    """A 200 answer to a streaming request whose JSON body (a server that ignores
-    ``stream: true`` sends its whole reply so) outgrew the bound of a reply the log could
-    take: ``bound`` is ``event_bound`` of the event limit ``limit``, as for one
-    server-sent event (the body may escape every character of the reply)."""
-
-    def __init__(self, size: int, bound: int, limit: int) -> None:
-        super().__init__(
-            f"a JSON reply too large to log: more than {bound} bytes (four times the log's "
-            f"event limit of {limit} bytes, and room for its fields; {size} bytes read)"
-        )
-        self.size = size
-        self.bound = bound
-        self.limit = limit
 
 
 class _Kinds:

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from storage import CorralError
+from ..errors import ConnectTimeout, ProviderError, ReadTimeout
 
 __all__ = [
     "MAX_ERROR_BODY",
@@ -57,16 +57,9 @@ def require_aiohttp(extra: str) -> None:
         ) from err
 
 
-class ConnectTimeout(TimeoutError):
-    """No connection to the server within the connect timeout."""
-
-
-class ReadTimeout(TimeoutError):
-    """No data from the server within the read timeout (a stalled stream)."""
-
-
-class HttpStatusError(CorralError):
-    """The server answered an HTTP error status (``status_code`` >= 400).
+class HttpStatusError(ProviderError):
+    """The server answered an HTTP error status (``status_code`` >= 400). (Here, not in
+    ``runtime.errors`` with the other provider errors: it carries a :class:`WireResponse`.)
 
     ``body`` is the parsed JSON error body (or its text when it is not JSON), ``response``
     carries the headers (``retry-after``, the request id), as the SDKs' errors did.

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from actors import Model
 
+from ..errors import UnknownModelError
 from .anthropic_messages import AnthropicModel
 from .openai_compat import OpenAICompatModel
 
@@ -28,18 +29,6 @@ __all__ = ["KNOWN_SCHEMES", "UnknownModelError", "resolve_model"]
 
 DEEPSEEK_URL: Final = "https://api.deepseek.com/v1"
 OLLAMA_URL: Final = "http://localhost:11434/v1"
-
-
-class UnknownModelError(ValueError):
-    """A model string names no known scheme, or is malformed."""
-
-    def __init__(self, spec: str, reason: str) -> None:
-        self.spec = spec
-        known = ", ".join(f"{s}:" for s in KNOWN_SCHEMES)
-        super().__init__(
-            f"cannot resolve model {spec!r}: {reason}; known schemes are {known} "
-            "(for example 'openai:gpt-4.1-mini' or 'openai-compatible:NAME@https://host/v1')"
-        )
 
 
 def _split(spec: str, rest: str) -> tuple[str, str | None]:
@@ -55,7 +44,9 @@ def _openai(provider: str, default_url: str | None, *, needs_url: bool = False) 
     def make(spec: str, name: str, url: str | None, options: dict[str, Any]) -> Model:
         base_url = url or default_url
         if needs_url and base_url is None:
-            raise UnknownModelError(spec, "an openai-compatible model needs '@<base_url>'")
+            raise UnknownModelError(
+                spec, KNOWN_SCHEMES, "an openai-compatible model needs '@<base_url>'"
+            )
         options.setdefault("provider", provider)
         return OpenAICompatModel(name, base_url=base_url, **options)
 
@@ -70,14 +61,18 @@ def _scripted(spec: str, name: str, url: str | None, options: dict[str, Any]) ->
     try:
         module = importlib.import_module("runtime.scripted")
     except ImportError as err:
-        raise UnknownModelError(spec, "runtime.ScriptedModel is not available") from err
+        raise UnknownModelError(
+            spec, KNOWN_SCHEMES, "runtime.ScriptedModel is not available"
+        ) from err
     scripted = module.ScriptedModel
     maker = getattr(scripted, name, None)
     if name.startswith("_") or not callable(maker):
-        raise UnknownModelError(spec, f"ScriptedModel has no factory {name!r}")
+        raise UnknownModelError(spec, KNOWN_SCHEMES, f"ScriptedModel has no factory {name!r}")
     model = maker(**options)
     if not isinstance(model, Model):
-        raise UnknownModelError(spec, f"ScriptedModel.{name}() did not return a Model")
+        raise UnknownModelError(
+            spec, KNOWN_SCHEMES, f"ScriptedModel.{name}() did not return a Model"
+        )
     return model
 
 
@@ -106,11 +101,11 @@ def resolve_model(spec: str | Model, **options: Any) -> Model:
         return spec
     scheme, sep, rest = spec.partition(":")
     if not sep:
-        raise UnknownModelError(spec, "expected 'scheme:model'")
+        raise UnknownModelError(spec, KNOWN_SCHEMES, "expected 'scheme:model'")
     factory = _SCHEMES.get(scheme.strip().lower())
     if factory is None:
-        raise UnknownModelError(spec, f"unknown scheme {scheme!r}")
+        raise UnknownModelError(spec, KNOWN_SCHEMES, f"unknown scheme {scheme!r}")
     name, url = _split(spec, rest.strip())
     if not name:
-        raise UnknownModelError(spec, "the model name is empty")
+        raise UnknownModelError(spec, KNOWN_SCHEMES, "the model name is empty")
     return factory(spec, name, url, dict(options))

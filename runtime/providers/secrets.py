@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from ..errors import MissingCredentialsError
+
 __all__ = ["MASK", "MissingCredentialsError", "Secret", "resolve_api_key", "scrub"]
 
 MASK: Final = "***"
@@ -21,20 +23,6 @@ MASK: Final = "***"
 # when the key is not one this process holds: a server may echo another one.
 _KEY_SHAPE: Final = re.compile(r"\bsk-[A-Za-z0-9_\-]{12,}")
 _MIN_SCRUB_LEN: Final = 4  # shorter "keys" (placeholders) would scrub ordinary words
-
-
-class MissingCredentialsError(ValueError):
-    """No API key was given and none of the environment variables that may hold one is set."""
-
-    def __init__(self, provider: str, env_names: Iterable[str]) -> None:
-        names = list(env_names)
-        self.provider = provider
-        self.env_names = names
-        where = " or ".join(f"${name}" for name in names) or "api_key_env="
-        super().__init__(
-            f"no API key for provider {provider!r}: pass api_key=..., name a variable with "
-            f"api_key_env=..., or set {where}"
-        )
 
 
 class Secret:

@@ -23,6 +23,8 @@ from typing import Final, NamedTuple
 
 from storage import DEFAULT_MAX_EVENT_BYTES
 
+from ..errors import SseEventTooLargeError
+
 __all__ = [
     "DRAIN_TIMEOUT_S",
     "SseDecoder",
@@ -45,18 +47,6 @@ def event_bound(max_reply_bytes: int | None) -> int:
     event of more than three times the limit cannot carry a delta the log could take;
     four times leaves room for the fields around it."""
     return 4 * (max_reply_bytes or DEFAULT_MAX_EVENT_BYTES) + _SLACK
-
-
-class SseEventTooLargeError(ValueError):
-    """A server-sent event (or one line of it) outgrew the decoder's bound."""
-
-    def __init__(self, size: int, bound: int) -> None:
-        super().__init__(
-            f"a server-sent event of more than {bound} bytes (four times the log's event "
-            f"limit; {size} bytes read)"
-        )
-        self.size = size
-        self.bound = bound
 
 
 class SseEvent(NamedTuple):

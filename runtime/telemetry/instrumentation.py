@@ -41,7 +41,7 @@ from actors import (
     SessionEventLive,
     SessionFlush,
 )
-from storage.events import (
+from storage import (
     Aborted,
     AssistantMessageData,
     Errored,

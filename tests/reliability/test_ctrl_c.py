@@ -154,8 +154,8 @@ def test_a_send_interrupted_waiting_for_the_mailbox_leaves_the_agent_working(
 ) -> None:
     with Runtime.open(tmp_path / "store") as rt:
         agent = rt.spawn(model=ScriptedModel.echo())
-        assert agent._ref is not None
-        mailbox = agent._ref.actor_inbox
+        assert agent._slot.ref is not None
+        mailbox = agent._slot.ref.actor_inbox
         interrupted_while_waiting_for(mailbox._lock, "put", lambda: agent.followup("hello"))
         agent.followup("hello again")
         assert agent.wait_idle(WAIT)

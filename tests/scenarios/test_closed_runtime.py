@@ -24,6 +24,7 @@ from runtime import (
     tool,
     waiting,
 )
+from runtime.close import CloseStages, Deadline, Stage
 from storage.errors import StoreClosedError
 from storage.lmdb.writer import LogWriter
 
@@ -131,16 +132,17 @@ def test_a_close_that_fails_part_way_closes_the_rest_and_a_second_close_finishes
     agent = rt.spawn(model=ScriptedModel.echo())
     agent.followup("hi")
     assert agent.wait_idle(WAIT)
-    stop_registry = rt._stop_registry
+    run_stage = rt._close.run_stage
     calls = []
 
-    def fails_once(until: float | None, timeout: float | None) -> None:
-        calls.append(timeout)
-        if len(calls) == 1:
-            raise OverflowError("the registry's stop failed")
-        stop_registry(until, timeout)
+    def fails_once(stage: Stage, deadline: Deadline) -> None:
+        if stage.name == "registry":
+            calls.append(deadline.timeout)
+            if len(calls) == 1:
+                raise OverflowError("the registry's stop failed")
+        run_stage(stage, deadline)
 
-    monkeypatch.setattr(rt, "_stop_registry", fails_once)
+    monkeypatch.setattr(rt._close, "run_stage", fails_once)
     with pytest.raises(OverflowError, match="registry's stop failed"):
         rt.close()
     assert agent.disposed
@@ -173,17 +175,17 @@ def test_a_ctrl_c_in_the_store_stage_is_finished_by_a_second_close(
     main = threading.main_thread()
 
     def interrupted(self: LogWriter, timeout: float | None = None) -> None:
-        if threading.current_thread() is main and "store" in rt._close_left and rt._closing:
+        if threading.current_thread() is main and "store" in rt._close.left and rt._close.running:
             raise KeyboardInterrupt  # what SIGINT does in the flush's wait
         flush(self, timeout)
 
     monkeypatch.setattr(LogWriter, "flush", interrupted)
     with pytest.raises(KeyboardInterrupt):
         rt.close()
-    assert rt._close_left == ["store"]
+    assert rt._close.left == ["store"]
     monkeypatch.setattr(LogWriter, "flush", flush)
     rt.close()
-    assert rt._close_left == []
+    assert rt._close.left == []
     assert _corral_threads() == before
     with Runtime.open(store_path):  # the store was let go of
         pass
@@ -202,22 +204,22 @@ def test_a_close_whose_starts_stage_failed_disposes_the_agents_and_finishes_late
     agent = rt.spawn(model=ScriptedModel.echo())
     agent.followup("hi")
     assert agent.wait_idle(WAIT)
-    close_stage = Runtime._close_stage
+    run_stage = CloseStages.run_stage
     calls: list[str] = []
 
-    def interrupted(self: Runtime, stage: str, until: float | None, t: float | None) -> None:
-        calls.append(stage)
-        if stage == "starts" and calls.count("starts") == 1:
+    def interrupted(self: CloseStages, stage: Stage, deadline: Deadline) -> None:
+        calls.append(stage.name)
+        if stage.name == "starts" and calls.count("starts") == 1:
             raise KeyboardInterrupt  # before it did anything
-        close_stage(self, stage, until, t)
+        run_stage(self, stage, deadline)
 
-    monkeypatch.setattr(Runtime, "_close_stage", interrupted)
+    monkeypatch.setattr(CloseStages, "run_stage", interrupted)
     with pytest.raises(KeyboardInterrupt):
         rt.close()
     assert agent.disposed  # disposed of all the same
-    assert rt._close_left == ["starts", "agents", "stragglers"]  # not done: run again
+    assert rt._close.left == ["starts", "agents", "stragglers"]  # not done: run again
     rt.close()
-    assert rt._close_left == []
+    assert rt._close.left == []
     assert calls.count("agents") == 2 and calls.count("registry") == 1
     check_store(store_path)
 
@@ -231,18 +233,18 @@ def test_the_gc_stage_releases_this_runtimes_tuning_once_even_when_run_again(
     tuned = gctune._tuner.users
     one, two = Runtime.open(store_path), Runtime.open(tmp_path / "two")
     assert gctune._tuner.users == tuned + 2
-    close_stage = Runtime._close_stage
+    run_stage = CloseStages.run_stage
 
-    def interrupted(self: Runtime, stage: str, until: float | None, t: float | None) -> None:
-        close_stage(self, stage, until, t)
-        if stage == "gc" and self is one and "gc" in self._close_left:
+    def interrupted(self: CloseStages, stage: Stage, deadline: Deadline) -> None:
+        run_stage(self, stage, deadline)
+        if stage.name == "gc" and self is one._close and "gc" in self.left:
             raise KeyboardInterrupt  # once it released, before it is marked done
 
-    monkeypatch.setattr(Runtime, "_close_stage", interrupted)
+    monkeypatch.setattr(CloseStages, "run_stage", interrupted)
     try:
         with pytest.raises(KeyboardInterrupt):
             one.close()
-        assert one._close_left == ["gc"]
+        assert one._close.left == ["gc"]
         monkeypatch.undo()
         one.close()
         assert gctune._tuner.users == tuned + 1  # the other runtime's tuning holds
@@ -285,14 +287,14 @@ def test_a_ctrl_c_while_close_waits_for_the_disposals_says_so_as_it_stops_the_ag
         release.set()
         monkeypatch.undo()
     rt.close()
-    assert rt._close_left == []
+    assert rt._close.left == []
 
 
 def test_the_store_errors_the_readme_names_are_exported_from_runtime() -> None:
     # Before, the README named StoreClosedError and ReentrantAppendError, which only
     # storage exported: `from runtime import StoreClosedError` failed.
-    import runtime  # noqa: PLC0415
-    import storage  # noqa: PLC0415
+    import runtime
+    import storage
 
     assert runtime.StoreClosedError is storage.StoreClosedError
     assert runtime.ReentrantAppendError is storage.ReentrantAppendError

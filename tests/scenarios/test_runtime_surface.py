@@ -142,7 +142,7 @@ def test_an_agents_own_listeners_go_with_it_when_it_is_disposed(rt: Runtime) -> 
         assert agent.dispose(WAIT)
     assert rt.bus.listener_count("agent/status", scope=agent.id) == 0
     assert rt.bus.listener_count("session/event", scope=agent.id) == 0
-    assert rt._session_listeners == 0
+    assert rt._bridge.listeners == 0
     with pytest.raises(AgentDisposedError):
         agent.on("agent/status", lambda event: None)
     kept = rt.spawn(model=ScriptedModel.echo())
@@ -307,7 +307,7 @@ def test_close_with_a_timeout_gives_an_agent_blocked_in_a_sync_listener_only_wha
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [], [r.getMessage() for r in errors]
     assert agent.crash is None
-    ref = agent._ref
+    ref = agent._slot.ref
     assert ref is not None and not ref.is_alive()
     # Nothing was logged after the close gave up: the message is still pending, for a
     # resume.
@@ -378,7 +378,7 @@ def test_a_spawn_under_way_when_close_begins_is_waited_for_and_stopped(
     closer.join(WAIT)
     assert not closer.is_alive()
     (agent,) = spawned
-    ref = agent._ref
+    ref = agent._slot.ref
     assert ref is not None and not ref.is_alive()  # it used to run on past the close
     assert not rt._registry.is_alive()
     check_store(store_path)

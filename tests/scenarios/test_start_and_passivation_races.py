@@ -11,6 +11,7 @@ import pytest
 from pykka import ActorRegistry
 
 from runtime import Agent, Runtime, RuntimeClosedError, ScriptedModel
+from runtime.close import Deadline, Stage
 
 from .conftest import WAIT, HeldActor, check_store
 
@@ -122,7 +123,7 @@ def test_a_passivation_whose_stop_outlasts_its_timeout_still_passivates_the_agen
         assert agent.wait_idle(WAIT)
         other = rt.spawn(model=ScriptedModel.echo())
         held: list[HeldActor] = []
-        ref = agent._ref
+        ref = agent._slot.ref
         assert ref is not None
         ask = ref.ask
 
@@ -160,16 +161,16 @@ def test_a_start_not_yet_pending_when_close_gives_up_on_the_starts_is_refused(
         assert go.wait(WAIT)
         return assemble(*args)
 
-    close_stage = rt._close_stage
+    run_stage = rt._close.run_stage
 
-    def stage(name: str, *args: Any) -> None:
-        close_stage(name, *args)
-        if name == "starts":  # gave up on the starts: let the held one go on now
+    def stage(closing: Stage, deadline: Deadline) -> None:
+        run_stage(closing, deadline)
+        if closing.name == "starts":  # gave up on the starts: let the held one go on now
             go.set()
             assert spawned.wait(WAIT)
 
     monkeypatch.setattr(rt, "_assemble", held_assemble)
-    monkeypatch.setattr(rt, "_close_stage", stage)
+    monkeypatch.setattr(rt._close, "run_stage", stage)
     created: list[str] = []
     rt.on("agent/created", lambda event: created.append(event.agent.id))
     outcome: list[object] = []

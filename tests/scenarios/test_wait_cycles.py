@@ -306,7 +306,7 @@ def test_a_passivation_yields_to_a_thread_that_blocks_on_the_agents_live_lock(
                 holds.set()  # the passivation holds the lock from here
             return got
 
-    z._live_lock = SpyLock()
+    z._slot.lock = SpyLock()
     held = HeldActor(z)
     outcomes = Outcomes(2)
 

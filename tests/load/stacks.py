@@ -1,0 +1,59 @@
+"""A real agent stack for the load tests: ``corral bench --agent tests.load.stacks:factory``.
+
+A tool (``weather``), a system prompt, a simulated model that calls the tool on every
+turn, and two listeners registered on the runtime: an ``agent/request`` waterfall that
+sets the temperature (so its work shows in every logged ``request/header``) and an
+``agent/turn-stopping`` listener that takes a little time (so the breakdown's hooks
+part has something to measure).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from runtime import RequestConfig, Runtime, tool
+from runtime.load import AgentStack, Dist, SimulatedModel
+
+TEMPERATURE = 0.25
+SYSTEM = "You answer weather questions in one sentence."
+HOOK_WAIT_S = 0.005
+
+calls = {"request": 0, "stopping": 0}
+_lock = threading.Lock()
+_pause = threading.Event()  # never set: a hook's wait is bounded by its timeout
+
+
+@tool(concurrency_safe=True)
+def weather(city: str) -> str:
+    """Today's weather in a city."""
+    return f"sunny in {city}"
+
+
+def factory(rt: Runtime) -> AgentStack:
+    def on_request(event: Any, next_: Callable[[], RequestConfig]) -> RequestConfig:
+        with _lock:
+            calls["request"] += 1
+        config = next_()
+        return RequestConfig(provider=config.provider, model=config.model, temperature=TEMPERATURE)
+
+    def on_stopping(event: Any) -> None:
+        with _lock:
+            calls["stopping"] += 1
+        _pause.wait(HOOK_WAIT_S)  # a listener doing a little work
+
+    rt.on("agent/request", on_request)
+    rt.on("agent/turn-stopping", on_stopping)
+    model = SimulatedModel(
+        ttft_s=Dist(0.02, 0.01),
+        tokens_per_s=Dist(400.0, 100.0),
+        reply_tokens=Dist(12.0, 4.0),
+        tool_probability=1.0,
+        seed=7,
+    )
+    return AgentStack(model=model, tools=[weather], system=SYSTEM)
+
+
+def not_a_stack(rt: Runtime) -> dict[str, object]:
+    return {"model": "scripted:echo"}

@@ -1,0 +1,152 @@
+"""Where a turn's time goes, from the log's facts: each interval to one part, the parts
+adding up to the logged span; a live run's parts plus its commit wait match the
+latency the driver measured on its own clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.load import LoadDriver, LoadSpec, turn_times
+from runtime.runtime import Runtime
+from storage import (
+    AgentInboxSpliced,
+    AssistantChunk,
+    AssistantMessage,
+    AssistantMessageData,
+    Completed,
+    Errored,
+    Event,
+    LlmFailure,
+    LlmRetry,
+    MessageTrigger,
+    RetryTrigger,
+    StepEnd,
+    StepStart,
+    TextBlock,
+    TextDelta,
+    ToolCallData,
+    ToolMessage,
+    ToolResultData,
+    TurnEnd,
+    TurnStart,
+    UserMessage,
+)
+
+_MSG = UserMessage(id="m1", content=(TextBlock(text="hi"),))
+_REPLY = AssistantMessageData(
+    turn=1, step=1, message=AssistantMessage(content=(TextBlock(text="ok"),))
+)
+
+
+def _log(*facts: tuple[int, str, object]) -> list[Event]:
+    return [Event(kind, seq, t, data) for seq, (t, kind, data) in enumerate(facts)]
+
+
+def _tool_result(turn: int, step: int, call_id: str) -> ToolResultData:
+    message = ToolMessage(call_id=call_id, name="t", content=(TextBlock(text="v"),))
+    return ToolResultData(turn=turn, step=step, message=message)
+
+
+def test_each_interval_of_a_turn_goes_to_one_part_and_they_add_up() -> None:
+    splice = AgentInboxSpliced(target="next-turn", start=0, inserted=(_MSG,))
+    claim = AgentInboxSpliced(target="next-turn", start=0, removed_count=1)
+    chunk = AssistantChunk(turn=1, step=1, chunk=TextDelta(text="o"))
+    log = _log(
+        (1000, "agent/inbox/spliced", splice),
+        (1007, "turn/start", TurnStart(turn=1, trigger=MessageTrigger())),  # queue 7
+        (1008, "agent/inbox/spliced", claim),
+        (1010, "step/start", StepStart(turn=1, step=1)),  # hooks 3
+        (1040, "assistant/chunk", chunk),  # ttft 30
+        (1060, "assistant/message", _REPLY),  # stream 20
+        (1061, "tool/call", ToolCallData(turn=1, step=1, call_id="a", name="t", arguments="{}")),
+        (1062, "tool/call", ToolCallData(turn=1, step=1, call_id="b", name="t", arguments="{}")),
+        (1070, "tool/result", _tool_result(1, 1, "a")),
+        (1075, "tool/result", _tool_result(1, 1, "b")),  # tool 14 (1061..1075)
+        (1077, "step/end", StepEnd(turn=1, step=1)),  # engine 1 + 2
+        (1080, "step/start", StepStart(turn=1, step=2)),  # hooks 3
+        (1100, "assistant/chunk", chunk),  # ttft 20
+        (1101, "assistant/message", _REPLY),  # stream 1
+        (1101, "step/end", StepEnd(turn=1, step=2)),
+        (1109, "turn/end", TurnEnd(turn=1, reason=Completed())),  # hooks 8 (turn-stopping)
+    )
+    (t,) = turn_times(log)
+    assert (t.turn, t.inserted_ms, t.ended_ms) == (1, 1000, 1109)
+    assert (t.queue, t.hooks, t.ttft, t.stream, t.tool, t.engine, t.retry) == (
+        7,
+        3 + 3 + 8,  # pre-step, pre-step, turn-stopping
+        50,
+        21,
+        14,
+        3,
+        0,
+    )
+    assert t.model == 71
+    assert t.parts_ms() == t.wall == 109
+
+
+def test_a_retry_chain_is_one_turn_with_its_back_off_as_retry_time() -> None:
+    failure = LlmFailure(message="overloaded", code="SERVER")
+    splice = AgentInboxSpliced(target="next-turn", start=0, inserted=(_MSG,))
+    log = _log(
+        (0, "agent/inbox/spliced", splice),
+        (1, "turn/start", TurnStart(turn=1, trigger=MessageTrigger())),
+        (2, "step/start", StepStart(turn=1, step=1)),
+        (12, "step/end", StepEnd(turn=1, step=1)),  # the failed request: ttft 10
+        (13, "llm/retry", LlmRetry(turn=1, attempt=1, delay_s=0.05, failure=failure)),
+        (14, "turn/end", TurnEnd(turn=1, reason=Errored(error=failure))),
+        (15, "turn/start", TurnStart(turn=2, trigger=RetryTrigger(previous_turn=1))),
+        (65, "step/start", StepStart(turn=2, step=1)),  # the back-off inside the retry turn
+        (70, "assistant/chunk", AssistantChunk(turn=2, step=1, chunk=TextDelta(text="o"))),
+        (71, "assistant/message", _REPLY),
+        (71, "step/end", StepEnd(turn=2, step=1)),
+        (72, "turn/end", TurnEnd(turn=2, reason=Completed())),
+    )
+    (t,) = turn_times(log)
+    assert t.turn == 2 and t.retries == 1
+    assert t.retry == 1 + 1 + 50  # llm/retry..turn/end..turn/start..step/start
+    assert t.hooks == 1 + 1 + 1  # pre-step, agent/request-error (to llm/retry), stopping
+    assert t.ttft == 10 + 5
+    assert t.parts_ms() == t.wall == 72
+
+
+def test_an_open_tail_turn_is_left_out_and_two_queued_messages_are_two_turns() -> None:
+    two = AgentInboxSpliced(target="next-turn", start=0, inserted=(_MSG, _MSG))
+    log = _log(
+        (0, "agent/inbox/spliced", two),
+        (5, "turn/start", TurnStart(turn=1, trigger=MessageTrigger())),
+        (6, "turn/end", TurnEnd(turn=1, reason=Completed())),
+        (9, "turn/start", TurnStart(turn=2, trigger=MessageTrigger())),
+        (10, "turn/end", TurnEnd(turn=2, reason=Completed())),
+        (11, "turn/start", TurnStart(turn=3, trigger=MessageTrigger())),
+    )
+    first, second = turn_times(log)
+    assert (first.queue, second.queue) == (5, 9)  # the second waited from the same insertion
+    assert second.wall == 10
+
+
+def test_a_live_runs_parts_and_commit_wait_add_up_to_the_measured_latency(
+    tmp_path: Path,
+) -> None:
+    spec = LoadSpec(agents=8, turns=4, latency_s=0.01, tool_calls=1, chunks=3)
+    with Runtime.open(tmp_path / "store") as rt:
+        driver = LoadDriver(rt, spec)
+        report = driver.run()
+        logs = {aid: rt.get(aid).session.events() for aid in driver.agent_ids}
+    assert report.settled == 32 and report.breakdown is not None
+    times = {(aid, t.turn): t for aid, log in logs.items() for t in turn_times(log)}
+    assert len(times) == 32
+    gaps = []
+    for aid, turn, latency_ms, settled_ms in driver.turn_records:
+        t = times[(aid, turn)]
+        assert t.parts_ms() == t.wall
+        assert t.model > 0 and t.tool >= 0
+        logged = t.parts_ms() + (settled_ms - t.ended_ms)  # + the commit wait
+        gaps.append(latency_ms - logged)
+    # Two clocks (perf_counter for the latency, whole epoch ms for facts): each turn's
+    # measured latency and its parts agree to within a few ms of rounding, plus the
+    # follow-up call's own time before its splice was appended.
+    assert all(
+        -3.0 <= gap <= 3.0 + 0.2 * latency
+        for gap, (_a, _t, latency, _s) in zip(gaps, driver.turn_records, strict=True)
+    ), gaps
+    assert report.breakdown.turns == 32 and report.breakdown.commit is not None
