@@ -129,6 +129,12 @@ class TurnTracker:
         handler = _TURN_HANDLERS.get(type)
         return None if handler is None else MethodType(handler, self)
 
+    @staticmethod
+    def update_for(type: str) -> Callable[[TurnTracker, Event], None] | None:
+        """The unbound :meth:`apply` for events of ``type`` only (``None``: such events
+        change nothing), for a table shared by many trackers."""
+        return _TURN_HANDLERS.get(type)
+
     def snapshot(self) -> TurnState:
         """The current state; cached until the next state-changing event."""
         if self._snapshot is None:
