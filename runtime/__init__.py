@@ -110,12 +110,14 @@ from storage import (
     UserMessageData,
 )
 
+from . import aio
 from .agent import Agent
 from .errors import (
     JsonReplyTooLargeError,
     MissingCredentialsError,
     NotAStreamError,
     ProviderError,
+    ReplyTimeoutError,
     RuntimeClosedError,
     SseEventTooLargeError,
     StreamReportedError,
@@ -123,6 +125,7 @@ from .errors import (
 )
 from .messages import MessageLike
 from .policy import RetryPolicy
+from .replies import PendingReply, Reply, ReplyStatus, as_completed, gather, wait_all_idle
 from .runtime import Runtime
 from .scripted import ScriptedModel, ToolCall
 from .tool import FunctionTool, conclude, tool
@@ -184,6 +187,7 @@ __all__ = [
     "NotAStreamError",
     "PackageShadowedError",
     "ParentCause",
+    "PendingReply",
     "PostExecute",
     "PreExecute",
     "PreStep",
@@ -192,6 +196,9 @@ __all__ = [
     "ReasoningBlock",
     "ReentrantAppendError",
     "Reject",
+    "Reply",
+    "ReplyStatus",
+    "ReplyTimeoutError",
     "RequestConfig",
     "RequestContext",
     "RequestError",
@@ -236,6 +243,10 @@ __all__ = [
     "UserMessage",
     "UserMessageData",
     "WaitCycleError",
+    "aio",
+    "as_completed",
     "conclude",
+    "gather",
     "tool",
+    "wait_all_idle",
 ]

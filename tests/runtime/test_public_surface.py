@@ -38,7 +38,9 @@ PUBLIC = {
     "UnknownMessageError", "WaitCycleError", "ModelError", "RuntimeClosedError",
     "ProviderError", "MissingCredentialsError", "UnknownModelError", "SseEventTooLargeError",
     "StreamReportedError", "NotAStreamError", "JsonReplyTooLargeError",
-    "PackageShadowedError",
+    "PackageShadowedError", "ReplyTimeoutError",
+    # one send, one result; fan-in; asyncio (runtime.replies, runtime.aio)
+    "Reply", "ReplyStatus", "PendingReply", "as_completed", "gather", "wait_all_idle", "aio",
 }  # fmt: skip
 
 
