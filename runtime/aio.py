@@ -135,7 +135,8 @@ async def wait_all_idle(agents: Iterable[Agent], timeout: float | None = None) -
 
 async def dispose(agent: Agent, timeout: float | None = None) -> bool:
     """``agent.dispose`` without blocking the loop: starts the disposal, then awaits its
-    ``agent/disposed``; False if it did not end within ``timeout``."""
+    ``agent/disposed`` (``agent.disposed`` turns True once that event's listeners have
+    returned, a moment later); False if it did not end within ``timeout``."""
     loop = asyncio.get_running_loop()
     future, complete = _when(loop)
     stop = agent.on("agent/disposed", lambda _event: complete())
