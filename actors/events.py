@@ -29,6 +29,7 @@ __all__ = [
     "AgentDisposed",
     "AgentError",
     "AgentLike",
+    "AgentRestart",
     "AgentSessionStart",
     "AgentSettled",
     "AgentStatus",
@@ -104,6 +105,21 @@ class InboxDiscarded(_Live, frozen=True):
 class AgentSettled(_Live, frozen=True):
     turn: int
     reason: TurnEndReason
+
+
+class AgentRestart(_Live, frozen=True):
+    """``agent/restart``: what the supervision of a crashed agent (``spawn(restart=...)``)
+    did. ``kind``: ``restarted`` (``agent`` is the new handle, resumed from the log),
+    ``restart-failed`` (the resume raised: ``error``), ``gave-up`` (past the policy's
+    limit: the agent stays down; ``agent`` is the crashed handle). ``restarts`` counts
+    the restarts so far; ``error`` is why it crashed (or why the restart failed);
+    ``interrupted_turn`` the turn the crash cut short, closed ``interrupted`` by the
+    resume (None if it was idle)."""
+
+    kind: Literal["restarted", "restart-failed", "gave-up"]
+    restarts: int
+    error: str = ""
+    interrupted_turn: int | None = None
 
 
 class SessionEventLive(_Live, frozen=True):
@@ -269,6 +285,7 @@ AGENT_EVENTS: Final = frozenset(
         "agent/turn-stopping",
         "agent/settled",
         "agent/error",
+        "agent/restart",
         "tools/pre-execute",
         "tools/execute",
         "tools/post-execute",

@@ -18,6 +18,7 @@ from actors import (
     AgentDisposed,
     AgentDisposedError,
     AgentError,
+    AgentRestart,
     AgentSessionStart,
     AgentSettled,
     AgentStateError,
@@ -128,6 +129,7 @@ from .policy import RetryPolicy
 from .replies import PendingReply, Reply, ReplyStatus, as_completed, gather, wait_all_idle
 from .runtime import Runtime
 from .scripted import ScriptedModel, ToolCall
+from .supervision import RestartPolicy
 from .tool import FunctionTool, conclude, tool
 
 __all__ = [
@@ -138,6 +140,7 @@ __all__ = [
     "AgentDisposed",
     "AgentDisposedError",
     "AgentError",
+    "AgentRestart",
     "AgentInboxSpliced",
     "AgentSessionStart",
     "AgentSettled",
@@ -205,6 +208,7 @@ __all__ = [
     "RequestEvent",
     "RequestHeader",
     "Retry",
+    "RestartPolicy",
     "RetryPolicy",
     "Runtime",
     "RuntimeClosedError",

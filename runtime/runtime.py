@@ -99,6 +99,7 @@ from .errors import RuntimeClosedError
 from .policy import RetryPolicy
 from .slots import AgentSlot
 from .spawning import SPAWN_BATCH, Announcements
+from .supervision import RestartPolicy, Supervision
 from .waiting import check_timeout
 
 __all__ = ["Runtime"]
@@ -194,6 +195,7 @@ class Runtime:
         self._scoped: dict[str, set[Callable[[], None]]] = {}  # agent id -> its disposers
         self._closed = False  # close() began: nothing new starts
         self._close = CloseStages(self._close_stages())  # what no close() has done yet
+        self._supervisions: list[Supervision] = []  # (closed by close(): no restart)
         self._closing_agents: list[AgentSlot[Agent]] = []  # the agents close() stops
         self._disposals_cut: str | None = None  # what interrupted close's wait for them
         self._released = False  # close() let go of the store: nothing can be read
@@ -405,16 +407,48 @@ class Runtime:
         session_id: str | None = None,
         system: str | None = None,
         limits: UsageLimits | None = None,
+        restart: RestartPolicy | None = None,
     ) -> Agent:
         """Create an agent with a new session. It stays idle until a waking send.
 
         ``limits`` caps this agent's model requests and tokens (default: the runtime's
-        ``agent_limits``)."""
+        ``agent_limits``). ``restart``: resume it from its log when it crashes, within
+        that policy (see :mod:`runtime.supervision`: after a restart ``rt.get(id)`` is
+        the new handle)."""
         self._check_open()
         resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
         with self._starting_agent():
             session = self.store.create_session(session_id)
-            return self._start(session, resolved, tool_map, system, limits, "startup")
+            agent = self._start(session, resolved, tool_map, system, limits, "startup")
+        if restart is not None:
+            resume = partial(self.resume, agent.id, model=model, tools=tools, limits=limits)
+            self._supervise(agent, restart, resume)
+        return agent
+
+    def _supervise(self, agent: Agent, policy: RestartPolicy, resume: Callable[[], Agent]) -> None:
+        """Put ``agent`` under a :class:`~runtime.supervision.Supervision` (its restarts
+        resume it with ``resume``)."""
+        if not isinstance(policy, RestartPolicy):
+            raise TypeError(f"restart is a RestartPolicy or None, got {policy!r}")
+
+        def ref_of(handle: Agent) -> ActorRef[Any]:
+            with self._lock:
+                slot = self._agents.get(handle.id)
+            if slot is None or slot.handle is not handle or slot.ref is None:
+                raise AgentDisposedError(f"agent {handle.id} is no longer running")
+            return slot.ref
+
+        supervision = Supervision(
+            agent.id,
+            policy,
+            scheduler=self.scheduler,
+            bus=self.bus,
+            ref_of=ref_of,
+            resume=resume,
+        )
+        with self._lock:
+            self._supervisions.append(supervision)
+        supervision.adopt(agent)
 
     def spawn_many(
         self,
@@ -1016,6 +1050,9 @@ class Runtime:
             self._close.running = True
             if "starts" in self._close.left:  # the agents live now, whatever "starts" gets to
                 self._closing_agents = list(self._agents.values())
+            supervisions, self._supervisions = self._supervisions, []
+        for supervision in supervisions:  # a pending restart is cancelled, none starts
+            supervision.close()
         try:
             self._close.run(Deadline(until, timeout))
         finally:

@@ -41,6 +41,8 @@ PUBLIC = {
     "PackageShadowedError", "ReplyTimeoutError",
     # one send, one result; fan-in; asyncio (runtime.replies, runtime.aio)
     "Reply", "ReplyStatus", "PendingReply", "as_completed", "gather", "wait_all_idle", "aio",
+    # supervised agents (runtime.supervision)
+    "RestartPolicy", "AgentRestart",
 }  # fmt: skip
 
 
