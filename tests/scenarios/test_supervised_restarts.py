@@ -69,10 +69,9 @@ def test_a_supervised_agent_killed_three_times_restarts_three_times_then_gives_u
     with pytest.raises(KeyError):
         rt.get(agent_id)  # it stays down
     assert [crash is not None for _, crash in disposed] == [True] * 4
-    turns = rt.resume(agent_id, model=ScriptedModel.echo())
-    texts = [m for m in turns.session.messages()]
-    assert len(texts) == 8  # 4 asks and 4 answers, one log across the restarts
-    turns.dispose(WAIT)
+    resumed = rt.resume(agent_id, model=ScriptedModel.echo())
+    assert len(resumed.session.messages()) == 8  # 4 asks, 4 answers: one log throughout
+    resumed.dispose(WAIT)
 
 
 def test_the_turn_a_crash_cut_short_is_reported_interrupted_not_run_again(rt: Runtime) -> None:
