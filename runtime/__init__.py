@@ -113,6 +113,7 @@ from storage import (
 
 from . import aio
 from .agent import Agent
+from .delegation import AgentTool, agent_tool
 from .errors import (
     JsonReplyTooLargeError,
     MissingCredentialsError,
@@ -147,6 +148,7 @@ __all__ = [
     "AgentStateError",
     "AgentStatus",
     "AgentStatusChanged",
+    "AgentTool",
     "Allow",
     "AssistantChunk",
     "AssistantMessage",
@@ -247,6 +249,7 @@ __all__ = [
     "UserMessage",
     "UserMessageData",
     "WaitCycleError",
+    "agent_tool",
     "aio",
     "as_completed",
     "conclude",

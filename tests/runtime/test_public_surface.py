@@ -43,6 +43,8 @@ PUBLIC = {
     "Reply", "ReplyStatus", "PendingReply", "as_completed", "gather", "wait_all_idle", "aio",
     # supervised agents (runtime.supervision)
     "RestartPolicy", "AgentRestart",
+    # agents as tools (runtime.delegation)
+    "AgentTool", "agent_tool",
 }  # fmt: skip
 
 
