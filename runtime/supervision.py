@@ -130,7 +130,8 @@ class Supervision:
 
     def _on_event(self, event: SupervisionEvent) -> None:
         if event.kind not in ("restarted", "restart-failed", "gave-up"):
-            return  # exited: disposed or closed, no crash
+            self.close()  # exited (disposed, passivated, closed): no crash, nothing to restart
+            return
         if isinstance(event.error, RuntimeClosedError):
             self.close()  # the runtime closed: nothing to restart into
             return
