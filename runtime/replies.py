@@ -24,7 +24,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import msgspec
 
@@ -44,7 +44,24 @@ from . import waiting
 from .errors import ReplyTimeoutError
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from storage import Session
+
+
+class Replier(Protocol):
+    """What a reply needs of the agent handle (``runtime.Agent`` is one; this module
+    does not import it: the handle imports this one)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def session(self) -> Session: ...
+
+    crash: BaseException | None
+
+    def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]: ...
+
+    def notify_idle(self, callback: Callable[[], None]) -> None: ...
 
 __all__ = [
     "PendingReply",
@@ -130,7 +147,7 @@ class PendingReply:
 class ReplyWatch:
     """Follows one message id through one agent's live events (see the module doc)."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Replier) -> None:
         self._agent = agent
         self._lock = threading.Lock()
         self._message_id: MessageId | None = None
@@ -274,7 +291,7 @@ def gather(pending: Sequence[PendingReply], timeout: float | None = None) -> lis
     return [p.future.result() for p in pending]
 
 
-def wait_all_idle(agents: Iterable[Agent], timeout: float | None = None) -> bool:
+def wait_all_idle(agents: Iterable[Replier], timeout: float | None = None) -> bool:
     """Block until every one of ``agents`` handled every send before the call and is
     idle (or disposed); False on timeout. One wait for all, not one per agent."""
     timeout = waiting.check_timeout(timeout)
