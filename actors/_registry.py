@@ -10,7 +10,7 @@ are the one payload of each event).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pykka import ActorRef
@@ -60,6 +60,33 @@ class RegistryActor(PooledActor):
         self._refs[id_] = ref
         self._announce_created(id_, ref)
         return ref
+
+    def create_many(
+        self, items: Sequence[tuple[str, Callable[[], ActorRef[Any]]]]
+    ) -> list[ActorRef[Any]]:
+        """:meth:`create` for many ids in one message (a batch spawn: one hand-off to
+        the registry instead of one per actor). All or nothing: a taken or repeated id
+        refuses the whole batch (``DuplicateIdError``) before any factory runs; a
+        factory that raises stops the actors this batch started before it (none is
+        registered or announced yet), and the error propagates."""
+        ids = [id_ for id_, _ in items]
+        seen: set[str] = set()
+        for id_ in ids:
+            if id_ in self._refs or id_ in seen:
+                raise DuplicateIdError(id_)
+            seen.add(id_)
+        refs: list[ActorRef[Any]] = []
+        try:
+            for _, factory in items:
+                refs.append(factory())
+        except BaseException:
+            for ref in refs:
+                ref.stop(block=False)
+            raise
+        self._refs.update(zip(ids, refs, strict=True))
+        for id_, ref in zip(ids, refs, strict=True):
+            self._announce_created(id_, ref)
+        return refs
 
     def rebind(self, id_: str, ref: ActorRef[Any]) -> None:
         """Point a registered id at a new actor (the same registration, a new actor:

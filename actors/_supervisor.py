@@ -18,10 +18,11 @@ quick (start an actor, return its ref).
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pykka import ActorRef
@@ -50,14 +51,22 @@ EventKind = Literal["exited", "restarted", "restart-failed", "stopped", "escalat
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """Delay before restart number ``attempt`` (1-based) within the intensity window."""
+    """Delay before restart number ``attempt`` (1-based) within the intensity window.
+
+    ``jitter``: a fraction; each delay is drawn uniformly from ``delay * (1 ± jitter)``
+    with ``rng`` (injectable: a seeded ``random.Random`` makes the delays repeatable)."""
 
     initial: float = 0.1
     factor: float = 2.0
     maximum: float = 10.0
+    jitter: float = 0.0
+    rng: random.Random = field(default_factory=random.Random, compare=False)
 
     def delay(self, attempt: int) -> float:
-        return float(min(self.maximum, self.initial * self.factor ** max(0, attempt - 1)))
+        base = float(min(self.maximum, self.initial * self.factor ** max(0, attempt - 1)))
+        if self.jitter <= 0:
+            return base
+        return base * (1.0 + self.rng.uniform(-self.jitter, self.jitter))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The live event bus (CONTRACT section 8): ``emit``, ``serial`` and ``waterfall``.
+"""The live event bus (CONTRACT section 8): ``emit``, ``serial``, ``parallel`` and ``waterfall``.
 
 Listeners are plain functions or ``async def``. Sync listeners run inline in the
 caller's thread; async listeners run on the I/O side's loop and never block a
@@ -110,6 +110,16 @@ async def _awaited(name: str, listener: Listener, awaitable: Awaitable[T]) -> T:
     raised as ``ListenerError``."""
     with _failing_as(name, listener):
         return await awaitable
+
+
+async def _awaited_contained(name: str, listener: Listener, awaitable: object) -> None:
+    """Await what a ``parallel`` listener returned; its failure logged and contained."""
+    try:
+        await cast(Awaitable[object], awaitable)
+    except BaseException as err:
+        if _ours(err):
+            raise
+        logger.exception("async listener %s for %r failed", _label(listener), name)
 
 
 async def _emitted(name: str, listener: Listener, start: Callable[[], object]) -> None:
@@ -285,6 +295,61 @@ class Bus:
                 )
             if result is not None and isawaitable(result):  # async after all
                 await _awaited(name, entry.listener, result)
+
+    # -- parallel --------------------------------------------------------------------
+
+    def parallel(
+        self, name: str, event: object, *, scope: str | None = None
+    ) -> Ready[None] | Deferred[None]:
+        """Start every listener at once and await them all; each failure is logged and
+        contained (none can veto, none stops another).
+
+        With only sync listeners, they run inline one after another (:class:`Ready`):
+        none waits on another's outcome. With an async one among them, all run on the
+        I/O side (:class:`Deferred`): async listeners concurrently on the loop, sync
+        ones in the blocking pool, and ``run()`` ends when the last one has.
+        """
+        topic = self._topics.get(name)
+        if topic is None:
+            return READY_NONE
+        chain = topic.select(scope)
+        if not chain.has_async:
+            for entry in chain.entries:
+                try:
+                    result = entry.listener(event)
+                except BaseException as err:
+                    if _interrupted(err):
+                        raise
+                    logger.exception("listener %s for %r failed", _label(entry.listener), name)
+                    continue
+                if result is not None and isawaitable(result):  # async after all
+                    return Deferred(partial(_awaited_contained, name, entry.listener, result))
+            return READY_NONE
+        return Deferred(partial(self._parallel_all, name, chain.entries, event))
+
+    async def _parallel_all(self, name: str, entries: tuple[Entry, ...], event: object) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def one(entry: Entry) -> None:
+            if entry.is_async:
+                try:
+                    started = entry.listener(event)
+                except Exception:
+                    logger.exception("listener %s for %r failed", _label(entry.listener), name)
+                    return
+                await _awaited_contained(name, entry.listener, started)
+                return
+            try:
+                result = await loop.run_in_executor(
+                    self._io.blocking_pool, _call_serial_sync, name, entry.listener, event
+                )
+            except ListenerError:
+                logger.exception("listener %s for %r failed", _label(entry.listener), name)
+                return
+            if result is not None and isawaitable(result):
+                await _awaited_contained(name, entry.listener, result)
+
+        await asyncio.gather(*(one(entry) for entry in entries))
 
     # -- waterfall -------------------------------------------------------------------
 

@@ -78,22 +78,25 @@ class Flush(Effect[None]):
 
 
 class RunAsync(Effect[Any]):
-    """Run ``work()`` (a coroutine factory: async listeners) on the I/O side."""
+    """Run ``work()`` (a coroutine factory: async listeners) on the I/O side; with
+    ``abortable=False`` a cancel does not interrupt it (a checkpoint's listeners)."""
 
-    __slots__ = ("name", "work")
-    abortable = True
+    __slots__ = ("abortable", "name", "work")
 
-    def __init__(self, name: str, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    def __init__(
+        self, name: str, work: Callable[[], Coroutine[Any, Any, Any]], *, abortable: bool = True
+    ) -> None:
         self.name = name
         self.work = work
+        self.abortable = abortable
 
 
-async def outcome_of(name: str, result: Any) -> Any:
-    """The value of a bus ``serial``/``waterfall`` result: a ``Ready`` one at once, a
-    ``Deferred`` one (async listeners) by running it on the I/O side."""
+async def outcome_of(name: str, result: Any, *, abortable: bool = True) -> Any:
+    """The value of a bus ``serial``/``waterfall``/``parallel`` result: a ``Ready`` one at
+    once, a ``Deferred`` one (async listeners) by running it on the I/O side."""
     if hasattr(result, "value"):
         return result.value
-    return await RunAsync(name, result.run)
+    return await RunAsync(name, result.run, abortable=abortable)
 
 
 class Sleep(Effect[None]):

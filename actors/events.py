@@ -29,6 +29,7 @@ __all__ = [
     "AgentDisposed",
     "AgentError",
     "AgentLike",
+    "AgentRestart",
     "AgentSessionStart",
     "AgentSettled",
     "AgentStatus",
@@ -48,6 +49,7 @@ __all__ = [
     "RequestEvent",
     "Retry",
     "SessionEventLive",
+    "SessionFlush",
     "ToolExecute",
     "ToolResultEvent",
     "TurnStopping",
@@ -105,10 +107,34 @@ class AgentSettled(_Live, frozen=True):
     reason: TurnEndReason
 
 
+class AgentRestart(_Live, frozen=True):
+    """``agent/restart``: what the supervision of a crashed agent (``spawn(restart=...)``)
+    did. ``kind``: ``restarted`` (``agent`` is the new handle, resumed from the log),
+    ``restart-failed`` (the resume raised: ``error``), ``gave-up`` (past the policy's
+    limit: the agent stays down; ``agent`` is the crashed handle). ``restarts`` counts
+    the restarts so far; ``error`` is why it crashed (or why the restart failed);
+    ``interrupted_turn`` the turn the crash cut short, closed ``interrupted`` by the
+    resume (None if it was idle)."""
+
+    kind: Literal["restarted", "restart-failed", "gave-up"]
+    restarts: int
+    error: str = ""
+    interrupted_turn: int | None = None
+
+
 class SessionEventLive(_Live, frozen=True):
     """``session/event``: one committed fact of this agent's session."""
 
     event: Any
+
+
+class SessionFlush(_Live, frozen=True):
+    """``session/flush``: a durability checkpoint of this agent's session passed. Every
+    fact from ``first_seq`` to ``last_seq`` (inclusive; those appended since the previous
+    checkpoint) is durable on disk."""
+
+    first_seq: int
+    last_seq: int
 
 
 class AgentError(_Live, frozen=True):
@@ -259,11 +285,13 @@ AGENT_EVENTS: Final = frozenset(
         "agent/turn-stopping",
         "agent/settled",
         "agent/error",
+        "agent/restart",
         "tools/pre-execute",
         "tools/execute",
         "tools/post-execute",
         "tools/result",
         "session/event",
+        "session/flush",
     }
 )
 """Every live event name the runtime emits (a typo in ``on()`` is refused)."""

@@ -186,7 +186,10 @@ class Inbox:
         with self._lock:
             self._next_turn[:] = next_turn
             self._next_step[:] = next_step
-            self._reserved = {m.id for m in (*next_turn, *next_step)}
+            if next_turn or next_step:  # (else keep the empty set: a new one is 216 bytes)
+                self._reserved = {m.id for m in (*next_turn, *next_step)}
+            else:
+                self._reserved.clear()
 
     def splice(
         self,

@@ -1,31 +1,24 @@
-"""A supervisor that restarts crashed agents and resumes them from their durable logs.
+"""Supervised agents: crashed agents are resumed from their durable logs by the runtime.
 
     corral run examples/restart_crashed.py [AGENTS] [CRASHES]
 
-* The crash is real: ``agent.kill()`` makes the agent's actor fail through pykka's
-  failure path in the middle of its turn, as an unexpected error would (a tool or a
-  listener cannot crash it: their faults are contained by the contract). The runtime
-  sees the death, ends the agent's registration (``agent/disposed``) and records why
-  in ``agent.crash``; the open turn stays open in the log.
-* The recovery is real: ``rt.resume(session_id, model=...)`` rebuilds the agent from
-  its session log (the interrupted tail turn is closed durably as ``interrupted``, turn
-  numbers continue), and the supervisor re-sends the unfinished task.
-
-Listeners run on the runtime's threads and must not block, so the ``agent/disposed``
-listener only queues the id; the supervisor loop (this script's main thread) does the
-restarts, within a restart limit per agent.
+* `rt.spawn(..., restart=RestartPolicy(...))` puts an agent under the runtime's
+  supervisor: when its actor crashes, it is resumed from its log after a backoff (with
+  jitter, on the runtime's scheduler), at most `max_restarts` times in `within_s`.
+* The crash is real: `agent.kill()` makes the actor fail mid-turn as an unexpected error
+  would. `agent/disposed` (with `agent.crash`) says it went down; `agent/restart` says
+  it came back (`kind="restarted"`, with the new handle and the turn the crash cut
+  short) or stayed down (`kind="gave-up"`).
+* The interrupted turn is reported, not re-run (its tools may have run): the script
+  re-sends the task to the new handle, which continues the same log.
 """
 
 from __future__ import annotations
 
 import queue
 import random
-import threading
-import time
 
-from runtime import AgentDisposed, AgentSettled, AgentStatusChanged, Runtime, ScriptedModel
-
-MAX_RESTARTS = 3
+from runtime import AgentRestart, PendingReply, RestartPolicy, Runtime, ScriptedModel, gather
 
 
 def main(rt: Runtime, argv: list[str]) -> int:
@@ -33,83 +26,35 @@ def main(rt: Runtime, argv: list[str]) -> int:
     crashes = int(argv[1]) if len(argv) > 1 else 5
     # Slow enough (0.3 s per request) that the chaos monkey catches agents mid-turn.
     model = ScriptedModel.echo(latency=0.3, chunks=3)
+    policy = RestartPolicy(max_restarts=3, within_s=60, backoff_s=0.05)
 
-    tasks: dict[str, str] = {}
-    completed: set[str] = set()
-    restarts: dict[str, int] = {}
-    crashed: queue.Queue[str] = queue.Queue()
-    lock = threading.Lock()
-    all_done = threading.Event()
+    resent: queue.Queue[PendingReply] = queue.Queue()
 
-    def on_settled(event: AgentSettled) -> None:
-        if event.reason.kind == "completed":
-            with lock:
-                completed.add(event.agent.id)
-                if len(completed) == len(tasks):
-                    all_done.set()
+    def on_restart(event: AgentRestart) -> None:  # (on a runtime thread: keep it short)
+        print(f"{event.kind} {event.agent.id} (restart #{event.restarts}, after {event.error})")
+        if event.kind == "restarted":  # the task did not complete: send it again
+            resent.put(event.agent.submit(tasks[event.agent.id]))
 
-    def on_disposed(event: AgentDisposed) -> None:
-        if event.agent.crash is not None:  # type: ignore[attr-defined]
-            crashed.put(event.agent.id)  # hand over; never block a listener
-
-    running: set[str] = set()
-    victims_running = threading.Event()
-
-    def on_status(event: AgentStatusChanged) -> None:
-        if event.status == "running":
-            with lock:
-                running.add(event.agent.id)
-                if victim_ids <= running:
-                    victims_running.set()
-
-    rt.on("agent/settled", on_settled)
-    rt.on("agent/disposed", on_disposed)
-    rt.on("agent/status", on_status)
-
-    agents = [rt.spawn(model=model) for _ in range(count)]
-    victims = random.Random(3).sample(agents, min(crashes, count))
-    victim_ids = {v.id for v in victims}
-    for n, agent in enumerate(agents, start=1):
-        tasks[agent.id] = f"task {n}: summarise the quarterly numbers"
-        agent.followup(tasks[agent.id])
+    rt.on("agent/restart", on_restart)
+    agents = [rt.spawn(model=model, restart=policy) for _ in range(count)]
+    tasks = {a.id: f"task {n}: summarise the quarterly numbers" for n, a in enumerate(agents)}
+    first = [a.submit(tasks[a.id]) for a in agents]
 
     # Chaos monkey: crash some agents while their first turn is running.
-    if not victims_running.wait(30):
-        print("the victims never started running")
-        return 1
-    for victim in victims:
-        print(f"crash  {victim.id} (status {victim.status})")
+    for victim in random.Random(3).sample(agents, min(crashes, count)):
         victim.kill("chaos monkey")
 
-    # Supervisor loop: restart each crashed agent from its log, re-send its task.
-    deadline = time.monotonic() + 60
-    while not all_done.is_set():
-        if time.monotonic() > deadline:
-            print(f"timed out: {len(completed)}/{len(tasks)} tasks completed")
-            return 1
-        try:
-            agent_id = crashed.get(timeout=0.1)
-        except queue.Empty:
-            continue
-        restarts[agent_id] = restarts.get(agent_id, 0) + 1
-        if restarts[agent_id] > MAX_RESTARTS:
-            print(f"give up {agent_id} after {MAX_RESTARTS} restarts")
-            return 1
-        agent = rt.resume(agent_id, model=model)  # rebuilt from its durable log
-        print(
-            f"resume {agent_id} (restart #{restarts[agent_id]}; its log ends after turn "
-            f"{agent.session.state.last_turn})"
-        )
-        agent.followup(tasks[agent_id])  # the task did not complete: send it again
+    replies = gather(first, timeout=60)
+    crashed = [r.agent_id for r in replies if r.status == "crashed"]
+    again = gather([resent.get(timeout=30) for _ in crashed], timeout=60)
+    done = sum(r.ok for r in replies) + sum(r.ok for r in again)
 
-    # The logs tell the story: the crashed turn, then the resumed one.
-    for victim in victims:
-        agent = rt.get(victim.id)
+    for agent_id in crashed:  # the logs tell the story: the crashed turn, then the new one
         ends = [
             f"turn {e.data.turn} {e.data.reason.kind}"
-            for e in agent.session.events()
+            for e in rt.get(agent_id).session.events()
             if e.type == "turn/end"
         ]
-        print(f"log    {victim.id}: {' -> '.join(ends)}")
-    print(f"{len(completed)}/{len(tasks)} tasks completed, {sum(restarts.values())} restart(s)")
-    return 0 if len(completed) == len(tasks) else 1
+        print(f"log {agent_id}: {' -> '.join(ends)}")
+    print(f"{done}/{count} tasks completed, {len(crashed)} restart(s)")
+    return 0 if done == count else 1

@@ -1,19 +1,20 @@
-"""Steer and cancel agents in the middle of their turns, watching `session/event`.
+"""Steer and cancel agents in the middle of their turns, reading what each send came to.
 
     corral run examples/steer_and_cancel.py
 
 Three agents share a slow scripted model (0.4 s per request, streamed in 4 chunks):
 
-* **steered** gets a task, and once its first step has started the script steers it:
-  the steering message joins the *next step* of the running turn, so the turn takes a
-  second step whose request contains it.
-* **cancelled** gets a task and is cancelled mid-step: the turn ends
-  `aborted {kind: "user"}`.
+* **steered** gets a task, and once its first step has started the script steers it
+  (`submit(..., steer=True)`): the steering message joins the *next step* of the
+  running turn, so the turn takes a second step whose request contains it; the steer's
+  reply is that turn's.
+* **cancelled** gets a task and is cancelled mid-step: its reply settles `aborted`.
 * **cleared** gets three queued follow-ups and is cancelled during the first: without
-  `keep_inbox=True`, cancel also discards the two waiting messages (`outcome: canceled`).
+  `keep_inbox=True`, cancel also discards the two waiting messages (their replies say
+  `discarded`).
 
-Everything is synchronised on events, never on sleeps: `session/event` listeners set
-`threading.Event`s the main thread waits on.
+Synchronised on events, never on sleeps: an `agent/inbox/claimed` listener sets a
+`threading.Event` once the agent's turn has claimed its task.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import threading
 
 from runtime import (
     Agent,
-    Event,
+    InboxClaimed,
     ModelRequest,
+    Reply,
     Runtime,
     ScriptedModel,
-    SessionEventLive,
     TextBlock,
     UserMessage,
+    gather,
 )
 
 
@@ -42,79 +44,49 @@ def reply(request: ModelRequest) -> str:
     return "answering: " + " + ".join(asks[-2:])
 
 
-def describe(event: Event) -> str:
-    data = event.data
-    match event.type:
-        case "turn/start":
-            return f"turn {data.turn} starts ({data.trigger.kind})"
-        case "turn/end":
-            return f"turn {data.turn} ends: {data.reason.kind}" + (
-                f" ({data.reason.reason.kind})" if data.reason.kind == "aborted" else ""
-            )
-        case "step/start":
-            return f"  step {data.step}"
-        case "user/message":
-            return f"    user: {data.message.content[0].text}"
-        case "assistant/message":
-            text = "".join(b.text for b in data.message.content if isinstance(b, TextBlock))
-            return f"    assistant: {text}" + (" [interrupted]" if data.interrupted else "")
-        case "agent/inbox/spliced" if data.outcome == "canceled":
-            return f"  inbox: {data.removed_count} queued message(s) canceled"
-        case _:
-            return ""
+def outcome(r: Reply) -> str:
+    return r.reason.kind if r.reason is not None else r.status
 
 
 def main(rt: Runtime, argv: list[str]) -> int:
     model = ScriptedModel(reply, latency=0.4, chunks=4)
-    names: dict[str, str] = {}
-    step_started: dict[str, threading.Event] = {}
-    print_lock = threading.Lock()
 
-    def watch(live: SessionEventLive) -> None:
-        name, event = names.get(live.agent.id), live.event
-        if name is None:
-            return
-        if event.type == "step/start":
-            step_started[name].set()
-        line = describe(event)
-        if line:
-            with print_lock:
-                print(f"[{name:9}] {line}")
+    def spawn() -> tuple[Agent, threading.Event]:
+        agent, claimed = rt.spawn(model=model), threading.Event()
 
-    rt.on("session/event", watch)
+        def on_claimed(_event: InboxClaimed) -> None:
+            claimed.set()
 
-    def spawn(name: str) -> Agent:
-        agent = rt.spawn(model=model)
-        names[agent.id] = name
-        step_started[name] = threading.Event()
-        return agent
+        agent.on("agent/inbox/claimed", on_claimed)
+        return agent, claimed
 
-    steered, cancelled, cleared = spawn("steered"), spawn("cancelled"), spawn("cleared")
+    (steered, steered_running), (cancelled, cancelled_running), (cleared, cleared_running) = (
+        spawn(),
+        spawn(),
+        spawn(),
+    )
 
-    # 1. Steer: wait until step 1 is running, then add a message to the next step.
-    steered.followup("write the weekly report")
-    step_started["steered"].wait(5)
-    steered.steer("also mention the outage on Tuesday")
+    # 1. Steer: once the turn runs, add a message to its next step.
+    task = steered.submit("write the weekly report")
+    steered_running.wait(5)
+    steer = steered.submit("also mention the outage on Tuesday", steer=True)
 
     # 2. Cancel: abort the running turn mid-step.
-    cancelled.followup("translate the whole manual")
-    step_started["cancelled"].wait(5)
+    translate = cancelled.submit("translate the whole manual")
+    cancelled_running.wait(5)
     cancelled.cancel()
 
     # 3. Cancel with a queue: the active turn is aborted and the queued work discarded.
-    for task in ("task one", "task two", "task three"):
-        cleared.followup(task)
-    step_started["cleared"].wait(5)
+    queued = [cleared.submit(t) for t in ("task one", "task two", "task three")]
+    cleared_running.wait(5)
     cleared.cancel()  # keep_inbox=False (the default) discards "task two" and "task three"
 
-    for agent in (steered, cancelled, cleared):
-        agent.wait_idle(timeout=10)
-    rt.flush()
-
-    reasons = {
-        names[a.id]: [e.data.reason.kind for e in a.session.events() if e.type == "turn/end"]
-        for a in (steered, cancelled, cleared)
-    }
-    print(f"turn ends: {reasons}")
-    ok = reasons == {"steered": ["completed"], "cancelled": ["aborted"], "cleared": ["aborted"]}
+    replies = gather([task, steer, translate, *queued], timeout=20)
+    for name, r in zip(
+        ["task", "steer", "translate", "task one", "task two", "task three"], replies, strict=True
+    ):
+        print(f"{name:10} -> {outcome(r):9} turns={list(r.turns)} {r.text!r}")
+    outcomes = [outcome(r) for r in replies]
+    ok = outcomes == ["completed", "completed", "aborted", "aborted", "discarded", "discarded"]
+    ok = ok and replies[0].turns == replies[1].turns and "outage" in replies[1].text
     return 0 if ok else 1

@@ -18,6 +18,7 @@ from actors import (
     AgentDisposed,
     AgentDisposedError,
     AgentError,
+    AgentRestart,
     AgentSessionStart,
     AgentSettled,
     AgentStateError,
@@ -111,12 +112,15 @@ from storage import (
     UserMessageData,
 )
 
+from . import aio
 from .agent import Agent
+from .delegation import AgentTool, agent_tool
 from .errors import (
     JsonReplyTooLargeError,
     MissingCredentialsError,
     NotAStreamError,
     ProviderError,
+    ReplyTimeoutError,
     RuntimeClosedError,
     SseEventTooLargeError,
     StreamReportedError,
@@ -124,8 +128,10 @@ from .errors import (
 )
 from .messages import MessageLike
 from .policy import RetryPolicy
+from .replies import PendingReply, Reply, ReplyStatus, as_completed, gather, wait_all_idle
 from .runtime import Runtime
 from .scripted import ScriptedModel, ToolCall
+from .supervision import RestartPolicy
 from .tool import FunctionTool, conclude, tool
 
 __all__ = [
@@ -137,11 +143,13 @@ __all__ = [
     "AgentDisposedError",
     "AgentError",
     "AgentInboxSpliced",
+    "AgentRestart",
     "AgentSessionStart",
     "AgentSettled",
     "AgentStateError",
     "AgentStatus",
     "AgentStatusChanged",
+    "AgentTool",
     "Allow",
     "AssistantChunk",
     "AssistantMessage",
@@ -186,6 +194,7 @@ __all__ = [
     "NotAStreamError",
     "PackageShadowedError",
     "ParentCause",
+    "PendingReply",
     "PostExecute",
     "PreExecute",
     "PreStep",
@@ -194,11 +203,15 @@ __all__ = [
     "ReasoningBlock",
     "ReentrantAppendError",
     "Reject",
+    "Reply",
+    "ReplyStatus",
+    "ReplyTimeoutError",
     "RequestConfig",
     "RequestContext",
     "RequestError",
     "RequestEvent",
     "RequestHeader",
+    "RestartPolicy",
     "Retry",
     "RetryPolicy",
     "Runtime",
@@ -238,6 +251,11 @@ __all__ = [
     "UserMessage",
     "UserMessageData",
     "WaitCycleError",
+    "agent_tool",
+    "aio",
+    "as_completed",
     "conclude",
+    "gather",
     "tool",
+    "wait_all_idle",
 ]

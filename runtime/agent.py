@@ -51,6 +51,7 @@ from storage import (
 
 from . import waiting
 from .messages import MessageChecker, MessageLike, check_id
+from .replies import PendingReply, Reply, ReplyWatch
 from .slots import AgentHost, AgentSlot
 from .waiting import check_timeout
 
@@ -448,6 +449,69 @@ class Agent:
                 target.abort(cause)
             self._tell_live(Cancel(cause=cause, keep_inbox=keep_inbox, target=target))
 
+    # ------------------------------------------------------------------ replies
+
+    def submit(
+        self, message: MessageLike, *, steer: bool = False, id: MessageId | None = None
+    ) -> PendingReply:
+        """Send ``message`` (a ``followup``, or a ``steer`` with ``steer=True``) and return
+        its :class:`~runtime.replies.PendingReply` at once: a future of the
+        :class:`~runtime.replies.Reply` of the turn chain it starts (or lands in)."""
+        watch = ReplyWatch(self)
+        try:
+            message_id = (self.steer if steer else self.followup)(message, id=id)
+        except BaseException:
+            watch.abandon()
+            raise
+        return watch.start(message_id)
+
+    def ask(
+        self,
+        message: MessageLike,
+        *,
+        timeout: float | None = 300.0,
+        steer: bool = False,
+        id: MessageId | None = None,
+    ) -> Reply:
+        """Send ``message`` and block until the turn chain it started has settled; returns
+        its :class:`~runtime.replies.Reply` (``.text``, ``.reason``, ``.turns``,
+        ``.retries``, ``.usage``). A cancel or dispose meanwhile ends the wait with what
+        happened; :class:`ReplyTimeoutError` after ``timeout`` seconds (the turn goes
+        on). Refused, as ``wait_idle`` is, from code this agent runs and on the I/O
+        loop: use ``submit`` there, or ``await aio.ask(...)`` from asyncio."""
+        timeout = check_timeout(timeout)
+        self._refuse_wait("ask()")
+        return self.submit(message, steer=steer, id=id).result(timeout)
+
+    def notify_idle(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once every send before this call was handled and the agent
+        is idle (at once, here, if it is passive or disposed): ``wait_idle`` without
+        the wait, for fan-in and asyncio. It runs on the agent's thread: keep it short."""
+        if self._slot.passive or self.disposed:
+            callback()
+            return
+        try:
+            self._tell(AwaitIdle(callback=callback))
+        except AgentDisposedError:
+            callback()
+
+    def _refuse_wait(self, verb: str) -> None:
+        """Raise ``AgentStateError`` for a blocking wait on this agent from where it would
+        wait for itself or block the I/O loop."""
+        if self._slot.on_own_thread() or self._slot.runs_own_effect():
+            raise AgentStateError(
+                f"{verb} of agent {self.id} was called from code the agent runs (one "
+                "of its listeners or tool bodies): it would wait for itself; react to "
+                "agent/settled or agent/status"
+            )
+        if in_io_loop_thread():
+            raise AgentStateError(
+                f"{verb} of agent {self.id} was called on the runtime's I/O loop (from "
+                "an async listener or tool body): it would block every model stream and "
+                "async listener of the runtime; react to agent/settled, or wait in a thread "
+                f"(await asyncio.to_thread(agent.wait_idle, timeout))"
+            )
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every send before this call was handled and the agent is idle.
 
@@ -459,19 +523,7 @@ class Agent:
         timeout = check_timeout(timeout)
         if self._slot.passive:
             return True
-        if self._slot.on_own_thread() or self._slot.runs_own_effect():
-            raise AgentStateError(
-                f"wait_idle() of agent {self.id} was called from code the agent runs (one "
-                "of its listeners or tool bodies): it would wait for itself; react to "
-                "agent/settled or agent/status"
-            )
-        if in_io_loop_thread():
-            raise AgentStateError(
-                f"wait_idle() of agent {self.id} was called on the runtime's I/O loop (from "
-                "an async listener or tool body): it would block every model stream and "
-                "async listener of the runtime; react to agent/settled, or wait in a thread "
-                "(await asyncio.to_thread(agent.wait_idle, timeout))"
-            )
+        self._refuse_wait("wait_idle()")
         done = threading.Event()
         try:
             self._tell(AwaitIdle(callback=done.set))

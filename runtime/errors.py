@@ -19,6 +19,7 @@ __all__ = [
     "NotAStreamError",
     "ProviderError",
     "ReadTimeout",
+    "ReplyTimeoutError",
     "RuntimeClosedError",
     "SseEventTooLargeError",
     "StreamReportedError",
@@ -38,6 +39,19 @@ class RuntimeClosedError(AgentDisposedError, StoreClosedError, RuntimeError):
 
     def __init__(self) -> None:
         super().__init__("this runtime is closed; open a new one with Runtime.open()")
+
+
+class ReplyTimeoutError(CorralError, TimeoutError):
+    """A reply (``agent.ask``, ``PendingReply.result``, the fan-in helpers) did not come
+    within its timeout. The chain goes on: wait again, or ``cancel()`` the agent."""
+
+    def __init__(self, agent_id: str, message_id: str, timeout: float | None) -> None:
+        self.agent_id = agent_id
+        self.message_id = message_id
+        super().__init__(
+            f"no reply to message {message_id} of agent {agent_id} within {timeout} s; "
+            "its turn goes on: wait again (PendingReply.result) or cancel the agent"
+        )
 
 
 class ProviderError(CorralError):

@@ -3,9 +3,10 @@
 Up to ``max_retries`` retries for transient failures (``RATE_LIMIT``, ``SERVER``,
 ``TIMEOUT``, ``TRANSPORT``, ``EMPTY_RESPONSE``), exponential backoff from ``base_s`` to
 ``cap_s`` with ``jitter`` (10%) either way, honouring the provider's ``retry_after_s``
-up to ``max_retry_after_s`` (2 minutes): a provider that asks for a longer wait is not
-retried, and the failure ends the turn. The loop logs each accepted retry durably as
-``llm/retry`` and opens a retry turn.
+(never sooner, later by up to ``jitter``, so that the agents told one retry-after do
+not all retry at one instant) up to ``max_retry_after_s`` (2 minutes): a provider that
+asks for a longer wait is not retried, and the failure ends the turn. The loop logs
+each accepted retry durably as ``llm/retry`` and opens a retry turn.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ class RetryPolicy:
     def delay(self, attempt: int, retry_after_s: float | None) -> float:
         """The wait before retry number ``attempt`` (1-based)."""
         if retry_after_s is not None and retry_after_s >= 0:
-            return float(retry_after_s)
+            # Never sooner than the provider asked, and spread later by up to
+            # ``jitter``: agents told the same retry-after do not all retry at once.
+            spread = retry_after_s * (1 + self.jitter * self._rng.random())
+            return float(min(MAX_RETRY_DELAY_S, spread))
         backoff = min(self.cap_s, self.base_s * 2 ** (attempt - 1))
         jittered = backoff * (1 + self.jitter * (2 * self._rng.random() - 1))
         return float(min(MAX_RETRY_DELAY_S, jittered))

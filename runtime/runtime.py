@@ -63,6 +63,7 @@ from actors import (
     in_runtime_thread,
     remaining,
     waiting_for,
+    waiting_on_actors,
     watch,
 )
 from storage import (
@@ -98,6 +99,8 @@ from .close import (
 from .errors import RuntimeClosedError
 from .policy import RetryPolicy
 from .slots import AgentSlot
+from .spawning import SPAWN_BATCH, Announcements
+from .supervision import RestartPolicy, Supervision
 from .waiting import check_timeout
 
 __all__ = ["Runtime"]
@@ -193,6 +196,7 @@ class Runtime:
         self._scoped: dict[str, set[Callable[[], None]]] = {}  # agent id -> its disposers
         self._closed = False  # close() began: nothing new starts
         self._close = CloseStages(self._close_stages())  # what no close() has done yet
+        self._supervisions: list[Supervision] = []  # (closed by close(): no restart)
         self._closing_agents: list[AgentSlot[Agent]] = []  # the agents close() stops
         self._disposals_cut: str | None = None  # what interrupted close's wait for them
         self._released = False  # close() let go of the store: nothing can be read
@@ -404,16 +408,152 @@ class Runtime:
         session_id: str | None = None,
         system: str | None = None,
         limits: UsageLimits | None = None,
+        restart: RestartPolicy | None = None,
     ) -> Agent:
         """Create an agent with a new session. It stays idle until a waking send.
 
         ``limits`` caps this agent's model requests and tokens (default: the runtime's
-        ``agent_limits``)."""
+        ``agent_limits``). ``restart``: resume it from its log when it crashes, within
+        that policy (see :mod:`runtime.supervision`: after a restart ``rt.get(id)`` is
+        the new handle)."""
         self._check_open()
         resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
         with self._starting_agent():
             session = self.store.create_session(session_id)
-            return self._start(session, resolved, tool_map, system, limits, "startup")
+            agent = self._start(session, resolved, tool_map, system, limits, "startup")
+        if restart is not None:
+            resume = partial(self.resume, agent.id, model=model, tools=tools, limits=limits)
+            self._supervise(agent, restart, resume)
+        return agent
+
+    def _supervise(self, agent: Agent, policy: RestartPolicy, resume: Callable[[], Agent]) -> None:
+        """Put ``agent`` under a :class:`~runtime.supervision.Supervision` (its restarts
+        resume it with ``resume``)."""
+        if not isinstance(policy, RestartPolicy):
+            raise TypeError(f"restart is a RestartPolicy or None, got {policy!r}")
+
+        def ref_of(handle: Agent) -> ActorRef[Any]:
+            with self._lock:
+                slot = self._agents.get(handle.id)
+            if slot is None or slot.handle is not handle or slot.ref is None:
+                raise AgentDisposedError(f"agent {handle.id} is no longer running")
+            return slot.ref
+
+        supervision = Supervision(
+            agent.id,
+            policy,
+            scheduler=self.scheduler,
+            bus=self.bus,
+            ref_of=ref_of,
+            resume=resume,
+        )
+        with self._lock:
+            self._supervisions.append(supervision)
+        supervision.adopt(agent)
+
+    def spawn_many(
+        self,
+        count: int,
+        *,
+        model: Model | str,
+        tools: Sequence[Tool | Callable[..., Any]] = (),
+        system: str | None = None,
+        limits: UsageLimits | None = None,
+    ) -> list[Agent]:
+        """``count`` agents, each with a new session, made as ``count`` calls of
+        :meth:`spawn` with these arguments would make them (each announced on its own
+        actor by ``agent/created`` then ``agent/session-start``), in spawn order. Faster:
+        the settings are checked once, the sessions made together, the registry starts
+        a few hundred actors per message, and the announcements run while the spawning
+        thread waits once for them all.
+
+        Called on a thread of the runtime (a listener, a tool body) it spawns them one
+        at a time, as :meth:`spawn` does there (each wait registered for cycle
+        detection). If it fails part way (the runtime closed), the agents announced
+        before the failure stay (``rt.agents()``)."""
+        self._check_open()
+        if type(count) is not int or count < 0:
+            raise ValueError(f"count is the number of agents to spawn (an int >= 0), got {count!r}")
+        if in_runtime_thread():
+            return [
+                self.spawn(model=model, tools=tools, system=system, limits=limits)
+                for _ in range(count)
+            ]
+        resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
+        agents: list[Agent] = []
+        with self._starting_agent():
+            for first in range(0, count, SPAWN_BATCH):
+                size = min(SPAWN_BATCH, count - first)
+                agents += self._start_many(size, resolved, tool_map, system, limits)
+        return agents
+
+    def _start_many(
+        self,
+        size: int,
+        model: Model,
+        tools: dict[str, Tool],
+        system: str | None,
+        limits: UsageLimits | None,
+    ) -> list[Agent]:
+        """:meth:`_start` for ``size`` new sessions: one registry message for them all,
+        every announcement told before the spawning thread waits (not on a runtime
+        thread: no cycle of waits can go through this one, see spawn_many)."""
+        built: list[tuple[AgentSlot[Agent], Session, Parts]] = []
+        for session in self.store.create_sessions(size):
+            meters = self._meters_for(session.id, limits)
+            spec = Spec(model=model, tools=tools, system=system, meters=meters)
+            slot: AgentSlot[Agent] = AgentSlot(session, spec)
+            slot.handle = Agent(
+                slot,
+                self._host,
+                new_id=self._new_message_id,
+                max_message_bytes=self.store.codec.max_event_bytes,
+            )
+            built.append((slot, session, self._assemble(slot, session, spec)))
+        refs: list[ActorRef[Any]] = []
+        announced: list[AgentSlot[Agent]] = []
+        failure: BaseException | None = None
+        try:
+            for slot, _, _ in built:
+                self._add_pending(slot)
+            items = [(slot.id, parts.start) for slot, _, parts in built]
+            create = ProxyCall(attr_path=("create_many",), args=(items,), kwargs={})
+            with waiting_on_actors():
+                refs = self._registry.ask(create, block=True)
+            announcements: Announcements[AgentSlot[Agent]] = Announcements(len(refs))
+            for (slot, session, parts), ref in zip(built, refs, strict=True):
+                announce = partial(self._announce, slot, session, ref, parts, "startup")
+                ref.tell(Announce(callback=partial(announcements.run, slot, announce)))
+            with waiting_on_actors():
+                announcements.wait()
+            announced, failure = announcements.done, announcements.failure
+        except BaseException as err:  # noqa: BLE001 -- the batch's start failed: undone below
+            failure = err
+        if failure is None:
+            return [slot.handle for slot, _, _ in built]
+        live = set(map(id, announced))
+        for index, (slot, session, _) in enumerate(built):
+            if id(slot) not in live:
+                self._forget_start(slot, session, refs[index] if index < len(refs) else None)
+        if self._closed and isinstance(failure, Exception):
+            raise RuntimeClosedError from failure
+        raise failure
+
+    def _forget_start(
+        self, slot: AgentSlot[Agent], session: Session, ref: ActorRef[Any] | None
+    ) -> None:
+        """Undo what a failed start of ``slot`` did (it was never announced)."""
+        agent_id = slot.id
+        with self._lock:
+            self._pending.pop(agent_id, None)
+            if self._agents.get(agent_id) is slot:
+                del self._agents[agent_id]
+            if ref is not None and slot.ref is ref:  # (_go_live's)
+                slot.registered = False
+            if slot.bridged is session:
+                slot.bridged = None
+        if ref is not None:  # registered, never announced: nothing may keep it running
+            self._unstart(agent_id, ref)
 
     def resume(
         self,
@@ -583,16 +723,7 @@ class Runtime:
                 announce = partial(self._announce, slot, session, ref, parts, source)
                 ref.ask(Announce(callback=announce), block=True)
         except BaseException as err:
-            with self._lock:
-                self._pending.pop(agent_id, None)
-                if self._agents.get(agent_id) is slot:
-                    del self._agents[agent_id]
-                if ref is not None and slot.ref is ref:  # (_go_live's)
-                    slot.registered = False
-                if slot.bridged is session:
-                    slot.bridged = None
-            if ref is not None:  # registered, never announced: nothing may keep it running
-                self._unstart(agent_id, ref)
+            self._forget_start(slot, session, ref)
             if self._closed and isinstance(err, Exception):  # a close() ended this start
                 raise RuntimeClosedError from err  # (claimed it, stopped the registry, ...)
             raise
@@ -920,6 +1051,9 @@ class Runtime:
             self._close.running = True
             if "starts" in self._close.left:  # the agents live now, whatever "starts" gets to
                 self._closing_agents = list(self._agents.values())
+            supervisions, self._supervisions = self._supervisions, []
+        for supervision in supervisions:  # a pending restart is cancelled, none starts
+            supervision.close()
         try:
             self._close.run(Deadline(until, timeout))
         finally:

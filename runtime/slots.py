@@ -31,6 +31,8 @@ from actors import (
     working_for,
 )
 
+from .waiting import OnceFlag
+
 if TYPE_CHECKING:
     from storage import Session
 
@@ -90,7 +92,7 @@ class AgentSlot(Generic[H]):
         self.passivating = False  # a passivation stops its actor (no disposal: on death)
         self.dispose_lock = threading.Lock()
         self.disposing = False  # Invariant: set once, under ``dispose_lock``
-        self.disposed = threading.Event()
+        self.disposed = OnceFlag()  # (an event would be ~1 KB of every agent)
         self.announcer: int | None = None  # the thread emitting its agent/disposed
         self.registered = False
         """Its actor (``ref``) is the one the runtime knows for this id: from going live

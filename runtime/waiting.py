@@ -17,19 +17,62 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Final
+from typing import Final, Protocol
 
 from actors import Idle, WaitTarget, waiting_for, waiting_on_actors
 from storage import check_timeout
 
-__all__ = ["SLICE_S", "check_timeout", "wait"]
+__all__ = ["SLICE_S", "Flag", "OnceFlag", "check_timeout", "wait"]
 
 SLICE_S: Final = 0.1
 """The longest a Ctrl-C that just missed a wait's system call goes unhandled."""
 
 
+class Flag(Protocol):
+    """What :func:`wait` waits on: a ``threading.Event`` or a :class:`OnceFlag`."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class OnceFlag:
+    """A flag set once, waited on like a ``threading.Event``, that builds its event only
+    when someone waits before it is set. Every agent holds one (its disposal): an
+    event (a condition, a lock and a deque) is ~1 KB, most of an idle agent's locks."""
+
+    __slots__ = ("_event", "_set")
+
+    _building: Final = threading.Lock()  # (for every flag: taken to set or to first wait)
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with OnceFlag._building:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        with OnceFlag._building:
+            if self._set:
+                return True
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        return event.wait(timeout)
+
+
 def wait(
-    event: threading.Event,
+    event: Flag,
     timeout: float | None = None,
     *,
     idle: tuple[WaitTarget, str, Idle] | None = None,

@@ -98,6 +98,7 @@ from storage.events import (
     UserMessageData,
 )
 from storage.invariants import Violation, assert_invariants, check_invariants
+from storage.lmdb.env import writer_pid
 from storage.lmdb.layout import SCHEMA_VERSION
 from storage.lmdb.store import Durability, SessionStats, Store, StoreStatistics
 from storage.lossless import lossless_problem
@@ -239,4 +240,5 @@ __all__ = [
     "start_thread",
     "tool_id_bytes",
     "turn_state",
+    "writer_pid",
 ]

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple
 
 from storage.codec import Codec, EventKind
 from storage.errors import InvalidEventError
@@ -115,7 +115,7 @@ class BatchAppends:
         _last_seq: int
         _last_time: int
         _surface: SurfaceProjection
-        _appliers: dict[str, Callable[[Event], None]]
+        _appliers: ClassVar[Mapping[str, Callable[[Any, Event], None]]]  # (session, event)
         _observers: tuple[Callable[[Event], None], ...]
         _notifying: int | None
 
@@ -261,11 +261,11 @@ class BatchAppends:
             for event in events:  # in seq order
                 apply = appliers.get(event.type)
                 if apply is not None:
-                    apply(event)
+                    apply(self, event)
         else:
             for index in tracked:  # in seq order
                 event = events[index]
-                appliers[event.type](event)
+                appliers[event.type](self, event)
         if len(tail) >= self._room_at:
             self._make_room()
         if self._observers:

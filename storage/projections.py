@@ -129,6 +129,12 @@ class TurnTracker:
         handler = _TURN_HANDLERS.get(type)
         return None if handler is None else MethodType(handler, self)
 
+    @staticmethod
+    def update_for(type: str) -> Callable[[TurnTracker, Event], None] | None:
+        """The unbound :meth:`apply` for events of ``type`` only (``None``: such events
+        change nothing), for a table shared by many trackers."""
+        return _TURN_HANDLERS.get(type)
+
     def snapshot(self) -> TurnState:
         """The current state; cached until the next state-changing event."""
         if self._snapshot is None:
@@ -297,11 +303,13 @@ class InboxProjection:
     only as claimed, once per claim (the checker's ``inbox-entry`` rule).
     """
 
-    __slots__ = ("_inboxed", "_lanes", "_seed_length")
+    __slots__ = ("_inboxed", "_next_step", "_next_turn", "_seed_length")
 
     def __init__(self, *, seed_length: int = 0) -> None:
         self._seed_length = seed_length
-        self._lanes: dict[str, list[UserMessage]] = {"next-turn": [], "next-step": []}
+        # Two fields, not a dict by lane: the projection lives as long as its agent.
+        self._next_turn: list[UserMessage] = []
+        self._next_step: list[UserMessage] = []
         self._inboxed: set[str] = set()
 
     def apply(self, event: Event) -> None:
@@ -316,7 +324,7 @@ class InboxProjection:
                 self._inboxed.update(message.id for message in inserted)
         if event.seq < self._seed_length:
             return
-        lane = self._lanes[data.target]
+        lane = self._next_turn if data.target == "next-turn" else self._next_step
         lane[data.start : data.start + data.removed_count] = inserted
 
     def was_inboxed(self, message_id: str) -> bool:
@@ -326,7 +334,7 @@ class InboxProjection:
 
     def pending(self) -> tuple[list[UserMessage], list[UserMessage]]:
         """``(next_turn, next_step)``, as new lists."""
-        return list(self._lanes["next-turn"]), list(self._lanes["next-step"])
+        return list(self._next_turn), list(self._next_step)
 
 
 def pending_inbox(

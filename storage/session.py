@@ -26,8 +26,8 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import ClassVar, Final
 
 import msgspec
 
@@ -66,16 +66,51 @@ _time_ns: Final = time.time_ns
 _class: Final = type
 
 
-def _both(
-    first: Callable[[Event], None], second: Callable[[Event], None]
-) -> Callable[[Event], None]:
+Applier = Callable[["Session", Event], None]
+"""How one event type updates a session's projections (see ``_APPLIERS``)."""
+
+
+def _apply_inbox(session: Session, event: Event) -> None:
+    session._inbox.apply(event)
+
+
+def _apply_surface(session: Session, event: Event) -> None:
+    session._surface.apply(event)
+
+
+def _turn_applier(update: Callable[[TurnTracker, Event], None]) -> Applier:
+    def apply_turn(session: Session, event: Event) -> None:
+        update(session._turns, event)
+
+    return apply_turn
+
+
+def _both(first: Applier, second: Applier) -> Applier:
     """One projection update made of two, in order."""
 
-    def update(event: Event) -> None:
-        first(event)
-        second(event)
+    def update(session: Session, event: Event) -> None:
+        first(session, event)
+        second(session, event)
 
     return update
+
+
+def _projection_updates() -> dict[str, Applier]:
+    """What an append calls to update the projections, by event type (types that change
+    none are absent): one lookup and one call per fact. One table for every session (a
+    table of bound methods per session held ~650 bytes of each idle agent)."""
+    updates: dict[str, Applier] = {_INBOX: _apply_inbox}
+    for name in TURN_TYPES:
+        update = TurnTracker.update_for(name)
+        assert update is not None  # Invariant: TURN_TYPES are the handled types
+        updates[name] = _turn_applier(update)
+    for name in SURFACE_TYPES:
+        turn = updates.get(name)  # tool/result: the turn tracker's too, after the surface
+        updates[name] = _apply_surface if turn is None else _both(_apply_surface, turn)
+    return updates
+
+
+_APPLIERS: Final = _projection_updates()
 
 
 def epoch_ms() -> int:
@@ -103,6 +138,9 @@ class Session(BatchAppends, DurableTail):
     pushed it out of the CPU caches; freeing it at once, while it is still hot, ran
     6-9% more turns per second with 1,000 agents, see benchmarks/README.md.)
     """
+
+    # The projection updates by event type, one table for every session.
+    _appliers: ClassVar[Mapping[str, Applier]] = _APPLIERS
 
     def __init__(
         self,
@@ -156,7 +194,6 @@ class Session(BatchAppends, DurableTail):
         self._turns = TurnTracker()
         self._surface = SurfaceProjection()
         self._inbox = InboxProjection(seed_length=header.seed_length)
-        self._appliers = self._projection_updates()
         self._observers: tuple[Observer, ...] = ()
         self._notifying: int | None = None  # ident of the thread running observers
         keep = self._tail.append if reader is None else None
@@ -266,9 +303,9 @@ class Session(BatchAppends, DurableTail):
             tail.append(payload if self._records else event)
             self._last_seq = seq
             self._last_time = now
-            apply = self._appliers.get(type)
+            apply = _APPLIERS.get(type)
             if apply is not None:
-                apply(event)
+                apply(self, event)
             if len(tail) >= self._room_at:
                 self._make_room()
             if self._observers:  # a runtime bridges sessions only once someone listens
@@ -276,20 +313,6 @@ class Session(BatchAppends, DurableTail):
         finally:
             lock.release()
         return event
-
-    def _projection_updates(self) -> dict[str, Callable[[Event], None]]:
-        """What an append calls to update the projections, by event type (types that
-        change none are absent): one lookup and one call per fact."""
-        updates: dict[str, Callable[[Event], None]] = {_INBOX: self._inbox.apply}
-        for name in TURN_TYPES:
-            handler = self._turns.handler(name)
-            assert handler is not None  # Invariant: TURN_TYPES are the handled types
-            updates[name] = handler
-        surface = self._surface.apply
-        for name in SURFACE_TYPES:
-            turn = updates.get(name)  # tool/result: the turn tracker's too, after the surface
-            updates[name] = surface if turn is None else _both(surface, turn)
-        return updates
 
     def notifying_here(self) -> bool:
         """Whether the calling thread runs this session's ``session/event`` observers

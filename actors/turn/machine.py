@@ -62,6 +62,7 @@ from ..events import (
     RequestError,
     RequestEvent,
     Retry,
+    SessionFlush,
     TurnStopping,
 )
 from ..inbox import Inbox
@@ -128,6 +129,9 @@ class TurnMachine:
         self.admission = admission
         self.on_request = on_request
         self.status: AgentStatus = "idle"
+        # The last seq a session/flush checkpoint reported durable (the first one
+        # reports what was appended since the agent went live).
+        self._checkpointed: int = session.last_seq
         self.signal: TurnSignal | None = None
         self.turn_open = False
         # The actor stops (a crash, a kill, a forced stop) with a turn under way: closing
@@ -300,6 +304,21 @@ class TurnMachine:
                 # (settled means durable); the agent goes on (see docs/durability.md).
                 self._error(turn, None, not_durable(err))
                 return
+            # The session/flush checkpoint (CONTRACT 7): its listeners, in parallel, are
+            # awaited before the turn counts as settled; a cancel does not cut them short.
+            last = self.session.last_seq
+            if last > self._checkpointed and self._listened("session/flush"):
+                flushed = SessionFlush(
+                    agent=self.agent, first_seq=self._checkpointed + 1, last_seq=last
+                )
+                self._checkpointed = last
+                await outcome_of(
+                    "session/flush",
+                    self.bus.parallel("session/flush", flushed, scope=self._scope),
+                    abortable=False,
+                )
+            else:
+                self._checkpointed = last
         if self._maybe("agent/settled"):
             self.emit("agent/settled", AgentSettled(agent=self.agent, turn=turn, reason=reason))
 

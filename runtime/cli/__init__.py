@@ -16,6 +16,7 @@ from .compare import compare
 from .errors import CorralGroup
 from .log import log
 from .run import run
+from .top import top
 
 __all__ = ["cli", "main"]
 
@@ -37,6 +38,7 @@ cli.add_command(bench)
 cli.add_command(compare)
 cli.add_command(log)
 cli.add_command(run)
+cli.add_command(top)
 
 
 def main() -> None:

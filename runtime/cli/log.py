@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -35,9 +36,7 @@ from storage import (
     DuplicateSessionError,
     Event,
     IgnoredRecord,
-    InvalidEventError,
     InvalidSessionIdError,
-    LogCorruptError,
     Store,
     UnknownSessionError,
     check_session_id,
@@ -45,7 +44,14 @@ from storage import (
 
 from .benchview import breakdown_table
 from .errors import CliError, InvariantsError
-from .options import STORE_FILES, FiniteFloatRange, refuse_store_file, store_option
+from .listing import SORT_KEYS, STATES, SessionSummary, parse_time, resolve_session, summarize
+from .options import (
+    STORE_FILES,
+    FiniteFloatRange,
+    group_store_option,
+    inherited_store_option,
+    refuse_store_file,
+)
 from .transcript import plural, safe_json, shown, summary, transcript
 
 __all__ = ["log"]
@@ -103,88 +109,138 @@ class _Counter(io.RawIOBase):
         return len(data)
 
 
-def _last_turn(store: Store, session_id: str, count: int) -> tuple[int, str]:
-    """(number of the last turn, its state) from the tail of the log, widening the window
-    until a turn boundary is found."""
-    window = _TAIL_WINDOW
-    while True:
-        lower = max(0, count - window)
-        for event in reversed(store.read(session_id, lower=lower)):
-            if event.type == "turn/end":
-                return event.data.turn, event.data.reason.kind
-            if event.type == "turn/start":
-                return event.data.turn, "running"
-        if lower == 0:
-            return 0, "-"
-        window *= 4
-
-
 def _created(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
 
 
 @click.group(name="log")
-def log() -> None:
-    """Read, follow, export, import and check session logs."""
+@group_store_option
+def log(store: Path) -> None:
+    """Read, follow, export, import and check session logs.
+
+    A SESSION argument may be any unique prefix of a session id."""
+
+
 
 
 @log.command(name="ls")
-@store_option
-def ls(store: Path) -> None:
-    """List sessions: created, turns, state of the last turn, size."""
-    table = Table(box=None, pad_edge=False)
-    for name, justify in (
-        ("session", "left"),
-        ("created", "left"),
-        ("turns", "right"),
-        ("last turn", "left"),
-        ("events", "right"),
-        ("bytes", "right"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    headers = []
-    for path in stores_for(store):  # one, or a cluster's shard stores
-        with _reading(path) as st:
-            found = st.sessions()
-            headers += found
-            for header in found:
-                count = _require(st, header.id)
-                try:
-                    turn, state = _last_turn(st, header.id, count)
-                    turns = f"{turn:,}"
-                except (InvalidEventError, LogCorruptError):  # `log check` says why
-                    turns, state = "?", "unreadable"
-                counter = _Counter()
-                st.export_jsonl(header.id, counter)  # type: ignore[arg-type]
-                parent = header.parent
-                label = shown(
-                    header.id if parent is None else f"{header.id} (fork of {parent})"
-                )
-                table.add_row(
-                    Text(label),
-                    _created(header.created),
-                    turns,
-                    state,
-                    f"{count:,}",
-                    f"{counter.count:,}",
-                )
-    out = _out()
-    if headers:
-        # never cut an id short (a pipe is 80 columns to rich): widen to the table's need
-        width, out.width = out.width, 1 << 16
-        out.width = max(width, out.measure(table).maximum)
-        out.print(table)
-    out.print(Text(f"{len(headers):,} session(s) in {store}"))
+@inherited_store_option
+@click.option("-n", "--limit", type=click.IntRange(min=0), default=None, help="Show at most N.")
+@click.option(
+    "--state",
+    "states",
+    type=click.Choice(STATES),
+    multiple=True,
+    help="Only sessions in this state (repeatable): open (a turn is open), idle, new.",
+)
+@click.option(
+    "--outcome",
+    "outcomes",
+    multiple=True,
+    metavar="KIND",
+    help="Only sessions whose last turn ended so: completed, error, aborted, blocked, "
+    "max-tokens, interrupted, limit (repeatable).",
+)
+@click.option("--since", metavar="TIME", help="Only sessions active since TIME (10m, 2h, 3d, ISO).")
+@click.option("--until", metavar="TIME", help="Only sessions created before TIME.")
+@click.option(
+    "--sort",
+    type=click.Choice(SORT_KEYS),
+    default="created",
+    show_default=True,
+    help="Order (created streams rows as they are read; the others read every session first).",
+)
+@click.option("-r", "--reverse", is_flag=True, help="Reverse the order (newest, largest first).")
+@click.option("--bytes", "with_bytes", is_flag=True, help="Also each session's export size (slow).")
+def ls(
+    *,
+    store: Path,
+    limit: int | None,
+    states: tuple[str, ...],
+    outcomes: tuple[str, ...],
+    since: str | None,
+    until: str | None,
+    sort: str,
+    reverse: bool,
+    with_bytes: bool,
+) -> None:
+    """List sessions: created, turns (retries apart), last turn, state, events.
+
+    A turn counts as a user reads it: the message's turn with any retry turns it took."""
+    now = int(time.time() * 1000)
+    try:
+        since_ms = None if since is None else parse_time(since, now)
+        until_ms = None if until is None else parse_time(until, now)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from err
+    with contextlib.ExitStack() as stack:
+        opened = [stack.enter_context(_reading(path)) for path in stores_for(store)]
+        pairs = [(st, header) for st in opened for header in st.sessions()]  # shards too
+        total = len(pairs)
+        if until_ms is not None:
+            pairs = [(st, h) for st, h in pairs if h.created < until_ms]
+        if reverse and sort == "created":
+            pairs.reverse()
+        width = max([len("session")] + [len(shown(h.id)) for _, h in pairs])
+        out = sys.stdout
+        line = f"{'session':<{width}}  {'created':<19}  {'turns':>7}  {'retries':>7}  "
+        line += f"{'last turn':<11}  {'state':<10}  {'events':>9}"
+        out.write(line + ("  " + f"{'bytes':>11}" if with_bytes else "") + "\n")
+        out.flush()
+
+        def wanted(item: SessionSummary) -> bool:
+            return (
+                (not states or item.state in states)
+                and (not outcomes or item.outcome in outcomes)
+                and (since_ms is None or item.active >= since_ms)
+            )
+
+        read = ((st, summarize(st, header)) for st, header in pairs)
+        rows: Iterator[tuple[Store, SessionSummary]] = (r for r in read if wanted(r[1]))
+        if sort != "created":
+            key = attrgetter(sort)
+            rows = iter(sorted(rows, key=lambda r: key(r[1]), reverse=reverse))
+        shown_count = 0
+        for st, item in rows:
+            if limit is not None and shown_count >= limit:
+                break
+            shown_count += 1
+            out.write(_row(st, item, width, with_bytes) + "\n")
+            if shown_count <= 100 or shown_count % 1000 == 0:
+                out.flush()  # the first rows at once, then in big writes
+    if shown_count == total:
+        _out().print(Text(f"{total:,} session(s) in {store}"))
+    else:
+        _out().print(Text(f"{shown_count:,} of {total:,} session(s) in {store}"))
+
+
+def _row(st: Store, item: SessionSummary, width: int, with_bytes: bool) -> str:
+    unreadable = item.state == "unreadable"  # `log check` says why
+    turns = "?" if unreadable else f"{item.turns:,}"
+    retries = "?" if unreadable else f"{item.retries:,}"
+    cells = (
+        f"{shown(item.id):<{width}}  {_created(item.created):<19}  {turns:>7}  "
+        f"{retries:>7}  {item.outcome:<11}  {item.state:<10}  "
+        f"{item.events:>9,}"
+    )
+    if with_bytes:
+        counter = _Counter()
+        st.export_jsonl(item.id, counter)  # type: ignore[arg-type]
+        cells += f"  {counter.count:>11,}"
+    if item.parent is not None:
+        cells += f"  (fork of {shown(item.parent)})"
+    return cells
 
 
 @log.command()
 @click.argument("session")
-@store_option
+@inherited_store_option
 @click.option("--raw", is_flag=True, help="Print the stored events as JSON lines.")
 @click.option("-v", "--verbose", is_flag=True, help="Also show chunks, inbox and request facts.")
 def show(session: str, store: Path, raw: bool, verbose: bool) -> None:
     """Print a session as a readable transcript (or its raw events)."""
     with _reading(store, session) as st:
+        session = resolve_session(st, session)
         count = _require(st, session)
         if raw:
             _write_records(st, session, sys.stdout.buffer)
@@ -223,7 +279,7 @@ def _print_events(out: Console, events: list[Event], raw: bool) -> None:
 
 @log.command()
 @click.argument("session")
-@store_option
+@inherited_store_option
 @click.option(
     "-n",
     "--lines",
@@ -253,6 +309,7 @@ def tail(
     """Print the last events of a session; with --follow, keep printing new ones."""
     out = _out()
     with _reading(store, session) as st:
+        session = resolve_session(st, session)
         total = _require(st, session)
         lower = max(0, total - count)
         if not follow:
@@ -273,7 +330,7 @@ def tail(
 
 @log.command()
 @click.argument("session")
-@store_option
+@inherited_store_option
 @click.option(
     "-o",
     "--output",
@@ -287,6 +344,7 @@ def export(session: str, store: Path, output: Path) -> None:
     if not to_stdout:
         refuse_store_file(output, store, "output")
     with _reading(store, session) as st:
+        session = resolve_session(st, session)
         _require(st, session)
         if to_stdout:
             written = st.export_jsonl(session, sys.stdout.buffer)
@@ -315,7 +373,7 @@ def _new_session_id(ctx: click.Context, param: click.Parameter, value: str | Non
 
 @log.command(name="import")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True))
-@store_option
+@inherited_store_option
 @click.option(
     "--session-id",
     default=None,
@@ -375,7 +433,7 @@ def _remove_new_store(path: Path, new_dirs: list[Path]) -> None:
 
 
 @log.command()
-@store_option
+@inherited_store_option
 @click.option(
     "--allow-open-tail",
     is_flag=True,
@@ -412,7 +470,7 @@ def check(store: Path, allow_open_tail: bool) -> None:
 
 
 @log.command()
-@store_option
+@inherited_store_option
 @click.option(
     "--latency",
     is_flag=True,

@@ -17,7 +17,9 @@ __all__ = [
     "FiniteFloatRange",
     "NewFilePath",
     "durability_option",
+    "group_store_option",
     "hooks_option",
+    "inherited_store_option",
     "refuse_store_file",
     "store_option",
     "threads_option",
@@ -38,6 +40,45 @@ def store_option(fn: F) -> F:
         show_default=True,
         envvar="CORRAL_STORE",
         help="The store directory (also $CORRAL_STORE).",
+    )(fn)
+
+
+def group_store_option(fn: F) -> F:
+    """``--store`` of a command group (``corral log --store S ls``): its commands take it
+    unless they are given their own ``--store``."""
+    return click.option(
+        "--store",
+        "store",
+        type=click.Path(path_type=Path, file_okay=True, dir_okay=True),
+        default=DEFAULT_STORE,
+        show_default=True,
+        envvar="CORRAL_STORE",
+        help="The store directory of every command below (also $CORRAL_STORE).",
+    )(fn)
+
+
+def _inherit_store(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path:
+    if value is not None:
+        return value
+    parent = ctx.parent
+    while parent is not None:  # the group's --store (or $CORRAL_STORE, or its default)
+        inherited = parent.params.get("store")
+        if isinstance(inherited, Path):
+            return inherited
+        parent = parent.parent
+    return Path(DEFAULT_STORE)
+
+
+def inherited_store_option(fn: F) -> F:
+    """``--store`` of a command in a group with :func:`group_store_option`: given here it
+    wins; else the group's applies."""
+    return click.option(
+        "--store",
+        "store",
+        type=click.Path(path_type=Path, file_okay=True, dir_okay=True),
+        default=None,
+        callback=_inherit_store,
+        help=f"The store directory (default: the group's --store, $CORRAL_STORE, {DEFAULT_STORE}).",
     )(fn)
 
 

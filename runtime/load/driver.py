@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["LoadDriver", "run_load"]
 
 _RECENT: Final = 2000  # latencies the live p99 looks at
+_SPAWN_STEP: Final = 1_000  # agents per rt.spawn_many call (a stop or the timeout checked between)
 
 
 class _AgentState:
@@ -277,12 +278,13 @@ class LoadDriver:
         while len(self._states) < self.spec.agents and time.perf_counter() < deadline:
             if self.stop.is_set():
                 break
-            agent = self.rt.spawn(
-                model=self.model, tools=tools, system=stack.system, limits=stack.limits
-            )
-            self.agent_ids.append(agent.id)
-            state = self._states[agent.id] = _AgentState(agent)
-            self._idle.append(state)
+            batch = min(_SPAWN_STEP, self.spec.agents - len(self._states))  # (stop between)
+            for agent in self.rt.spawn_many(
+                batch, model=self.model, tools=tools, system=stack.system, limits=stack.limits
+            ):
+                self.agent_ids.append(agent.id)
+                state = self._states[agent.id] = _AgentState(agent)
+                self._idle.append(state)
 
     def run(self) -> LoadReport:
         """Spawn the agents, send the load, wait (at most ``spec.timeout_s``), report."""

@@ -9,7 +9,7 @@ into the chunk vocabulary of :mod:`storage.events`, and raises every failure as
 from .anthropic_messages import AnthropicModel
 from .base import HttpProvider
 from .failures import classify, retry_after_seconds
-from .limits import FairSemaphore, LimiterStatistics, ProviderLimiter, RateBucket
+from .limits import FairSemaphore, LimiterStatistics, ProviderLimiter, RateBucket, TokenBudget
 from .openai_compat import OpenAICompatModel
 from .resolve import KNOWN_SCHEMES, UnknownModelError, resolve_model
 from .secrets import MissingCredentialsError, Secret, scrub
@@ -25,6 +25,7 @@ __all__ = [
     "ProviderLimiter",
     "RateBucket",
     "Secret",
+    "TokenBudget",
     "UnknownModelError",
     "classify",
     "resolve_model",

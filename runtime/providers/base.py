@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Protocol, Self
 
 from actors import ModelError
-from storage import FinishReason, StreamChunk
+from storage import FinishReason, StreamChunk, UsageChunk
 
 from .bodies import JsonBody, open_body
 from .failures import empty_response, finished_with_error, request_id_from, to_model_error
@@ -212,13 +212,19 @@ class HttpProvider:
                     )
                     if isinstance(answer, JsonBody):
                         for out in plain(answer):
+                            self._count(out)
                             yield out
                     else:
                         async for out in decode(answer):
+                            self._count(out)
                             yield out
             except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
                 failure = self._error(err, request_id, responded=responded)
         if failure is not None:
+            quota = failure.failure
+            if quota.code == "RATE_LIMIT" and quota.retry_after_s is not None:
+                # One client of its quota: no request of this provider goes out until then.
+                self._limiter.pause(quota.retry_after_s)
             # Raised here, not in the ``except``: the HTTP library's exception (which may
             # hold the request, and so the key) must not ride along as its ``__context__``.
             raise failure
@@ -232,4 +238,10 @@ class HttpProvider:
         if mapper.final_reason() != "max-tokens" and not (mapper.saw_text or mapper.saw_tool_calls):
             raise empty_response(self._provider, request_id, self._secrets)
         for out in mapper.finish():
+            self._count(out)
             yield out
+
+    def _count(self, chunk: StreamChunk) -> None:
+        """Count a reply's usage against the provider's tokens-per-minute budget."""
+        if isinstance(chunk, UsageChunk):
+            self._limiter.spend(chunk.usage.input_tokens + chunk.usage.output_tokens)

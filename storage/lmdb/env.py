@@ -46,7 +46,7 @@ from storage.lmdb.layout import (
 from storage.lmdb.reads import Reads, scan_journal
 from storage.lmdb.space import LOCK_FILE_BYTES, compaction_fits, disk_full, reserve_lock_file
 
-__all__ = ["DAMAGE", "LmdbEnv", "ResizeLock"]
+__all__ = ["DAMAGE", "LmdbEnv", "ResizeLock", "writer_pid"]
 
 # LMDB's errors for pages that are not what they should be (a damaged file); a read
 # transaction that met one may answer its next call with MDB_BAD_TXN (seen in the bit
@@ -461,6 +461,18 @@ def _lock_writer(path: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def writer_pid(path: Path) -> int | None:
+    """The process id the store's last writer recorded in its ``writer.lock`` (None: no
+    writer ever opened it, or unreadable). For readers in other processes (``corral
+    top``): that process may have ended since; whether it still runs is the caller's to
+    ask. Reads the file only, never takes the lock (a writer starting then is not
+    disturbed)."""
+    try:
+        return int((path / "writer.lock").read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _lock_holder(fd: int) -> str:

@@ -164,7 +164,7 @@ class Reads:
                 return None
             row = decode_row(raw)
             if self.readonly:
-                tails = scan_journal(txn, self.dbs.journal, row.header.key, framed=self.framed)
+                tails = self._journal_tails(txn)
         return _with_tail(row, tails.get(row.header.key))
 
     def rows(self) -> list[SessionRow]:
@@ -174,7 +174,7 @@ class Reads:
             ids = [value for _, value in txn.cursor(db=self.dbs.order)]
             raws = [txn.get(sid, db=self.dbs.sessions) for sid in ids]
             if self.readonly:
-                tails = scan_journal(txn, self.dbs.journal, None, framed=self.framed)
+                tails = self._journal_tails(txn)
         rows = [decode_row(raw) for raw in raws if raw is not None]
         return [_with_tail(row, tails.get(row.header.key)) for row in rows]
 
@@ -197,7 +197,7 @@ class Reads:
             with self.reading() as txn:
                 compacted = self._compacted_last(txn, session)
                 if self.readonly and compacted < end - 1:
-                    tail = scan_journal(txn, self.dbs.journal, key, framed=self.framed).get(key)
+                    tail = self._journal_tails(txn).get(key)
                 # Seqs first..split - 1 are in ``events``, split..end - 1 in the journal.
                 # The split is the transaction's: a tail taken just before a compaction
                 # still holds its records, but the writer may have compacted more.
@@ -217,6 +217,22 @@ class Reads:
                 )
             yield first, values
             first += count
+
+    # Read-only: the journal's tails of every session as of one snapshot (the id of the
+    # transaction that wrote it). A journal is scanned once per snapshot, not once per
+    # session read: the journal a killed writer leaves, which no compaction shrinks until
+    # the next writable open, made every read of every session scan all of it.
+    _journal_snapshot: tuple[int, Tails] | None = None
+
+    def _journal_tails(self, txn: lmdb.Transaction[bytes]) -> Tails:
+        """Read-only: every session's journal tail in ``txn``'s snapshot (scanned once per
+        snapshot; a snapshot never changes, so its tails are shared as they are)."""
+        snapshot = txn.id()
+        cached = self._journal_snapshot
+        if cached is None or cached[0] != snapshot:
+            cached = (snapshot, scan_journal(txn, self.dbs.journal, None, framed=self.framed))
+            self._journal_snapshot = cached
+        return cached[1]
 
     def _compacted_last(self, txn: lmdb.Transaction[bytes], session: SessionRow) -> int:
         raw = txn.get(session.header.id.encode("utf-8"), db=self.dbs.sessions)

@@ -228,6 +228,40 @@ class Store:
             reader=partial(self.read, header.id),
         )
 
+    def create_sessions(self, count: int) -> list[Session]:
+        """``count`` new empty sessions, as ``count`` calls of :meth:`create_session`
+        would make them, their headers handed to the writer at once (durable at the
+        next flush, in one transaction)."""
+        self._check_writable()
+        assert self._writer is not None
+        ids = [new_session_id(self._clock) for _ in range(count)]
+        with self._lock:
+            taken = self._headers
+            first = self._next_key
+            headers: list[SessionHeader] = []
+            chosen: set[str] = set()
+            for fresh in ids:
+                sid = fresh
+                while sid in taken or sid in chosen:  # (48 random bits: all but never)
+                    sid = new_session_id(self._clock)
+                chosen.add(sid)
+                header = SessionHeader(id=sid, key=first + len(headers), created=self._clock())
+                headers.append(header)
+            self._writer.track_new(headers)
+            self._next_key = first + len(headers)
+            for header in headers:
+                taken[header.id] = header
+        return [
+            Session(
+                header,
+                sink=self._sink,
+                codec=self.codec,
+                clock=self._clock,
+                reader=partial(self.read, header.id),
+            )
+            for header in headers
+        ]
+
     def open_session(self, session_id: str) -> Session:
         """The session with every durable event (and everything appended before).
 

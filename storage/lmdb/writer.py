@@ -272,6 +272,22 @@ class LogWriter:
             if new or seed:
                 self._wake.notify()
 
+    def track_new(self, headers: Sequence[SessionHeader]) -> None:
+        """:meth:`track` of many new empty sessions (``new=True``, seq 0 on) at once:
+        one lock and one wake-up of the writer thread, their headers written in one
+        transaction (a batch spawn)."""
+        tracked = [_Tracked.of(header) for header in headers]
+        with self._lock:
+            self._check_open()
+            for header, known in zip(headers, tracked, strict=True):
+                key = header.key
+                self._tracked[key] = known
+                self._retire(key)
+                self._next_seq[key] = 0
+            self._headers.extend(headers)
+            if headers:
+                self._wake.notify()
+
     def outbox(self, session_key: int) -> _Outbox | None:
         """A new outbox for the records of session ``session_key`` (see
         ``storage.records.Outbox``), from the next seq on; a session's earlier outbox is

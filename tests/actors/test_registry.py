@@ -84,3 +84,47 @@ def test_a_failing_factory_fails_the_create_and_registers_nothing() -> None:
     with pytest.raises(RuntimeError, match="cannot build"):
         registry.create("a", broken).get(timeout=WAIT)
     assert registry.ids().get(timeout=WAIT) == []
+
+
+def test_create_many_registers_every_actor_and_announces_each_in_order() -> None:
+    created: list[str] = []
+    registry = RegistryActor.start(on_created=lambda id_, _ref: created.append(id_)).proxy()
+    refs = registry.create_many([(f"a{i}", Worker.start) for i in range(5)]).get(timeout=WAIT)
+    assert [ref.ask(i, timeout=WAIT) for i, ref in enumerate(refs)] == list(range(5))
+    assert registry.ids().get(timeout=WAIT) == [f"a{i}" for i in range(5)]
+    assert created == [f"a{i}" for i in range(5)]
+
+
+def test_create_many_with_a_taken_or_repeated_id_starts_nothing() -> None:
+    registry = RegistryActor.start().proxy()
+    registry.create("a", Worker.start).get(timeout=WAIT)
+    started: list[int] = []
+
+    def counted() -> ActorRef[Any]:
+        started.append(1)
+        return Worker.start()
+
+    with pytest.raises(DuplicateIdError, match="'a' is already registered"):
+        registry.create_many([("b", counted), ("a", counted)]).get(timeout=WAIT)
+    with pytest.raises(DuplicateIdError, match="'c' is already registered"):
+        registry.create_many([("c", counted), ("c", counted)]).get(timeout=WAIT)
+    assert started == []
+    assert registry.ids().get(timeout=WAIT) == ["a"]
+
+
+def test_create_many_stops_what_it_started_when_a_factory_fails() -> None:
+    first: list[ActorRef[Any]] = []
+
+    def start_first() -> ActorRef[Any]:
+        first.append(Worker.start())
+        return first[0]
+
+    def broken() -> ActorRef[Any]:
+        raise RuntimeError("cannot build")
+
+    registry = RegistryActor.start().proxy()
+    with pytest.raises(RuntimeError, match="cannot build"):
+        registry.create_many([("a", start_first), ("b", broken)]).get(timeout=WAIT)
+    assert registry.ids().get(timeout=WAIT) == []
+    first[0].actor_stopped.wait(WAIT)
+    assert not first[0].is_alive()

@@ -99,7 +99,8 @@ def test_a_corrupt_record(tmp_path: Path) -> None:
     listed = corral("log", "ls", "--store", store)  # the listing goes on around it
     assert listed.returncode == 0, listed.stderr
     row = listed.stdout.splitlines()[1].split()  # session, date, time, turns, state, ...
-    assert (row[0], row[3], row[4]) == ("s1", "?", "unreadable")
+    # session, date, time, turns, retries, last turn, state, events
+    assert (row[0], row[3], row[4], row[6]) == ("s1", "?", "?", "unreadable")
 
 
 def test_ls_lists_a_session_of_an_unknown_event_type_as_unreadable_next_to_good_ones(
@@ -118,8 +119,9 @@ def test_ls_lists_a_session_of_an_unknown_event_type_as_unreadable_next_to_good_
     listed = corral("log", "ls", "--store", store)
     assert listed.returncode == 0, listed.stderr
     rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines()[1:3]}
-    assert rows["good"][3:5] == ["1", "completed"]
-    assert rows["hard"][3:5] == ["?", "unreadable"]
+    # columns: session, date, time, turns, retries, last turn, state, events
+    assert rows["good"][3:7] == ["1", "0", "completed", "idle"]
+    assert rows["hard"][3:5] == ["?", "?"] and rows["hard"][6] == "unreadable"
 
 
 @pytest.mark.parametrize("command", [["show"], ["tail"], ["export"], ["tail", "--follow"]])

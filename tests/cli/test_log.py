@@ -29,9 +29,12 @@ def test_ls_lists_every_session_with_its_turns_and_last_turn_state(written_store
     ]
     assert [row[0] for row in rows] == list(SESSIONS)
     for row in rows:
-        # session, date, time, turns (the failed turn and its retry), last turn, events, bytes
-        assert row[3] == "2"
-        assert row[4] == "completed"
+        # session, date, time, turns, retries, last turn, state, events: one follow-up is
+        # one turn, its failed request's retry turn is counted apart
+        assert row[3] == "1"
+        assert row[4] == "1"
+        assert row[5] == "completed"
+        assert row[6] == "idle"
     assert "3 session(s)" in out
 
 

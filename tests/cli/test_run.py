@@ -111,14 +111,20 @@ def test_ctrl_c_cancels_running_turns_flushes_and_exits_130(tmp_path: Path) -> N
     assert "invariants: 1 session OK" in run_ok(["log", "check", "--store", store])
 
 
-@pytest.mark.parametrize(
-    ("example", "args", "expect"),
-    [
-        ("fan_out_fan_in.py", ["200"], "fan-in: 200 answers"),
-        ("restart_crashed.py", ["10", "3"], "10/10 tasks completed, 3 restart(s)"),
-        ("steer_and_cancel.py", [], "'steered': ['completed']"),
-    ],
-)
+EXAMPLE_RUNS = [
+    ("fan_out_fan_in.py", ["200"], "fan-in: 200 answers, sum of squares = 2,686,700 (correct)"),
+    ("restart_crashed.py", ["10", "3"], "10/10 tasks completed, 3 restart(s)"),
+    ("steer_and_cancel.py", [], "task two   -> discarded"),
+    ("tree_of_agents.py", ["3"], "total letters: 23"),
+    ("asyncio_supervisor.py", ["5"], "6 settled events (0 dropped)"),
+]
+
+
+def test_every_example_is_run_by_the_test_below() -> None:
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(r[0] for r in EXAMPLE_RUNS)
+
+
+@pytest.mark.parametrize(("example", "args", "expect"), EXAMPLE_RUNS)
 def test_the_examples_run_as_they_are(
     tmp_path: Path, example: str, args: list[str], expect: str
 ) -> None:

@@ -83,7 +83,6 @@ def peek_env() -> str:
 
 def run_secret_session(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
     """A session whose model and tool both hold keys; returns what the test inspects."""
-    pytest.importorskip("openai", reason="the OpenAI-compatible provider needs the openai SDK")
     from runtime.providers import OpenAICompatModel
 
     from ..runtime.providers.wire_formats import (

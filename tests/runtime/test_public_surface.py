@@ -38,7 +38,13 @@ PUBLIC = {
     "UnknownMessageError", "WaitCycleError", "ModelError", "RuntimeClosedError",
     "ProviderError", "MissingCredentialsError", "UnknownModelError", "SseEventTooLargeError",
     "StreamReportedError", "NotAStreamError", "JsonReplyTooLargeError",
-    "PackageShadowedError",
+    "PackageShadowedError", "ReplyTimeoutError",
+    # one send, one result; fan-in; asyncio (runtime.replies, runtime.aio)
+    "Reply", "ReplyStatus", "PendingReply", "as_completed", "gather", "wait_all_idle", "aio",
+    # supervised agents (runtime.supervision)
+    "RestartPolicy", "AgentRestart",
+    # agents as tools (runtime.delegation)
+    "AgentTool", "agent_tool",
 }  # fmt: skip
 
 

@@ -166,3 +166,26 @@ def test_a_ctrl_c_during_close_is_handled_while_a_tool_call_holds_the_turn(
         events = store.open_session(agent.id).events()
     assert "tool/result" in [event.type for event in events]
     assert_invariants(events)
+
+
+def test_a_once_flag_wakes_its_waiters_when_set_and_answers_at_once_after() -> None:
+    flag = waiting.OnceFlag()
+    assert not flag.is_set()
+    assert flag.wait(0.01) is False  # (not set: the wait times out)
+    woke: list[bool] = []
+    started = threading.Event()
+
+    def waiter() -> None:
+        started.set()
+        woke.append(flag.wait(10))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    assert started.wait(10)
+    flag.set()
+    thread.join(10)
+    assert woke == [True]
+    assert flag.is_set() and flag.wait(0) is True
+    fresh = waiting.OnceFlag()
+    fresh.set()  # set before anyone waits: no event is ever built, a wait answers at once
+    assert fresh.wait() is True

@@ -118,6 +118,26 @@ def test_generated_session_ids_are_unique_and_sort_in_creation_order(tmp_path: P
     assert sorted(ids) == ids
 
 
+def test_create_sessions_makes_many_new_sessions_durable_at_the_next_flush(
+    tmp_path: Path,
+) -> None:
+    with Store.open(tmp_path / "s") as store:
+        before = store.create_session("before")
+        made = store.create_sessions(300)
+        after = store.create_session()
+        assert store.create_sessions(0) == []
+        assert len({s.id for s in made}) == 300
+        keys = [before.header.key, *(s.header.key for s in made), after.header.key]
+        assert keys == list(range(keys[0], keys[0] + 302))  # one key each, in order
+        completed_turn(LogBuilder(made[7]))
+        store.flush()
+    with Store.open(tmp_path / "s") as store:
+        listed = [h.id for h in store.sessions()]
+        assert listed == ["before", *(s.id for s in made), after.id]
+        assert store.stats(made[7].id).event_count > 0
+        assert store.stats(made[8].id).event_count == 0
+
+
 def test_sessions_are_listed_in_creation_order(store: Store) -> None:
     for name in ("zeta", "alpha", "mid"):
         store.create_session(name)

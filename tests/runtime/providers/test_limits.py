@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -214,3 +215,56 @@ def test_queued_requests_go_out_in_the_order_they_were_made(wire: WireServer) ->
 
     run(body)
     assert [r.body["messages"][0]["content"] for r in wire.requests] == [f"r{n}" for n in range(5)]
+
+
+def test_a_pause_holds_every_new_request_until_it_ends_then_spreads_them() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        rng = random.Random(4)
+        limiter = ProviderLimiter(clock=clock, sleep=clock.sleep, pause_jitter=0.5, rng=rng)
+        limiter.pause(10.0)
+        assert limiter.statistics().paused_for_s == 10.0
+        went: list[tuple[int, float]] = []
+
+        async def one(n: int) -> None:
+            async with limiter.slot():
+                went.append((n, clock.now))
+
+        tasks = [asyncio.create_task(one(n)) for n in range(5)]
+        await settle()
+        await clock.advance(9.99)
+        assert went == []  # nothing goes out while paused
+        limiter.pause(0.005)  # one ending sooner never shortens the pause under way
+        for _ in range(60):
+            await clock.advance(0.1)
+        await asyncio.gather(*tasks)
+        times = [t for _, t in went]
+        assert len(times) == 5 and all(10.0 <= t <= 15.0 + 0.1 for t in times)
+        assert len(set(times)) > 1  # spread over the pause's jitter, not one instant
+        assert limiter.statistics().pauses == 1
+
+    run(body)
+
+
+def test_a_token_budget_holds_requests_while_the_replies_used_more_than_it() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        limiter = ProviderLimiter(tokens_per_minute=600, clock=clock, sleep=clock.sleep)
+        async with limiter.slot():
+            limiter.spend(900)  # 300 over the minute's budget: 30 s of refill
+        went = asyncio.Event()
+
+        async def one() -> None:
+            async with limiter.slot():
+                went.set()
+
+        task = asyncio.create_task(one())
+        await settle()
+        await clock.advance(29.0)
+        assert not went.is_set()
+        await clock.advance(1.5)
+        await task
+        assert went.is_set()
+        assert limiter.statistics().tokens_per_minute == 600
+
+    run(body)

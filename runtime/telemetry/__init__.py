@@ -1,0 +1,5 @@
+"""OpenTelemetry for corral: ``instrument(rt)`` (needs the ``telemetry`` extra)."""
+
+from .instrumentation import Instrumentation, instrument
+
+__all__ = ["Instrumentation", "instrument"]
