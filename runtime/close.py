@@ -10,21 +10,40 @@ ended cleanly leaves nothing: the next one returns at once.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
+import os
+import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from pykka import ActorDeadError, ActorRef, Timeout
 
-from actors import AgentMailbox, Dispatcher, Model, extended, forget, remaining
+from actors import (
+    AgentMailbox,
+    Dispatcher,
+    IoSide,
+    Model,
+    Scheduler,
+    deadline,
+    extended,
+    forget,
+    remaining,
+)
+from storage import Store
 
+from . import gctune, waiting
+from .agent import Agent
 from .slots import AgentSlot
+from .table import AgentTable
 
 __all__ = [
     "CloseStages",
+    "Closing",
     "Deadline",
     "Stage",
+    "close_at_exit",
     "close_models",
     "shut_down_dispatcher",
     "stop_registry",
@@ -190,3 +209,140 @@ def shut_down_dispatcher(dispatcher: Dispatcher, d: Deadline) -> None:
             "listener, say) after %s s; it ends when that returns",
             d.timeout,
         )
+
+
+class Closing:
+    """The bodies of one runtime's close stages (:meth:`stages`), and what they hand
+    each other: the agents to stop, what cut the wait for their disposals."""
+
+    def __init__(
+        self,
+        table: AgentTable,
+        *,
+        store: Store,
+        owns_store: bool,
+        tuned_gc: bool,
+        dispatcher: Dispatcher,
+        scheduler: Scheduler,
+        io: IoSide,
+    ) -> None:
+        self._table = table
+        self._store = store
+        self._owns_store = owns_store
+        self._tuned_gc = tuned_gc
+        self._dispatcher = dispatcher
+        self._scheduler = scheduler
+        self._io = io
+        self.agents: list[AgentSlot[Agent]] = []
+        """The agents close() stops (set by the close that begins, and by "starts")."""
+        self._disposals_cut: str | None = None  # what interrupted close's wait for them
+        self.stages = CloseStages(self._stages())
+        """What no close() has done yet."""
+
+    def close(self, timeout: float | None, at_exit: Callable[[], None]) -> None:
+        """Run the stages left (see ``Runtime.close``); ``at_exit``: the runtime's exit
+        hook, unregistered once a close did every stage."""
+        until = deadline(timeout)
+        table, stages = self._table, self.stages
+        with table.lock:
+            if stages.running or stages.done:
+                return  # another close() is under way, or one closed everything
+            table.closed = True
+            stages.running = True
+            if "starts" in stages.left:  # the agents live now, whatever "starts" gets to
+                self.agents = table.slots()
+            supervisions = table.take_supervisions()
+        for supervision in supervisions:  # a pending restart is cancelled, none starts
+            supervision.close()
+        try:
+            stages.run(Deadline(until, timeout))
+        finally:
+            with table.lock:
+                stages.running = False
+                if stages.done:
+                    atexit.unregister(at_exit)  # (kept to finish a failed close)
+
+    def _stages(self) -> tuple[Stage, ...]:
+        """The stages of ``Runtime.close()``, in order."""
+        table, dispatcher = self._table, self._dispatcher
+        return (
+            # wait for spawns under way; the agents to stop
+            Stage("starts", self._close_starts),
+            # their disposals (inboxes kept), waited for
+            Stage("agents", self._dispose_for_close, needs="starts"),
+            # the actors of those that did not end, stopped
+            Stage("stragglers", self._close_stragglers, needs="agents"),
+            Stage("registry", lambda d: stop_registry(table.registry, dispatcher, d)),
+            Stage("scheduler", lambda d: self._scheduler.close(remaining(extended(d.until)))),
+            Stage("models", lambda d: close_models(table.models.values(), self._io.loop, d)),
+            Stage("io", lambda d: self._io.close(remaining(d.until))),
+            Stage("dispatcher", lambda d: shut_down_dispatcher(dispatcher, d)),
+            Stage("store", self._close_store),
+            Stage("gc", self._close_gc),
+        )
+
+    def _close_starts(self, d: Deadline) -> None:
+        self._table.claim_starts(d.until, d.timeout, self.agents)
+
+    def _close_stragglers(self, d: Deadline) -> None:
+        stuck = [slot for slot in self.agents if not slot.disposed.is_set()]
+        cut, self._disposals_cut = self._disposals_cut, None
+        stop_stragglers(stuck, d.until, d.timeout, cut)
+
+    def _close_store(self, _d: Deadline) -> None:
+        self._table.released = True
+        if self._owns_store:
+            self._store.close()
+
+    def _close_gc(self, _d: Deadline) -> None:
+        if self._tuned_gc:
+            # Cleared first: once per runtime, even if this stage runs again (a
+            # Ctrl-C after the release would have released another runtime's).
+            self._tuned_gc = False
+            gctune.release_gc_tuning()
+
+    def _dispose_for_close(self, d: Deadline) -> None:
+        """Begin every agent's disposal (inbox kept) and wait for them by ``until``; the
+        stage after stops those that did not end. One agent's failure to begin does
+        not keep the others from theirs (the first is raised after the wait)."""
+        agents = self.agents
+        failed: Exception | None = None
+        for slot in agents:
+            try:
+                self._table.begin_disposal(slot, keep_inbox=True)
+            except Exception as err:  # noqa: BLE001 - raised below, once all were asked
+                failed = failed or err
+        # In slices on the main thread (runtime.waiting): a Ctrl-C that lands just before
+        # the wait's system call is handled within one, not once every turn has ended
+        # (corral run's handler says the close goes on, or quits at the next press).
+        try:
+            for slot in agents:
+                waiting.wait(slot.disposed, remaining(d.until))
+        except BaseException as err:  # (a Ctrl-C): the stage after stops them at once
+            self._disposals_cut = type(err).__name__
+            raise
+        if failed is not None:
+            raise failed
+
+
+class Closable(Protocol):
+    """What :func:`close_at_exit` closes."""
+
+    def close(self) -> None: ...
+
+
+def close_at_exit(ref: weakref.ref[Closable]) -> Callable[[], None]:
+    """An exit hook that closes the runtime if it is still open (it holds it weakly).
+    Not in a child forked from its process: the runtime's threads did not go with it."""
+    pid = os.getpid()
+
+    def close() -> None:
+        runtime = ref()
+        if runtime is None or os.getpid() != pid:
+            return
+        try:
+            runtime.close()
+        except Exception:  # the interpreter is exiting: say so, do not stop the exit
+            log.exception("closing a runtime at exit failed")
+
+    return close

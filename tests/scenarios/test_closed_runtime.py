@@ -132,7 +132,7 @@ def test_a_close_that_fails_part_way_closes_the_rest_and_a_second_close_finishes
     agent = rt.spawn(model=ScriptedModel.echo())
     agent.followup("hi")
     assert agent.wait_idle(WAIT)
-    run_stage = rt._close.run_stage
+    run_stage = rt._closing.stages.run_stage
     calls = []
 
     def fails_once(stage: Stage, deadline: Deadline) -> None:
@@ -142,18 +142,18 @@ def test_a_close_that_fails_part_way_closes_the_rest_and_a_second_close_finishes
                 raise OverflowError("the registry's stop failed")
         run_stage(stage, deadline)
 
-    monkeypatch.setattr(rt._close, "run_stage", fails_once)
+    monkeypatch.setattr(rt._closing.stages, "run_stage", fails_once)
     with pytest.raises(OverflowError, match="registry's stop failed"):
         rt.close()
     assert agent.disposed
-    assert rt._registry.is_alive()  # the stage that failed
+    assert rt._table.registry.is_alive()  # the stage that failed
     with Runtime.open(store_path):  # every stage after it ran: the store was let go of
         pass
     assert _corral_threads() == before
     rt.close()  # finishes what is left: the failed stage, again
     assert len(calls) == 2
-    assert not rt._registry.is_alive()
-    assert rt._registry not in ActorRegistry.get_all()
+    assert not rt._table.registry.is_alive()
+    assert rt._table.registry not in ActorRegistry.get_all()
     rt.close()  # and then has nothing left to do
     assert len(calls) == 2
     check_store(store_path)
@@ -175,17 +175,18 @@ def test_a_ctrl_c_in_the_store_stage_is_finished_by_a_second_close(
     main = threading.main_thread()
 
     def interrupted(self: LogWriter, timeout: float | None = None) -> None:
-        if threading.current_thread() is main and "store" in rt._close.left and rt._close.running:
+        stages = rt._closing.stages
+        if threading.current_thread() is main and "store" in stages.left and stages.running:
             raise KeyboardInterrupt  # what SIGINT does in the flush's wait
         flush(self, timeout)
 
     monkeypatch.setattr(LogWriter, "flush", interrupted)
     with pytest.raises(KeyboardInterrupt):
         rt.close()
-    assert rt._close.left == ["store"]
+    assert rt._closing.stages.left == ["store"]
     monkeypatch.setattr(LogWriter, "flush", flush)
     rt.close()
-    assert rt._close.left == []
+    assert rt._closing.stages.left == []
     assert _corral_threads() == before
     with Runtime.open(store_path):  # the store was let go of
         pass
@@ -217,9 +218,9 @@ def test_a_close_whose_starts_stage_failed_disposes_the_agents_and_finishes_late
     with pytest.raises(KeyboardInterrupt):
         rt.close()
     assert agent.disposed  # disposed of all the same
-    assert rt._close.left == ["starts", "agents", "stragglers"]  # not done: run again
+    assert rt._closing.stages.left == ["starts", "agents", "stragglers"]  # not done: run again
     rt.close()
-    assert rt._close.left == []
+    assert rt._closing.stages.left == []
     assert calls.count("agents") == 2 and calls.count("registry") == 1
     check_store(store_path)
 
@@ -237,14 +238,14 @@ def test_the_gc_stage_releases_this_runtimes_tuning_once_even_when_run_again(
 
     def interrupted(self: CloseStages, stage: Stage, deadline: Deadline) -> None:
         run_stage(self, stage, deadline)
-        if stage.name == "gc" and self is one._close and "gc" in self.left:
+        if stage.name == "gc" and self is one._closing.stages and "gc" in self.left:
             raise KeyboardInterrupt  # once it released, before it is marked done
 
     monkeypatch.setattr(CloseStages, "run_stage", interrupted)
     try:
         with pytest.raises(KeyboardInterrupt):
             one.close()
-        assert one._close.left == ["gc"]
+        assert one._closing.stages.left == ["gc"]
         monkeypatch.undo()
         one.close()
         assert gctune._tuner.users == tuned + 1  # the other runtime's tuning holds
@@ -287,7 +288,7 @@ def test_a_ctrl_c_while_close_waits_for_the_disposals_says_so_as_it_stops_the_ag
         release.set()
         monkeypatch.undo()
     rt.close()
-    assert rt._close.left == []
+    assert rt._closing.stages.left == []
 
 
 def test_the_store_errors_the_readme_names_are_exported_from_runtime() -> None:

@@ -142,7 +142,7 @@ def test_an_agents_own_listeners_go_with_it_when_it_is_disposed(rt: Runtime) -> 
         assert agent.dispose(WAIT)
     assert rt.bus.listener_count("agent/status", scope=agent.id) == 0
     assert rt.bus.listener_count("session/event", scope=agent.id) == 0
-    assert rt._bridge.listeners == 0
+    assert rt._table.bridge.listeners == 0
     with pytest.raises(AgentDisposedError):
         agent.on("agent/status", lambda event: None)
     kept = rt.spawn(model=ScriptedModel.echo())
@@ -351,7 +351,7 @@ def test_a_spawn_under_way_when_close_begins_is_waited_for_and_stopped(
     rt = Runtime.open(store_path)
     creating, go, closing = threading.Event(), threading.Event(), threading.Event()
     real_create = rt.store.create_session
-    real_wait_for = rt._started.wait_for
+    real_wait_for = rt._table.started.wait_for
 
     def create_session(session_id: str | None = None) -> Any:
         creating.set()
@@ -363,7 +363,7 @@ def test_a_spawn_under_way_when_close_begins_is_waited_for_and_stopped(
         return real_wait_for(predicate, timeout)
 
     monkeypatch.setattr(rt.store, "create_session", create_session)
-    monkeypatch.setattr(rt._started, "wait_for", wait_for)
+    monkeypatch.setattr(rt._table.started, "wait_for", wait_for)
     spawned: list[Any] = []
     spawner = threading.Thread(target=lambda: spawned.append(rt.spawn(model=ScriptedModel.echo())))
     spawner.start()
@@ -380,7 +380,7 @@ def test_a_spawn_under_way_when_close_begins_is_waited_for_and_stopped(
     (agent,) = spawned
     ref = agent._slot.ref
     assert ref is not None and not ref.is_alive()  # it used to run on past the close
-    assert not rt._registry.is_alive()
+    assert not rt._table.registry.is_alive()
     check_store(store_path)
 
 

@@ -92,7 +92,7 @@ def test_a_spawn_many_failing_part_way_keeps_those_announced_and_undoes_the_rest
     class AnnounceFailedError(Exception):
         pass
 
-    original = rt._announce
+    original = rt._table.announce
     calls = [0]
 
     def announce(*args: Any) -> None:
@@ -101,7 +101,7 @@ def test_a_spawn_many_failing_part_way_keeps_those_announced_and_undoes_the_rest
             raise AnnounceFailedError("the third announcement fails")
         original(*args)
 
-    rt._announce = announce  # type: ignore[method-assign]
+    rt._table.announce = announce  # type: ignore[method-assign]
     with pytest.raises(AnnounceFailedError, match="the third announcement fails"):
         rt.spawn_many(5, model=ScriptedModel.echo())
     live = rt.agents()

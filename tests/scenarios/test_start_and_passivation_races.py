@@ -154,14 +154,14 @@ def test_a_start_not_yet_pending_when_close_gives_up_on_the_starts_is_refused(
     before = registered()
     rt = Runtime.open(path, threads=1)
     building, go, spawned = threading.Event(), threading.Event(), threading.Event()
-    assemble = rt._assemble
+    assemble = rt._table.assemble
 
     def held_assemble(*args: Any) -> Any:
         building.set()
         assert go.wait(WAIT)
         return assemble(*args)
 
-    run_stage = rt._close.run_stage
+    run_stage = rt._closing.stages.run_stage
 
     def stage(closing: Stage, deadline: Deadline) -> None:
         run_stage(closing, deadline)
@@ -169,8 +169,8 @@ def test_a_start_not_yet_pending_when_close_gives_up_on_the_starts_is_refused(
             go.set()
             assert spawned.wait(WAIT)
 
-    monkeypatch.setattr(rt, "_assemble", held_assemble)
-    monkeypatch.setattr(rt._close, "run_stage", stage)
+    monkeypatch.setattr(rt._table, "assemble", held_assemble)
+    monkeypatch.setattr(rt._closing.stages, "run_stage", stage)
     created: list[str] = []
     rt.on("agent/created", lambda event: created.append(event.agent.id))
     outcome: list[object] = []
