@@ -10,7 +10,9 @@ its HTTP stream when that happens.
 
 A model that can answer without waiting for anything (a zero-latency scripted model)
 may also implement :class:`ImmediateModel`; the agent then takes the chunks inline
-instead of a round trip through the I/O side.
+instead of a round trip through the I/O side. A model that reads its reply in pieces
+(the HTTP providers) may also implement :class:`BatchStreamingModel`, handing over each
+piece's chunks at once.
 
 What a model hands over is checked before anything of it is logged (msgspec does not
 check field types when a struct is built, and a record the log cannot read back would
@@ -49,6 +51,7 @@ from storage import (
 from .errors import ModelError
 
 __all__ = [
+    "BatchStreamingModel",
     "ImmediateModel",
     "Model",
     "ModelRequest",
@@ -105,6 +108,19 @@ class ImmediateModel(Model, Protocol):
 
     def answer_now(self, request: ModelRequest) -> Sequence[StreamChunk] | None:
         """Return the whole reply at once, or raise :class:`ModelError`."""
+        ...
+
+
+@runtime_checkable
+class BatchStreamingModel(Model, Protocol):
+    """A model that can hand over its reply in batches: the chunks that one read of the
+    network completed, so the I/O side pays its per-item costs (a generator step, a
+    lock, a notification) once per read, not once per chunk. The agent prefers
+    :meth:`stream_batches` when a model has it; the batches, joined, are what
+    :meth:`stream` yields (an empty batch is allowed and means nothing)."""
+
+    def stream_batches(self, request: ModelRequest) -> AsyncIterator[Sequence[StreamChunk]]:
+        """Stream the reply as batches of chunks, in order, as :meth:`stream` would."""
         ...
 
 

@@ -17,7 +17,7 @@ from storage import StreamChunk
 
 from ._ioside import EffectHandle, IoSide, Outcome
 from .effects import StreamEnd
-from .model import ImmediateModel, Model, ModelRequest, checked_chunk
+from .model import BatchStreamingModel, ImmediateModel, Model, ModelRequest, checked_chunk
 from .protocols import implements
 from .toolphase import ToolPlan, ToolRun
 from .tools import ToolTimeout, run_execute_chain
@@ -85,6 +85,17 @@ class StreamHandle:
 
     def push(self, item: StreamChunk | StreamEnd) -> None:
         self._append(item)
+
+    def push_many(self, items: list[StreamChunk]) -> None:
+        """:meth:`push` of each of ``items`` (not empty), under one lock and at most one
+        notification."""
+        with self._lock:
+            self._items += items
+            if self._notified:
+                return
+            self._notified = True
+            upto = len(self._items)
+        self._notify(self, upto)
 
     def fail(self, error: BaseException) -> None:
         self._failed = True  # before the failure is appended: take() then looks for it
@@ -173,10 +184,19 @@ def open_stream(
             return handle
 
     async def pump() -> None:
-        chunks = model.stream(request)
+        batches = implements(model, BatchStreamingModel)
+        chunks: Any = model.stream_batches(request) if batches else model.stream(request)  # type: ignore[attr-defined]
         try:
-            async for chunk in chunks:
-                handle.push(chunk if checked else checked_chunk(chunk))
+            if batches:
+                async for batch in chunks:
+                    if checked:
+                        if batch:
+                            handle.push_many(list(batch))
+                    else:
+                        _push_checked(handle, batch)
+            else:
+                async for chunk in chunks:
+                    handle.push(chunk if checked else checked_chunk(chunk))
         except BaseException as err:
             if isinstance(err, asyncio.CancelledError) and _cancelling():
                 raise  # the turn's cancel (or a close), not the model's failure
@@ -195,6 +215,18 @@ def open_stream(
 
 
 _END = StreamEnd()  # stateless: the end of every inline answer
+
+
+def _push_checked(handle: StreamHandle, batch: Any) -> None:
+    """Push ``batch`` checked chunk by chunk: those before a malformed one are pushed,
+    then its :class:`ModelError` is raised (as a chunk-by-chunk stream would)."""
+    items: list[StreamChunk] = []
+    try:
+        for chunk in batch:
+            items.append(checked_chunk(chunk))
+    finally:
+        if items:
+            handle.push_many(items)
 
 
 def _cancelling() -> bool:

@@ -98,8 +98,9 @@ class AnthropicModel(HttpProvider):
     def _default_base(self) -> str:
         return ANTHROPIC_URL
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
-        """Deltas as they arrive, then usage, then one ``FinishChunk``.
+    async def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
+        """Deltas as they arrive (the chunks of one network read at a time), then usage,
+        then one ``FinishChunk``.
 
         Raises :class:`~actors.model.ModelError` for every failure, including an
         ``error`` event mid-stream (``overloaded_error`` → ``SERVER``) and a stream that
@@ -123,27 +124,39 @@ class AnthropicModel(HttpProvider):
             request.max_reply_bytes,
         )
         try:
-            async for out in frames:
-                yield out
+            async for batch in frames:
+                yield batch
         finally:
             await frames.aclose()  # closes the HTTP response at once on cancel
 
     @staticmethod
     async def _chunks(
         body: AsyncIterator[bytes], mapper: EventMapper, bound: int
-    ) -> AsyncIterator[StreamChunk]:
-        """Decode events until ``message_stop`` (then drain the body for reuse)."""
+    ) -> AsyncIterator[list[StreamChunk]]:
+        """Decode events until ``message_stop`` (then drain the body for reuse): the
+        chunks of each read at once; those before a failing event come first."""
         decoder = SseDecoder(bound)
         async for data in body:
-            for event in decoder.feed(data):
-                for out in _map_event(event, mapper):
+            out: list[StreamChunk] = []
+            try:
+                for event in decoder.feed(data):
+                    out += _map_event(event, mapper)
+                    if mapper.stopped:
+                        if out:
+                            yield out
+                        await drain(body)
+                        return
+            except Exception:
+                if out:
                     yield out
-                if mapper.stopped:
-                    await drain(body)
-                    return
-        for event in decoder.finish():
-            for out in _map_event(event, mapper):
+                raise
+            if out:
                 yield out
+        out = []
+        for event in decoder.finish():
+            out += _map_event(event, mapper)
+        if out:
+            yield out
 
 
 _ENCODER: Final = msgspec.json.Encoder()

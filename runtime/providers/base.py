@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Protocol, Self
 
-from actors import ModelError
+from actors import ModelError, ModelRequest
 from storage import FinishReason, StreamChunk, UsageChunk
 
 from .bodies import JsonBody, open_body
@@ -27,6 +27,7 @@ from .limits import LimiterStatistics, ProviderLimiter
 from .secrets import Secret
 
 __all__ = ["HttpProvider"]
+
 
 class StreamMapper(Protocol):
     """What the shared stream tail needs of a vendor's event mapper."""
@@ -49,7 +50,8 @@ class HttpProvider:
     """Base of the vendor models: identity, credentials, limits, the loop-bound client.
 
     Subclasses implement ``_headers`` (what authenticates a request), ``_default_base``
-    and the ``stream`` of :class:`actors.model.Model`.
+    and :meth:`stream_batches` (:meth:`stream` of :class:`actors.model.Model` is made of
+    it).
     """
 
     def __init__(
@@ -158,6 +160,24 @@ class HttpProvider:
     ) -> None:
         await self.aclose()
 
+    def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
+        """The reply in batches, one a network read (see
+        :class:`actors.model.BatchStreamingModel`); subclasses implement it."""
+        raise NotImplementedError
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        """Deltas as they arrive, then usage, then one ``FinishChunk``: the chunks of
+        :meth:`stream_batches` one by one (see there). Cancelling the task iterating
+        this closes the HTTP response (and so its connection) before the
+        ``CancelledError`` leaves."""
+        batches = self.stream_batches(request)
+        try:
+            async for batch in batches:
+                for chunk in batch:
+                    yield chunk
+        finally:
+            await batches.aclose()  # type: ignore[attr-defined]
+
     # ------------------------------------------------------------------ failures
 
     @property
@@ -182,14 +202,15 @@ class HttpProvider:
         self,
         path: str,
         body: bytes,
-        decode: Callable[[AsyncIterator[bytes]], AsyncIterator[StreamChunk]],
+        decode: Callable[[AsyncIterator[bytes]], AsyncIterator[list[StreamChunk]]],
         plain: Callable[[JsonBody], list[StreamChunk]],
         mapper: StreamMapper,
         unfinished: Callable[[], str | None],
         max_reply_bytes: int | None,
-    ) -> AsyncGenerator[StreamChunk, None]:
+    ) -> AsyncGenerator[list[StreamChunk], None]:
         """The request/stream/finish frame both vendors share: take a limiter slot, POST
-        ``body`` (JSON) to ``path``, yield what ``decode`` maps from its bytes (or what
+        ``body`` (JSON) to ``path``, yield the batches ``decode`` maps from its bytes (one
+        a read; or what
         ``plain`` maps from a 200 whose body is JSON, see :mod:`.bodies`; read up to a
         bound derived from ``max_reply_bytes``, the log's event limit), turn every
         failure into a :class:`ModelError` (keeping the request id), refuse a stream that
@@ -211,13 +232,13 @@ class HttpProvider:
                         max_reply_bytes,
                     )
                     if isinstance(answer, JsonBody):
-                        for out in plain(answer):
-                            self._count(out)
-                            yield out
+                        batch = plain(answer)
+                        self._count(batch)
+                        yield batch
                     else:
-                        async for out in decode(answer):
-                            self._count(out)
-                            yield out
+                        async for batch in decode(answer):
+                            self._count(batch)
+                            yield batch
             except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
                 failure = self._error(err, request_id, responded=responded)
         if failure is not None:
@@ -237,11 +258,13 @@ class HttpProvider:
             )
         if mapper.final_reason() != "max-tokens" and not (mapper.saw_text or mapper.saw_tool_calls):
             raise empty_response(self._provider, request_id, self._secrets)
-        for out in mapper.finish():
-            self._count(out)
-            yield out
+        batch = mapper.finish()
+        self._count(batch)
+        yield batch
 
-    def _count(self, chunk: StreamChunk) -> None:
+    def _count(self, batch: list[StreamChunk]) -> None:
         """Count a reply's usage against the provider's tokens-per-minute budget."""
-        if isinstance(chunk, UsageChunk):
-            self._limiter.spend(chunk.usage.input_tokens + chunk.usage.output_tokens)
+        for chunk in batch:
+            if chunk.__class__ is UsageChunk:
+                usage = chunk.usage
+                self._limiter.spend(usage.input_tokens + usage.output_tokens)

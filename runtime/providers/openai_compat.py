@@ -113,8 +113,9 @@ class OpenAICompatModel(HttpProvider):
     def _default_base(self) -> str:
         return OPENAI_URL
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
-        """Deltas as they arrive, then usage, then one ``FinishChunk``.
+    async def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
+        """Deltas as they arrive (the chunks of one network read at a time), then usage,
+        then one ``FinishChunk``.
 
         Raises :class:`~actors.model.ModelError` for every failure. Cancelling the task
         iterating this closes the HTTP response (and so its connection) before the
@@ -145,28 +146,40 @@ class OpenAICompatModel(HttpProvider):
             request.max_reply_bytes,
         )
         try:
-            async for out in frames:
-                yield out
+            async for batch in frames:
+                yield batch
         finally:
             await frames.aclose()  # closes the HTTP response at once on cancel
 
     @staticmethod
     async def _chunks(
         body: AsyncIterator[bytes], mapper: ChunkMapper, bound: int
-    ) -> AsyncIterator[StreamChunk]:
-        """Decode events until ``[DONE]`` (then drain the body for connection reuse)."""
+    ) -> AsyncIterator[list[StreamChunk]]:
+        """Decode events until ``[DONE]`` (then drain the body for connection reuse): the
+        chunks of each read at once; those before a failing event come first."""
         decoder = SseDecoder(bound)
         async for data in body:
-            for event in decoder.feed(data):
-                if event.data == b"[DONE]":
-                    await drain(body)
-                    return
-                for out in _map_event(event, mapper):
+            out: list[StreamChunk] = []
+            try:
+                for event in decoder.feed(data):
+                    if event.data == b"[DONE]":
+                        if out:
+                            yield out
+                        await drain(body)
+                        return
+                    out += _map_event(event, mapper)
+            except Exception:
+                if out:
                     yield out
+                raise
+            if out:
+                yield out
+        out = []
         for event in decoder.finish():
             if event.data != b"[DONE]":
-                for out in _map_event(event, mapper):
-                    yield out
+                out += _map_event(event, mapper)
+        if out:
+            yield out
 
 
 _ENCODER: Final = msgspec.json.Encoder()

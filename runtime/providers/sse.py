@@ -69,7 +69,7 @@ class SseDecoder:
         self._bound = event_bound(None) if bound is None else bound
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
-        if b"\n" not in chunk:
+        if b"\n" not in chunk:  # before joining: a long line fed in pieces stays linear
             self._buffer += chunk
             if len(self._buffer) > self._bound:
                 self._too_large(len(self._buffer))
@@ -78,14 +78,49 @@ class SseDecoder:
             self._buffer += chunk
             chunk = bytes(self._buffer)
             self._buffer.clear()
+        out: list[SseEvent] = []
+        if not self._data and self._event is None and b"\r" not in chunk:
+            # The complete events, each parsed in one piece (the usual read ends with one).
+            if chunk[-2:] == b"\n\n":
+                blocks, chunk = chunk[:-2].split(b"\n\n"), b""
+            else:
+                end = chunk.rfind(b"\n\n")
+                blocks, chunk = (
+                    ([], chunk) if end < 0 else (chunk[:end].split(b"\n\n"), chunk[end + 2 :])
+                )
+            for block in blocks:
+                if block[:6] == b"data: " and b"\n" not in block:  # the usual event
+                    if len(block) - 6 > self._bound:
+                        self._too_large(len(block) - 6)
+                    out.append(SseEvent(None, block[6:]))
+                else:
+                    self._block(block, out)
+            if not chunk:
+                return out
         lines = chunk.split(b"\n")
         self._buffer += lines.pop()
         if len(self._buffer) > self._bound:
             self._too_large(len(self._buffer))
-        out: list[SseEvent] = []
         for line in lines:
             self._line(line[:-1] if line.endswith(b"\r") else line, out)
         return out
+
+    def _block(self, block: bytes, out: list[SseEvent]) -> None:
+        """One complete event (its lines without the blank one after them) but for a lone
+        ``data:`` line (parsed by :meth:`feed`): ``event: ...`` then ``data: ...`` in one
+        piece, any other shape line by line, as the rules say."""
+        if block[:7] == b"event: ":
+            newline = block.find(b"\n")
+            if block[newline + 1 : newline + 7] == b"data: " and block.count(b"\n") == 1:
+                if len(block) - newline - 7 > self._bound:
+                    self._too_large(len(block) - newline - 7)
+                out.append(
+                    SseEvent(block[7:newline].decode("utf-8", "replace"), block[newline + 7 :])
+                )
+                return
+        for line in block.split(b"\n"):
+            self._line(line, out)
+        self._line(b"", out)
 
     def _too_large(self, size: int) -> None:
         self._buffer.clear()

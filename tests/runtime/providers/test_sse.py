@@ -69,3 +69,68 @@ def test_an_event_or_an_unended_line_past_the_bound_is_refused_and_one_at_it_is_
         decoder.feed(b"data: 12\n")
     assert SseDecoder().feed(b"data: x\n\n") == [SseEvent(None, b"x")]
     assert event_bound(None) == event_bound(4 << 20) > 4 * (4 << 20)
+
+
+def reference(stream: bytes) -> list[SseEvent]:
+    """The event-stream rules read line by line, the plain way."""
+    events: list[SseEvent] = []
+    data: list[bytes] = []
+    name: str | None = None
+    for raw in stream.replace(b"\r\n", b"\n").split(b"\n"):
+        if not raw:
+            if data or name is not None:
+                events.append(SseEvent(name, b"\n".join(data)))
+            data, name = [], None
+            continue
+        if raw.startswith(b":"):
+            continue
+        field, _, value = raw.partition(b":")
+        value = value[1:] if value.startswith(b" ") else value
+        if field == b"data":
+            data.append(value)
+        elif field == b"event":
+            name = value.decode("utf-8", "replace")
+    if data or name is not None:
+        events.append(SseEvent(name, b"\n".join(data)))
+    return events
+
+
+LINES = st.sampled_from(
+    [
+        b'data: {"a": 1}',
+        b"data: x",
+        b"data:tight",
+        b"data: ",
+        b"event: ping",
+        b"event: m",
+        b": keep-alive",
+        b"",
+        b"id: 7",
+        b"retry: 10",
+        b"data: [DONE]",
+    ]
+)
+
+
+@given(
+    st.lists(LINES, max_size=30),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+    st.booleans(),
+)
+def test_the_decoder_agrees_with_the_plain_rules_for_any_lines_and_any_split(
+    lines: list[bytes], cuts: list[int], crlf: bool
+) -> None:
+    stream = (b"\r\n" if crlf else b"\n").join(lines)
+    points = [0, *sorted(c for c in cuts if c <= len(stream)), len(stream)]
+    pieces = [stream[a:b] for a, b in itertools.pairwise(points)]
+    assert decode(pieces) == reference(stream)
+
+
+def test_a_whole_event_past_the_bound_is_refused_in_either_shape() -> None:
+    with pytest.raises(SseEventTooLargeError, match="more than 8 bytes"):
+        SseDecoder(8).feed(b"data: 123456789\n\n")
+    with pytest.raises(SseEventTooLargeError, match="more than 8 bytes"):
+        SseDecoder(8).feed(b"event: delta\ndata: 123456789\n\n")
+    assert SseDecoder(8).feed(b"event: delta\ndata: 12345678\n\n") == [
+        SseEvent("delta", b"12345678")
+    ]
