@@ -85,6 +85,11 @@ class HttpProvider:
 
     # ------------------------------------------------------------------ Model protocol
 
+    chunks_checked = True
+    """The chunks are well formed by construction (see :func:`actors.model.checked_chunk`):
+    every field comes from a typed ``msgspec`` wire struct or a fixed table, so the agent
+    need not check them one by one (the provider tests check each one they stream)."""
+
     @property
     def provider(self) -> str:
         return self._provider

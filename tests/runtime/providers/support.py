@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from actors.errors import ModelError
-from actors.model import Model, ModelRequest
+from actors.model import BatchStreamingModel, Model, ModelRequest, checked_chunk
 from storage.events import (
     FinishChunk,
     LlmFailure,
@@ -61,7 +61,20 @@ def request(
 
 
 async def collect(model: Model, req: ModelRequest) -> list[StreamChunk]:
-    return [chunk async for chunk in model.stream(req)]
+    """The chunks of ``req``'s reply, read as the agent reads them (in batches when the
+    model has them), checking on the way that no batch is empty and that a model that
+    vouches for its chunks (``chunks_checked``) hands over only chunks the agent's own
+    check passes unchanged."""
+    if isinstance(model, BatchStreamingModel):
+        batches = [list(batch) async for batch in model.stream_batches(req)]
+        assert all(batches), f"an empty batch among {batches}"
+        chunks = [chunk for batch in batches for chunk in batch]
+    else:
+        chunks = [chunk async for chunk in model.stream(req)]
+    if getattr(model, "chunks_checked", False):
+        for chunk in chunks:
+            assert checked_chunk(chunk) is chunk, chunk
+    return chunks
 
 
 async def failure_of(model: Model, req: ModelRequest) -> LlmFailure:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from actors.errors import ModelError
 from actors.model import Model
 from runtime.providers import OpenAICompatModel
 from storage.events import (
@@ -334,3 +335,42 @@ def test_sequential_requests_reuse_one_pooled_connection(wire: WireServer) -> No
     run(body)
     assert len(wire.requests) == 3
     assert len({r.peer for r in wire.requests}) == 1
+
+
+def test_a_read_of_many_events_is_one_batch_and_stream_yields_the_same_chunks(
+    wire: WireServer,
+) -> None:
+    frames = openai_frames(openai_text_reply("a", "b", "c", usage=openai_usage(3, 3)))
+    wire.script(Sse(frames, coalesce=True), Sse(frames, coalesce=True))
+
+    async def body() -> tuple[list[list[Any]], list[Any]]:
+        async with model_for(wire) as model:
+            batches = [list(b) async for b in model.stream_batches(request())]
+            return batches, [c async for c in model.stream(request())]
+
+    batches, chunks = run(body)
+    assert [c for batch in batches for c in batch] == chunks
+    assert text_of(chunks) == "abc"
+    assert tail_of(chunks) == ["UsageChunk", "FinishChunk"]
+    assert len(batches) < len(chunks)  # one write, read at once: fewer batches than chunks
+
+
+def test_the_chunks_read_with_a_failing_event_come_before_its_failure(wire: WireServer) -> None:
+    frames = openai_frames([openai_chunk({"content": "a"}), openai_chunk({"content": "b"})])
+    frames.insert(2, b'data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n')
+    wire.script(Sse(frames, coalesce=True))
+
+    async def body() -> tuple[list[Any], BaseException | None]:
+        seen: list[Any] = []
+        async with model_for(wire) as model:
+            try:
+                async for batch in model.stream_batches(request()):
+                    seen += batch
+            except ModelError as err:
+                return seen, err
+        return seen, None
+
+    seen, error = run(body)
+    assert text_of(seen) == "ab"
+    assert isinstance(error, ModelError)
+    assert "overloaded" in error.failure.message

@@ -88,4 +88,3 @@ def test_scripted_echo_resolves_to_the_scripted_model() -> None:
     model = resolve_model("scripted:echo")
     assert isinstance(model, Model)
     assert type(model).__name__ == "ScriptedModel"
-
