@@ -12,7 +12,8 @@ Two modes:
   one call, so the server spends almost nothing per chunk and the client's cost is what
   is measured.
 - **paced** (``--tps R``): a reply's first delta is written ``--ttft`` seconds after the
-  request, then one every ``1/R`` seconds, by one ticker for all streams (every 2 ms).
+  request, then one every ``1/R`` seconds, by one ticker for all streams (every 2 ms,
+  writing only the streams that are due: a heap by due time).
   Each delta's text is ``@<unix time of its write> `` (taken for each write, so a tick
   that ran late is the server's lag, not counted against the client) so the client can
   measure how late it saw the chunk against the moment the server wrote it.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
 import time
@@ -178,13 +180,21 @@ class _Server:
         self.streams.append(_Stream(conn, parts, time.perf_counter() + self.ttft))
 
     async def tick(self) -> None:
+        """Every TICK_S, write each stream's deltas that are due (a heap by due time,
+        so a tick costs what is due, not what is open)."""
         assert self.tps is not None
         interval = 1.0 / self.tps
+        due: list[tuple[float, int, _Stream]] = []
+        order = 0
         while True:
             await asyncio.sleep(TICK_S)
+            for s in self.streams:  # the streams answered since the last tick
+                order += 1
+                heapq.heappush(due, (s.next_at, order, s))
+            self.streams = []
             now = time.perf_counter()
-            keep: list[_Stream] = []
-            for s in self.streams:
+            while due and due[0][0] <= now:
+                _, _, s = heapq.heappop(due)
                 transport = s.conn.transport
                 if transport is None:
                     continue
@@ -197,13 +207,12 @@ class _Server:
                     s.next_at += interval
                 if not s.left:
                     out.append(s.parts[2])
-                if out:
-                    transport.write(_chunked(b"".join(out)))
+                transport.write(_chunked(b"".join(out)))
                 if s.left:
-                    keep.append(s)
+                    order += 1
+                    heapq.heappush(due, (s.next_at, order, s))
                 else:
                     transport.write(b"0\r\n\r\n")
-            self.streams = keep
 
 
 async def _main(args: argparse.Namespace) -> None:

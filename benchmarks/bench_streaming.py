@@ -19,8 +19,13 @@ Reported per client: CPU us per chunk, chunks/s, and ratios against ``aiohttp`` 
 The **paced** mode (``--paced``) asks how many agents one process can host at a
 realistic token rate: the server writes each agent's deltas at ``--tps`` tokens/s after
 ``--ttft`` seconds, stamping each with the time it wrote it; corral's ``session/event``
-listener sees each ``assistant/chunk`` and records how much later that was. For each N in
-``--agents`` it reports the p50/p99 extra delay and whether p99 < ``--budget-ms``.
+listener sees each ``assistant/chunk`` and records how much later that was. Each agent
+runs ``--turns`` turns back to back; their first requests are spread evenly over
+``--ramp`` seconds, as independent users' requests arrive (``--ramp 0`` sends them all at
+once, so that every stream's deltas come in the same server tick: a burst, not a
+load). For each N in ``--agents`` it reports the p50/p99 extra delay, the cores the
+client used, and whether p99 < ``--budget-ms``, beside a bare aiohttp + msgspec client on
+the same schedule (what any Python client sees on this machine at that moment).
 
     python benchmarks/bench_streaming.py                       # 200 x 5 x 50, both wires
     python benchmarks/bench_streaming.py --wire openai --streams 200 --requests 5
@@ -207,8 +212,11 @@ def _corral_model(wire: str, port: int) -> Any:
     )
 
 
-def _drive(rt: Any, model: Any, agents: int, requests: int, timeout: float) -> tuple[int, int]:
-    """Spawn ``agents``; each runs ``requests`` turns back to back. (completed, failed)."""
+def _drive(
+    rt: Any, model: Any, agents: int, requests: int, timeout: float, ramp: float = 0.0
+) -> tuple[int, int]:
+    """Spawn ``agents``; each runs ``requests`` turns back to back, the first ones sent
+    evenly over ``ramp`` seconds (0: all at once). (completed, failed)."""
     done = threading.Event()
     lock = threading.Lock()
     left: dict[str, int] = {}
@@ -231,7 +239,11 @@ def _drive(rt: Any, model: Any, agents: int, requests: int, timeout: float) -> t
     handles = [rt.spawn(model=model) for _ in range(agents)]
     for handle in handles:
         left[handle.id] = requests
-    for handle in handles:
+    start = time.perf_counter()
+    for n, handle in enumerate(handles):
+        wait = start + ramp * n / agents - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
         handle.followup("hello")
     if not done.wait(timeout):
         raise TimeoutError(f"corral: not every agent finished within {timeout} s")
@@ -279,10 +291,12 @@ def run_client(client: str, port: int, wire: str, streams: int, requests: int) -
 # --------------------------------------------------------------------------- paced mode
 
 STAMP = re.compile(r"@(\d+\.\d+)")
+STAMP_BYTES = re.compile(rb"@(\d+\.\d+)")
 
 
-def run_paced(port: int, wire: str, agents: int) -> dict[str, Any]:
-    """N agents, one turn each, against the paced server: the delay of every chunk."""
+def run_paced(port: int, wire: str, agents: int, turns: int, ramp: float) -> dict[str, Any]:
+    """N agents, ``turns`` turns each, the first requests spread over ``ramp`` seconds,
+    against the paced server: the delay of every chunk."""
     from runtime import Runtime
 
     model = _corral_model(wire, port)
@@ -300,12 +314,53 @@ def run_paced(port: int, wire: str, agents: int) -> dict[str, Any]:
         try:
             rt.on("session/event", seen)
             cpu0, wall0 = _cpu_s(), time.perf_counter()
-            completed, failed = _drive(rt, model, agents, 1, timeout=900)
+            completed, failed = _drive(rt, model, agents, turns, timeout=900, ramp=ramp)
             cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
         finally:
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(model.aclose(), rt.io.loop).result(30)
             rt.close()
+    return _paced_result(agents, completed, failed, delays, cpu, wall)
+
+
+def run_paced_aiohttp(
+    port: int, wire: str, agents: int, turns: int, ramp: float
+) -> dict[str, Any]:
+    """The same schedule through a bare aiohttp + msgspec client (no log, no actors): the
+    delay any Python client sees on this machine now, for reading corral's against."""
+    import aiohttp
+
+    body = _body(wire)
+    url = f"http://127.0.0.1:{port}{PATHS[wire]}"
+    delays: list[float] = []
+
+    async def run() -> None:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def one(n: int) -> None:
+                await asyncio.sleep(ramp * n / agents)
+                for _ in range(turns):
+                    async with session.post(
+                        url, data=body, headers={"content-type": "application/json"}
+                    ) as response:
+                        async for part in response.content.iter_any():
+                            now = time.time()
+                            delays.extend(
+                                now - float(m.group(1)) for m in STAMP_BYTES.finditer(part)
+                            )
+
+            await asyncio.gather(*(one(n) for n in range(agents)))
+
+    cpu0, wall0 = _cpu_s(), time.perf_counter()
+    asyncio.run(run())
+    cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+    return _paced_result(agents, agents * turns, 0, delays, cpu, wall)
+
+
+def _paced_result(
+    agents: int, completed: int, failed: int, delays: list[float], cpu: float, wall: float
+) -> dict[str, Any]:
     return {
         "agents": agents,
         "completed": completed,
@@ -365,6 +420,10 @@ def main() -> None:
     p.add_argument("--agents", default="250,500,1000", help="paced mode: agent counts")
     p.add_argument("--tps", type=float, default=50.0, help="paced mode: tokens/s per agent")
     p.add_argument("--ttft", type=float, default=0.5, help="paced mode: time to first token")
+    p.add_argument("--turns", type=int, default=2, help="paced mode: turns per agent")
+    p.add_argument("--ramp", type=float, default=1.0,
+                   help="paced mode: seconds over which the agents' first requests are "
+                        "spread (0: all at once, every stream in step)")
     p.add_argument("--budget-ms", type=float, default=50.0)
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -373,7 +432,12 @@ def main() -> None:
         kind, *rest = args.child
         if kind == "paced":
             port, wire, agents = int(rest[0]), rest[1], int(rest[2])
-            print(json.dumps(run_paced(port, wire, agents)))
+            turns, ramp = int(rest[3]), float(rest[4])
+            print(json.dumps(run_paced(port, wire, agents, turns, ramp)))
+        elif kind == "paced-aiohttp":
+            port, wire, agents = int(rest[0]), rest[1], int(rest[2])
+            turns, ramp = int(rest[3]), float(rest[4])
+            print(json.dumps(run_paced_aiohttp(port, wire, agents, turns, ramp)))
         else:
             port, wire, streams, requests = int(rest[0]), rest[1], int(rest[2]), int(rest[3])
             print(json.dumps(run_client(kind, port, wire, streams, requests)))
@@ -385,14 +449,19 @@ def main() -> None:
         rows, results = [], []
         for wire in wires:
             for agents in [int(n) for n in args.agents.split(",")]:
-                with sse_server(args.chunks, ttft=args.ttft, tps=args.tps) as port:
-                    r = _child(["paced", str(port), wire, str(agents)])
-                r["wire"] = wire
-                results.append(r)
-                rows.append([wire, agents, r["chunks"], r["p50_ms"], r["p99_ms"], r["max_ms"],
-                             "yes" if r["p99_ms"] < args.budget_ms and not r["failed"] else "no"])
-        print_table(["wire", "agents", "chunks", "p50 ms", "p99 ms", "max ms",
-                     f"p99 < {args.budget_ms:g} ms"], rows)
+                for client in ("aiohttp", "corral"):
+                    kind = "paced" if client == "corral" else "paced-aiohttp"
+                    with sse_server(args.chunks, ttft=args.ttft, tps=args.tps) as port:
+                        r = _child([kind, str(port), wire, str(agents), str(args.turns),
+                                    str(args.ramp)])
+                    r["wire"], r["client"] = wire, client
+                    results.append(r)
+                    ok = r["p99_ms"] < args.budget_ms and not r["failed"]
+                    rows.append([wire, agents, client, r["chunks"], r["p50_ms"], r["p99_ms"],
+                                 r["max_ms"], r["cpu_s"] / r["wall_s"],
+                                 ("yes" if ok else "no") if client == "corral" else "-"])
+        print_table(["wire", "agents", "client", "chunks", "p50 ms", "p99 ms", "max ms",
+                     "cores", f"p99 < {args.budget_ms:g} ms"], rows)
         record["paced"] = results
     else:
         clients = [c for c in args.clients.split(",") if c]
