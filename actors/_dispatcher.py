@@ -425,11 +425,15 @@ class Dispatcher:
                 handled, more = runnable.run_batch(throughput)  # type: ignore[union-attr]
             except Exception:
                 logger.exception("internal error while running %r", runnable)
+                runnable = None
                 continue
             batches[index] += 1
             messages[index] += handled
             if more:
                 put(runnable)
+            # Let go of it before waiting for the next: what a batch ran (a flush group's
+            # outcome holds its members' sessions) must not stay alive while idle.
+            runnable = None
 
     def _run(self, index: int, runnable: Schedulable) -> None:
         try:
@@ -481,4 +485,5 @@ class Dispatcher:
                     time.sleep(stall_s)
                     continue
                 self._run(index, runnable)  # type: ignore[arg-type]
+                runnable = None  # let go of it while idle (see _work)
             seen = self._working_batches()

@@ -4,6 +4,7 @@ workers, shutdown and a failed start."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -293,3 +294,61 @@ def test_a_dispatcher_whose_worker_fails_to_start_stops_those_it_started(
         Dispatcher(3, standby=2, name="failing")  # starts 3 workers, then 2 standby ones
     monkeypatch.undo()
     assert set(threading.enumerate()) == before
+
+
+class _Work:
+    """A schedulable batch that says when it ran (and may wait on a gate first)."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.ran = threading.Event()
+        self.gate = gate
+
+    def run_batch(self, throughput: int) -> tuple[int, bool]:
+        self.ran.set()
+        if self.gate is not None:
+            assert self.gate.wait(WAIT)
+        return 1, False
+
+
+def _watch(obj: object) -> threading.Event:
+    """An event set once ``obj`` is freed."""
+    import weakref
+
+    gone = threading.Event()
+    weakref.finalize(obj, gone.set)
+    return gone
+
+
+def _freed(gone: threading.Event) -> None:
+    """Wait (collecting) until the watched object is gone, or fail."""
+    import gc
+
+    deadline = time.monotonic() + WAIT
+    while not gone.is_set() and time.monotonic() < deadline:
+        gc.collect()
+        gone.wait(0.02)
+    assert gone.is_set(), "the dispatcher still holds a batch it ran"
+
+
+def test_an_idle_worker_and_an_idle_standby_hold_nothing_they_ran() -> None:
+    d = Dispatcher(1, standby=1, stall_s=0.002, name="lets-go")
+    gate = threading.Event()
+    try:
+        work = _Work()
+        gone = _watch(work)
+        d.schedule(work)
+        assert work.ran.wait(WAIT)
+        del work
+        _freed(gone)  # the worker, idle again, let go of it
+        blocker = _Work(gate)
+        d.schedule(blocker)
+        assert blocker.ran.wait(WAIT)
+        stood_in = _Work()
+        gone = _watch(stood_in)
+        d.schedule(stood_in)  # the only worker waits on the gate: the standby runs it
+        assert stood_in.ran.wait(WAIT)
+        del stood_in
+        _freed(gone)  # the standby, idle again, let go of it
+    finally:
+        gate.set()
+        assert d.shutdown(timeout=WAIT)
