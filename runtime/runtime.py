@@ -49,7 +49,7 @@ from storage import Store, check_session_id
 from . import gctune
 from .agent import Agent
 from .assembly import Assembly
-from .bridge import SessionBridge
+from .bridge import SessionBridge, SessionTap
 from .checks import (
     agent_settings,
     check_arity,
@@ -299,6 +299,15 @@ class Runtime:
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]:
         """Listen to a live event of every agent; returns a disposer."""
         return self._table.listen(name, listener, None)
+
+    def tap_sessions(self, observer: SessionTap) -> Callable[[], None]:
+        """Call ``observer(agent, event)`` after every append to every live agent's
+        session (those live now and later); returns a disposer. The facts
+        ``session/event`` carries, at a fraction of its cost: straight from the append,
+        under the session's lock, before the ``session/event`` listeners, with no live
+        payload and no bus (see :meth:`runtime.bridge.SessionBridge.tap` for its rules).
+        For plugins that pick a few types out of every append (``runtime.telemetry``)."""
+        return self._table.tap(observer)
 
     # ------------------------------------------------------------------ agents
 

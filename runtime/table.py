@@ -49,7 +49,7 @@ from storage import DisposedCause, Session, Store
 
 from .agent import Agent
 from .assembly import Assembly, Parts, Spec
-from .bridge import SessionBridge
+from .bridge import SessionBridge, SessionTap
 from .checks import check_arity
 from .errors import RuntimeClosedError
 from .slots import AgentSlot
@@ -189,6 +189,18 @@ class AgentTable:
         if session_event:
             for slot in slots:  # before returning: the listener sees every later append
                 self.bridge.bridge(slot)
+        return dispose
+
+    def tap(self, observer: SessionTap) -> Callable[[], None]:
+        """Tap every live agent's session, now and later (``Runtime.tap_sessions``)."""
+        if not callable(observer):
+            raise TypeError(f"a session tap must be callable, got {observer!r}")
+        with self.lock:
+            self.check_open()
+            dispose = self.bridge.tap(observer)
+            slots = list(self._agents.values())
+        for slot in slots:  # before returning: the tap sees every later append
+            self.bridge.bridge(slot)
         return dispose
 
     def _scoped_disposer(self, scope: str, dispose: Callable[[], None]) -> Callable[[], None]:

@@ -13,9 +13,10 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")  # the test extra installs it
 
+from opentelemetry.context import Context
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -317,3 +318,92 @@ def test_without_an_sdk_instrument_is_a_no_op_on_the_global_providers(tmp_path: 
         assert done.wait(WAIT)
         wired.close()
         assert [e.type for e in agent.session.events()][-1] == "turn/end"
+
+
+class StartAttributes(SpanProcessor):
+    """What each span carried when it started (a processor's or sampler's view)."""
+
+    def __init__(self) -> None:
+        self.at_start: dict[int, dict[str, Any]] = {}
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self.at_start[span.context.span_id] = dict(span.attributes or {})
+
+
+def test_a_turns_spans_are_made_in_one_go_at_its_checkpoint_each_whole_at_its_start(
+    tmp_path: Path, otel: Otel
+) -> None:
+    started = StartAttributes()
+    otel.tracer_provider.add_span_processor(started)
+    model = ScriptedModel([[ToolCall(name="lookup", arguments={"key": "k"})], "done"], name="m1")
+    at_turn_end: list[int] = []
+    with open_rt(tmp_path) as rt:
+        wire(rt, otel)
+        rt.on(
+            "session/event",
+            lambda e: e.event.type == "turn/end" and at_turn_end.append(len(otel.spans())),
+        )
+        done = settled_waiter(rt, 1)
+        rt.spawn(model=model, tools=[lookup]).followup("question")
+        assert done.wait(WAIT)
+    assert at_turn_end == [0]  # not the chat and tool spans either: none before the checkpoint
+    spans = otel.spans()
+    assert sorted(s.name for s in spans) == [
+        "chat m1",
+        "chat m1",
+        "execute_tool lookup",
+        "invoke_agent",
+    ]
+    for span in spans:  # every attribute given at creation: nothing was set afterwards
+        assert started.at_start[span.context.span_id] == dict(span.attributes or {})
+    (turn,) = otel.spans("invoke_agent")
+    assert dict(turn.attributes or {})[sc.CORRAL_TURN_OUTCOME] == "completed"
+
+
+def test_turns_by_outcome_is_a_monotonic_cumulative_counter_across_collections(
+    tmp_path: Path, otel: Otel
+) -> None:
+    with open_rt(tmp_path) as rt:
+        wire(rt, otel)
+        agent = rt.spawn(model=ScriptedModel.echo())
+        for expected in (1, 2):
+            done = settled_waiter(rt, 1)
+            agent.followup("hi")
+            assert done.wait(WAIT)
+            data = otel.reader.get_metrics_data()
+            assert data is not None
+            (metric,) = [
+                m
+                for rm in data.resource_metrics
+                for scope in rm.scope_metrics
+                for m in scope.metrics
+                if m.name == sc.METRIC_TURNS
+            ]
+            assert metric.data.is_monotonic
+            assert metric.data.aggregation_temporality is AggregationTemporality.CUMULATIVE
+            (point,) = metric.data.data_points
+            assert point.attributes == {sc.CORRAL_TURN_OUTCOME: "completed"}
+            assert point.value == expected
+
+
+def test_a_killed_agents_open_turn_is_exported_as_abandoned(tmp_path: Path, otel: Otel) -> None:
+    from tests.scenarios.models import GateModel
+
+    model = GateModel()
+    with open_rt(tmp_path) as rt:
+        wire(rt, otel)
+        disposed = threading.Event()
+        rt.on("agent/disposed", lambda e: disposed.set())
+        agent = rt.spawn(model=model)
+        agent.followup("first")
+        assert model.wait_reached(1)
+        agent.kill()
+        assert disposed.wait(WAIT)
+        (turn,) = otel.spans("invoke_agent")
+        (chat,) = otel.spans("chat gate")
+    attrs = dict(turn.attributes or {})
+    assert attrs[sc.ERROR_TYPE] == "agent_disposed"
+    assert sc.CORRAL_TURN_OUTCOME not in attrs  # it never ended
+    assert turn.status.status_code is StatusCode.ERROR
+    assert dict(chat.attributes or {})[sc.ERROR_TYPE] == "agent_disposed"
+    assert chat.parent is not None and chat.parent.span_id == turn.context.span_id
