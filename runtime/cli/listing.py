@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final, Literal, TypeAlias
 
 import msgspec
@@ -31,6 +31,7 @@ __all__ = [
     "SessionSummary",
     "parse_time",
     "resolve_session",
+    "resolve_session_in",
     "summaries",
     "summarize",
 ]
@@ -138,20 +139,28 @@ def summaries(store: Store, headers: Iterable[SessionHeader]) -> Iterator[Sessio
 def resolve_session(store: Store, text: str) -> str:
     """The id of the one session whose id is ``text`` or starts with it (as git takes a
     commit); a :class:`CliError` that says what to do if none or several do."""
-    if store.has_session(text):
-        return text
+    return resolve_session_in([store], text, f"the store at {store.path}")[1]
+
+
+def resolve_session_in(stores: Sequence[Store], text: str, where: str) -> tuple[Store, str]:
+    """:func:`resolve_session` over several stores (a cluster's shards, ``where`` named
+    in its errors): the store holding the one session ``text`` names, and its id."""
+    for store in stores:
+        if store.has_session(text):
+            return store, text
     if not text:
         raise CliError("an empty session id matches every session: give one (`corral log ls`)")
-    matches = [h.id for h in store.sessions() if h.id.startswith(text)]
+    matches = [(st, h.id) for st in stores for h in st.sessions() if h.id.startswith(text)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
         raise CliError(
-            f"no session {text!r} (nor one starting with it) in the store at {store.path} "
+            f"no session {text!r} (nor one starting with it) in {where} "
             "(`corral log ls` lists them)"
         )
-    shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
-    raise CliError(f"{len(matches):,} sessions start with {text!r} ({shown}): give more characters")
+    ids = sorted(session for _, session in matches)
+    shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+    raise CliError(f"{len(ids):,} sessions start with {text!r} ({shown}): give more characters")
 
 
 _DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")

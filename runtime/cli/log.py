@@ -44,7 +44,15 @@ from storage import (
 
 from .benchview import breakdown_table
 from .errors import CliError, InvariantsError
-from .listing import SORT_KEYS, STATES, SessionSummary, parse_time, resolve_session, summarize
+from .listing import (
+    SORT_KEYS,
+    STATES,
+    SessionSummary,
+    parse_time,
+    resolve_session,
+    resolve_session_in,
+    summarize,
+)
 from .options import (
     STORE_FILES,
     FiniteFloatRange,
@@ -66,14 +74,12 @@ def _out() -> Console:
 
 
 @contextmanager
-def _reading(path: Path, session: str | None = None) -> Iterator[Store]:
-    if is_sharded(path):  # a cluster's store: the shard holding the session
-        if session is None:
-            raise CliError(
-                f"{path} is a cluster's store (one store per shard): give one shard's, "
-                f"--store {path / 'shard-0'}"
-            )
-        path = stores_for(path, session)[0]
+def _reading(path: Path) -> Iterator[Store]:
+    if is_sharded(path):
+        raise CliError(
+            f"{path} is a cluster's store (one store per shard): give one shard's, "
+            f"--store {path / 'shard-0'}"
+        )
     if not path.exists():
         raise CliError(
             f"no corral store at {path}: it does not exist (give the store with --store)"
@@ -83,6 +89,29 @@ def _reading(path: Path, session: str | None = None) -> Iterator[Store]:
         yield store
     finally:
         store.close()
+
+
+@contextmanager
+def _reading_session(path: Path, text: str) -> Iterator[tuple[Store, str]]:
+    """The store that holds the session ``text`` names (its id or a unique prefix of
+    it), open, and that session's id. On a cluster's store an id is looked up in the
+    shard it routes to, a prefix in every shard's store."""
+    if not is_sharded(path):
+        with _reading(path) as store:
+            yield store, resolve_session(store, text)
+        return
+    routed = stores_for(path, text)[0]  # where the session of this exact id lives
+    if text and (routed / "data.mdb").exists():
+        with _reading(routed) as store:
+            found = store.has_session(text)
+            if found:
+                yield store, text
+        if found:
+            return
+    with contextlib.ExitStack() as stack:
+        shards = [stack.enter_context(_reading(shard)) for shard in stores_for(path)]
+        where = f"the cluster store at {path} ({plural(len(shards), 'shard store')})"
+        yield resolve_session_in(shards, text, where)
 
 
 def _require(store: Store, session_id: str) -> int:
@@ -239,17 +268,16 @@ def _row(st: Store, item: SessionSummary, width: int, with_bytes: bool) -> str:
 @click.option("-v", "--verbose", is_flag=True, help="Also show chunks, inbox and request facts.")
 def show(session: str, store: Path, raw: bool, verbose: bool) -> None:
     """Print a session as a readable transcript (or its raw events)."""
-    with _reading(store, session) as st:
-        session = resolve_session(st, session)
-        count = _require(st, session)
+    with _reading_session(store, session) as (st, session_id):
+        count = _require(st, session_id)
         if raw:
-            _write_records(st, session, sys.stdout.buffer)
+            _write_records(st, session_id, sys.stdout.buffer)
             return
-        events = st.read(session, include_ignored=True)
-        header = next((h for h in st.sessions() if h.id == session), None)
+        events = st.read(session_id, include_ignored=True)
+        header = next((h for h in st.sessions() if h.id == session_id), None)
     out = _out()
     created = f"  created {_created(header.created)}" if header is not None else ""
-    out.print(Text(f"session {shown(session)}{created}  {count:,} events", style="bold"))
+    out.print(Text(f"session {shown(session_id)}{created}  {count:,} events", style="bold"))
     for line in transcript(events, verbose=verbose):
         out.print(line)
 
@@ -308,18 +336,17 @@ def tail(
 ) -> None:
     """Print the last events of a session; with --follow, keep printing new ones."""
     out = _out()
-    with _reading(store, session) as st:
-        session = resolve_session(st, session)
-        total = _require(st, session)
+    with _reading_session(store, session) as (st, session_id):
+        total = _require(st, session_id)
         lower = max(0, total - count)
         if not follow:
-            events = st.read(session, lower=lower, include_ignored=True) if count else []
+            events = st.read(session_id, lower=lower, include_ignored=True) if count else []
             _print_events(out, events, raw)
             return
         try:
             next_seq = lower if count else total
             while True:
-                events = st.read(session, lower=next_seq, include_ignored=True)
+                events = st.read(session_id, lower=next_seq, include_ignored=True)
                 if events:
                     _print_events(out, events, raw)
                     next_seq = events[-1].seq + 1
@@ -343,18 +370,17 @@ def export(session: str, store: Path, output: Path) -> None:
     to_stdout = str(output) == "-"
     if not to_stdout:
         refuse_store_file(output, store, "output")
-    with _reading(store, session) as st:
-        session = resolve_session(st, session)
-        _require(st, session)
+    with _reading_session(store, session) as (st, session_id):
+        _require(st, session_id)
         if to_stdout:
-            written = st.export_jsonl(session, sys.stdout.buffer)
+            written = st.export_jsonl(session_id, sys.stdout.buffer)
             sys.stdout.buffer.flush()
             return
         # owner-only, like the store it comes from (a log may hold private content)
         fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
-            written = st.export_jsonl(session, fh)
-    click.echo(f"exported {written:,} events of {shown(session)} to {output}", err=True)
+            written = st.export_jsonl(session_id, fh)
+    click.echo(f"exported {written:,} events of {shown(session_id)} to {output}", err=True)
 
 
 def _new_session_id(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from runtime import LlmFailure, RetryPolicy, Runtime, ScriptedModel
-from storage.events import MessageTrigger, TurnStart
+from runtime.cluster.layout import claim_layout, shard_path
+from runtime.cluster.routing import Router
 from storage import Store
+from storage.events import MessageTrigger, TurnStart
 
 from .conftest import assert_one_error_line, corral, run_ok
 
@@ -116,3 +118,56 @@ def test_store_is_taken_at_the_group_level_and_from_the_environment(
     )
     assert done.returncode == 0, done.stderr
     assert list(rows(done.stdout)) == list(IDS)
+
+
+# A cluster's store, as runtime.cluster lays it out (cluster.json, one ordinary store per
+# shard, each session in the shard its id routes to), written here without Ray.
+SHARDED = ("team-red-1", "team-red-2", "team-blue-1", "team-blue-2", "lone-wolf", "omega-7")
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cluster") / "store"
+    claim_layout(root, 2)
+    for shard, ids in Router(2).group(SHARDED).items():
+        with Runtime.open(shard_path(root, shard)) as rt:
+            for sid in ids:
+                agent = rt.spawn(model=ScriptedModel.echo(), session_id=sid)
+                agent.followup(f"hello from {sid}")
+                assert agent.wait_idle(10)
+    return root
+
+
+def test_on_a_cluster_store_an_id_or_a_unique_prefix_is_found_in_its_shard(
+    sharded: Path,
+) -> None:
+    router = Router(2)
+    # The prefixes below route elsewhere than their sessions: found by reading every shard.
+    assert router.shard_of("lone-wolf") == 1 and router.shard_of("lo") == 0
+    assert router.shard_of("omega-7") == 0 and router.shard_of("om") == 1
+    assert {router.shard_of(sid) for sid in SHARDED} == {0, 1}
+    for sid in SHARDED:  # exact ids, each in the shard it routes to
+        out = run_ok(["log", "show", sid, "--store", sharded])
+        assert out.startswith(f"session {sid} ") and f"hello from {sid}" in out
+    assert run_ok(["log", "show", "lo", "--store", sharded]).startswith("session lone-wolf ")
+    assert "hello from omega-7" in run_ok(["log", "tail", "om", "-n", "50", "--store", sharded])
+    exported = run_ok(["log", "export", "team-blue-2", "--store", sharded])
+    assert '"session":{"id":"team-blue-2"' in exported.splitlines()[0]
+    assert '"session":{"id":"lone-wolf"' in run_ok(["log", "export", "lone", "--store", sharded])
+
+
+def test_on_a_cluster_store_an_ambiguous_or_unknown_prefix_is_one_clear_error(
+    sharded: Path,
+) -> None:
+    # team-blue-1 is in shard 0, team-blue-2 in shard 1: the candidates of both are named.
+    line = assert_one_error_line(corral("log", "show", "team-blue", "--store", sharded))
+    assert "2 sessions start with 'team-blue' (team-blue-1, team-blue-2): give more" in line
+    line = assert_one_error_line(corral("log", "tail", "team-", "--store", sharded))
+    assert "4 sessions start with 'team-' (team-blue-1, team-blue-2, team-red-1, " in line
+    line = assert_one_error_line(corral("log", "export", "nope", "--store", sharded))
+    assert "no session 'nope' (nor one starting with it) in the cluster store at " in line
+    assert "(2 shard stores)" in line
+
+
+def test_ls_on_a_cluster_store_lists_every_shards_sessions(sharded: Path) -> None:
+    assert sorted(rows(run_ok(["log", "ls", "--store", sharded]))) == sorted(SHARDED)
