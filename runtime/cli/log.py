@@ -19,7 +19,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -29,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from runtime.cluster.layout import is_sharded, stores_for
+from runtime.cluster.layout import stores_for
 from runtime.load import StoreCheck, check_store, latency_of, store_bytes
 from storage import (
     SCHEMA_VERSION,
@@ -44,15 +43,7 @@ from storage import (
 
 from .benchview import breakdown_table
 from .errors import CliError, InvariantsError
-from .listing import (
-    SORT_KEYS,
-    STATES,
-    SessionSummary,
-    parse_time,
-    resolve_session,
-    resolve_session_in,
-    summarize,
-)
+from .listing import SORT_KEYS, STATES, SessionSummary, parse_time, summarize
 from .options import (
     STORE_FILES,
     FiniteFloatRange,
@@ -60,6 +51,7 @@ from .options import (
     inherited_store_option,
     refuse_store_file,
 )
+from .reading import reading, reading_session
 from .transcript import plural, safe_json, shown, summary, transcript
 
 __all__ = ["log"]
@@ -71,47 +63,6 @@ def _out() -> Console:
     """Plain output: ids, paths and logged text hold brackets and colons, never markup
     or emoji codes (styled parts are rich ``Text``)."""
     return Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
-
-
-@contextmanager
-def _reading(path: Path) -> Iterator[Store]:
-    if is_sharded(path):
-        raise CliError(
-            f"{path} is a cluster's store (one store per shard): give one shard's, "
-            f"--store {path / 'shard-0'}"
-        )
-    if not path.exists():
-        raise CliError(
-            f"no corral store at {path}: it does not exist (give the store with --store)"
-        )
-    store = Store.open(path, readonly=True)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@contextmanager
-def _reading_session(path: Path, text: str) -> Iterator[tuple[Store, str]]:
-    """The store that holds the session ``text`` names (its id or a unique prefix of
-    it), open, and that session's id. On a cluster's store an id is looked up in the
-    shard it routes to, a prefix in every shard's store."""
-    if not is_sharded(path):
-        with _reading(path) as store:
-            yield store, resolve_session(store, text)
-        return
-    routed = stores_for(path, text)[0]  # where the session of this exact id lives
-    if text and (routed / "data.mdb").exists():
-        with _reading(routed) as store:
-            found = store.has_session(text)
-            if found:
-                yield store, text
-        if found:
-            return
-    with contextlib.ExitStack() as stack:
-        shards = [stack.enter_context(_reading(shard)) for shard in stores_for(path)]
-        where = f"the cluster store at {path} ({plural(len(shards), 'shard store')})"
-        yield resolve_session_in(shards, text, where)
 
 
 def _require(store: Store, session_id: str) -> int:
@@ -203,7 +154,7 @@ def ls(
     except ValueError as err:
         raise click.BadParameter(str(err)) from err
     with contextlib.ExitStack() as stack:
-        opened = [stack.enter_context(_reading(path)) for path in stores_for(store)]
+        opened = [stack.enter_context(reading(path)) for path in stores_for(store)]
         pairs = [(st, header) for st in opened for header in st.sessions()]  # shards too
         total = len(pairs)
         if until_ms is not None:
@@ -268,7 +219,7 @@ def _row(st: Store, item: SessionSummary, width: int, with_bytes: bool) -> str:
 @click.option("-v", "--verbose", is_flag=True, help="Also show chunks, inbox and request facts.")
 def show(session: str, store: Path, raw: bool, verbose: bool) -> None:
     """Print a session as a readable transcript (or its raw events)."""
-    with _reading_session(store, session) as (st, session_id):
+    with reading_session(store, session) as (st, session_id):
         count = _require(st, session_id)
         if raw:
             _write_records(st, session_id, sys.stdout.buffer)
@@ -336,7 +287,7 @@ def tail(
 ) -> None:
     """Print the last events of a session; with --follow, keep printing new ones."""
     out = _out()
-    with _reading_session(store, session) as (st, session_id):
+    with reading_session(store, session) as (st, session_id):
         total = _require(st, session_id)
         lower = max(0, total - count)
         if not follow:
@@ -370,7 +321,7 @@ def export(session: str, store: Path, output: Path) -> None:
     to_stdout = str(output) == "-"
     if not to_stdout:
         refuse_store_file(output, store, "output")
-    with _reading_session(store, session) as (st, session_id):
+    with reading_session(store, session) as (st, session_id):
         _require(st, session_id)
         if to_stdout:
             written = st.export_jsonl(session_id, sys.stdout.buffer)
@@ -469,7 +420,7 @@ def check(store: Path, allow_open_tail: bool) -> None:
     """Check every session log against the session invariants."""
     checks = []
     for path in stores_for(store):  # one, or a cluster's shard stores
-        with _reading(path) as st:
+        with reading(path) as st:
             checks.append(check_store(st, allow_open_tail=allow_open_tail))
     result = StoreCheck(
         sum(c.sessions for c in checks),
@@ -504,7 +455,7 @@ def check(store: Path, allow_open_tail: bool) -> None:
 )
 def stats(store: Path, latency: bool) -> None:
     """Store statistics: sessions, events, bytes, map size."""
-    with _reading(store) as st:
+    with reading(store) as st:
         statistics = st.statistics()
         events = sum(st.stats(h.id).event_count for h in st.sessions())
         turns = latency_of(st) if latency else None
