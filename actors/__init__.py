@@ -55,7 +55,7 @@ from actors.agent import (
     apply_edit,
 )
 from actors.bus import Bus, Deferred, Listener, Ready
-from actors.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
+from actors.clock import MANUAL_EPOCH, SYSTEM_CLOCK, Clock, ManualClock, SystemClock, log_clock
 from actors.errors import (
     AgentDisposedError,
     AgentKilledError,
@@ -121,6 +121,7 @@ from actors.turn import Durability, TurnMachine
 
 __all__: list[str] = [
     "AGENT_EVENTS",
+    "MANUAL_EPOCH",
     "MAX_RETRY_DELAY_S",
     "SYSTEM_CLOCK",
     "WATERFALL_EVENTS",
@@ -244,6 +245,7 @@ __all__: list[str] = [
     "in_io_loop_thread",
     "in_nonblocking_thread",
     "in_runtime_thread",
+    "log_clock",
     "remaining",
     "waiting_for",
     "waiting_on_actors",

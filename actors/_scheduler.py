@@ -6,17 +6,25 @@ clock a single daemon thread sleeps on a condition until the earliest deadline
 ``clock.advance(dt)`` fires the due timers in the caller's thread, in deadline
 order, so tests are deterministic. Callbacks must be quick (a ``tell``); they run
 on a thread marked non-blocking, so a ``"block"`` mailbox overflow rejects there.
+
+Coroutines wait on the same clock with :meth:`Scheduler.sleep` and
+:meth:`Scheduler.wait_for` (a tool's timeout, a provider limiter's pause): on the real
+clock they are ``asyncio.sleep`` and ``asyncio.wait_for`` (the event loop's clock is
+``time.monotonic`` too), on any other a timer of this heap wakes the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import heapq
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from itertools import count
-from typing import Any
+from typing import Any, TypeVar
 
 from pykka import ActorDeadError, ActorRef
 
@@ -28,6 +36,7 @@ from actors.errors import MailboxFullError, SchedulerClosedError
 __all__ = ["Scheduler", "SchedulerStatistics", "TimerHandle"]
 
 logger = logging.getLogger("corral.scheduler")
+T = TypeVar("T")
 
 _LONGEST_WAIT_S = 3600.0  # the longest single condition wait of the timer thread
 
@@ -79,6 +88,8 @@ class Scheduler:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        # The event loop's own timers measure this clock (time.monotonic): use them.
+        self._loop_clock = type(self.clock) is SystemClock
         if isinstance(self.clock, ManualClock):
             self._unsubscribe = self.clock.subscribe(self._on_advance)
 
@@ -95,9 +106,52 @@ class Scheduler:
             if self._unsubscribe is None and self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
+            elif self._unsubscribe is not None:
+                self._cond.notify_all()  # wait_pending (no thread waits here on a manual clock)
             elif earliest:
                 self._cond.notify()
         return handle
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` on this scheduler's clock (in a coroutine on any loop)."""
+        if self._loop_clock:
+            await asyncio.sleep(seconds)
+            return
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        timer = self.call_later(seconds, partial(_on_loop, loop, partial(_wake, woken)))
+        try:
+            await woken
+        finally:
+            timer.cancel()
+
+    async def wait_for(self, work: Awaitable[T], timeout: float) -> T:
+        """``await work``, cancelled with ``TimeoutError`` once ``timeout`` seconds have
+        passed on this scheduler's clock (``asyncio.wait_for``'s contract)."""
+        if self._loop_clock:
+            return await asyncio.wait_for(work, timeout)
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(None) as limit:
+            inside = [True]
+
+            def expire() -> None:  # on the loop: cut the wait now, if it still runs
+                if inside[0]:
+                    limit.reschedule(loop.time())
+
+            timer = self.call_later(timeout, partial(_on_loop, loop, expire))
+            try:
+                return await work
+            finally:
+                inside[0] = False
+                timer.cancel()
+
+    def wait_pending(self, count: int = 1, timeout: float | None = None) -> bool:
+        """Block until at least ``count`` timers are pending (True), or ``timeout``
+        real seconds passed (False): a test on a :class:`ManualClock` waits here for
+        the timer it means to fire before it advances the clock."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending >= count or self._closed, timeout)
+            return self._pending >= count
 
     def tell_later(self, delay: float, actor_ref: ActorRef[Any], message: object) -> TimerHandle:
         """``actor_ref.tell(message)`` after ``delay``; a stopped actor makes a dead letter."""
@@ -199,3 +253,15 @@ class Scheduler:
                 if self._closed:
                     return
             self.run_due()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """``callback()`` on ``loop`` (a timer's: the waiting coroutine runs there); a
+    closed loop has nothing waiting any more."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed
+        loop.call_soon_threadsafe(callback)
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():  # (a cancelled sleep's future is done)
+        woken.set_result(None)

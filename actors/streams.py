@@ -16,6 +16,7 @@ from typing import Any
 from storage import StreamChunk
 
 from ._ioside import EffectHandle, IoSide, Outcome
+from ._scheduler import Scheduler
 from .effects import StreamEnd
 from .model import BatchStreamingModel, ImmediateModel, Model, ModelRequest, checked_chunk
 from .protocols import implements
@@ -261,9 +262,15 @@ class ToolHandle:
 
 
 def start_tool(
-    plan: ToolPlan, io: IoSide, bus: Any, scope: str, notify: Callable[[ToolHandle], None]
+    plan: ToolPlan,
+    io: IoSide,
+    bus: Any,
+    scope: str,
+    notify: Callable[[ToolHandle], None],
+    timer: Scheduler | None = None,
 ) -> ToolHandle:
-    """Run ``plan``'s body (wrapped by ``tools/execute``) on the I/O side."""
+    """Run ``plan``'s body (wrapped by ``tools/execute``) on the I/O side; its timeout
+    runs on ``timer``'s clock (the agent's scheduler; None: the event loop's)."""
     handle = ToolHandle()
     tool = plan.tool
     listeners = bus.listeners("tools/execute", scope=scope)
@@ -293,6 +300,7 @@ def start_tool(
             is_async=tool.is_async,
             timeout=timeout,
             pool=io.blocking_pool,
+            timer=timer,
         )
 
     io.start(chain, on_done=finish)

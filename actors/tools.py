@@ -20,6 +20,7 @@ from storage import TextBlock, ToolError, ToolSpec
 
 from ._host import Host, unstopped
 from ._pool import BlockingPool, Lease
+from ._scheduler import Scheduler
 from .listeners import is_async as listener_is_async
 
 __all__ = [
@@ -171,6 +172,7 @@ async def run_execute_chain(
     is_async: bool,
     timeout: float | None,
     pool: Executor,
+    timer: Scheduler | None = None,
 ) -> Any:
     """Run ``tools/execute`` middleware around the body ``run`` on the running loop.
 
@@ -183,7 +185,8 @@ async def run_execute_chain(
     thread whatever its mix of listeners, so calls cannot starve the pool waiting for
     threads other waiting calls hold. A sync body runs in the pool (``is_async``: ``run``
     returns a coroutine, run on the loop). Past ``timeout`` seconds the body raises
-    :class:`ToolTimeout` to the listeners; a sync body that holds a sync listener's
+    :class:`ToolTimeout` to the listeners (seconds of ``timer``'s clock: the runtime's
+    scheduler; None: the event loop's); a sync body that holds a sync listener's
     thread when it times out ends the whole call with ``ToolTimeout`` at once (that
     listener's ``next()`` raises it once the body returns; what it returns is dropped).
     """
@@ -211,7 +214,9 @@ async def run_execute_chain(
         if timeout is None:
             return await work
         try:
-            return await asyncio.wait_for(work, timeout)
+            if timer is None:
+                return await asyncio.wait_for(work, timeout)
+            return await timer.wait_for(work, timeout)
         except TimeoutError:
             if lease is not None:
                 lease.abandon()  # the body keeps its thread: the pool may start another

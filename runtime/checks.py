@@ -28,6 +28,7 @@ __all__ = [
     "agent_settings",
     "check_agent_options",
     "check_arity",
+    "check_clock",
     "check_count",
     "check_flag",
     "check_header",
@@ -160,6 +161,19 @@ def check_arity(name: str, listener: Callable[..., Any]) -> None:
         raise TypeError(
             f"a listener of {name!r} is called {called}; {listener!r} takes {signature}"
         ) from None
+
+
+def check_clock(name: str, value: object) -> None:
+    """``value`` is None or a clock: ``monotonic()`` and ``time()`` (an ``actors.Clock``,
+    e.g. ``ManualClock()``)."""
+    if value is None:
+        return
+    missing = [m for m in ("monotonic", "time") if not callable(getattr(value, m, None))]
+    if missing or isinstance(value, type):
+        raise TypeError(
+            f"{name} must be a clock with monotonic() and time() (e.g. ManualClock()), "
+            f"got {value!r}"
+        )
 
 
 def check_flag(name: str, value: object) -> None:

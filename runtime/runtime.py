@@ -30,6 +30,7 @@ from typing import Any
 from actors import (
     Admission,
     Bus,
+    Clock,
     Dispatcher,
     Durability,
     FlushGroup,
@@ -42,6 +43,7 @@ from actors import (
     UsageMeter,
     deadline,
     in_runtime_thread,
+    log_clock,
     remaining,
 )
 from storage import Store, check_session_id
@@ -53,6 +55,7 @@ from .bridge import SessionBridge, SessionTap
 from .checks import (
     agent_settings,
     check_arity,
+    check_clock,
     check_count,
     check_flag,
     check_limits,
@@ -102,10 +105,12 @@ class Runtime:
         max_running_turns: int | None = None,
         owns_store: bool = True,
         tune_gc: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
         check_flag("tune_gc", tune_gc)
+        check_clock("clock", clock)
         check_count("threads", threads)
         check_count("blocking_workers", blocking_workers, optional=False)
         check_count("max_steps", max_steps)
@@ -143,7 +148,7 @@ class Runtime:
                 blocking_workers=blocking_workers, dead_letters=self.dispatcher.dead_letters
             )
             undo.callback(self.io.close, _UNDO_S)
-            self.scheduler = Scheduler(dead_letters=self.dispatcher.dead_letters)
+            self.scheduler = Scheduler(clock, dead_letters=self.dispatcher.dead_letters)
             undo.callback(self.scheduler.close, _UNDO_S)
             self.bus = Bus(self.io)
             bridge = SessionBridge(self.bus, lock)  # session/event
@@ -229,6 +234,7 @@ class Runtime:
         max_event_bytes: int = 4 << 20,
         map_size: int = 64 << 20,
         hooks: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+        clock: Clock | None = None,
     ) -> Runtime:
         """Open a runtime over the embedded LMDB store at ``path`` (default ``./.corral/``).
 
@@ -252,14 +258,22 @@ class Runtime:
           store's record limit and initial map.
         - ``hooks``: a Claude Code / Codex command-hook settings file (or its mapping)
           whose hooks run for every agent (see :mod:`runtime.hooks`, docs/hooks.md).
+        - ``clock``: what retry and restart back-offs, tool timeouts and the log's
+          timestamps read (default the system clock); ``ManualClock()`` for tests,
+          which move it with ``clock.advance(seconds)`` (see docs/testing.md).
         """
         if durability not in _DURABILITY:
             raise ValueError(f"durability must be one of {_DURABILITY}, got {durability!r}")
         check_count("max_event_bytes", max_event_bytes, optional=False)
         check_count("map_size", map_size, optional=False)
         check_flag("tune_gc", tune_gc)
+        check_clock("clock", clock)
         store = Store.open(
-            path, durability=durability, max_event_bytes=max_event_bytes, map_size=map_size
+            path,
+            durability=durability,
+            max_event_bytes=max_event_bytes,
+            map_size=map_size,
+            clock=None if clock is None else log_clock(clock),
         )
         try:
             rt = cls(
@@ -274,6 +288,7 @@ class Runtime:
                 agent_limits=agent_limits,
                 max_running_turns=max_running_turns,
                 tune_gc=tune_gc,
+                clock=clock,
             )
         except BaseException:
             store.close()

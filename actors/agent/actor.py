@@ -373,6 +373,7 @@ class AgentActor(PooledActor):
                 self.bus,
                 self.session.id,
                 lambda h: post(ToolDone(h)),
+                self.scheduler,
             )
         except Exception as err:  # noqa: BLE001 - e.g. a hand-written Tool whose timeout_s raises
             return None, err  # the tool phase's failure: it answers its calls

@@ -57,6 +57,7 @@ from .settings import HookCommand, HookSettings
 from .transcripts import Transcripts
 
 if TYPE_CHECKING:
+    from actors import Scheduler
     from runtime.agent import Agent
     from storage import Store
 
@@ -67,6 +68,9 @@ class HookHost(Protocol):
 
     @property
     def store(self) -> Store: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...  # whose clock times a rewritten call's timeout
 
     def on(self, name: str, listener: Callable[..., Any]) -> Callable[[], None]: ...
 
@@ -330,7 +334,7 @@ class HookBridge:
         work = tool.run(prepared) if tool.is_async else asyncio.to_thread(tool.run, prepared)
         if tool.timeout_s is None:
             return await work
-        return await asyncio.wait_for(work, tool.timeout_s)
+        return await self._rt.scheduler.wait_for(work, tool.timeout_s)
 
     async def _post_execute(self, event: PostExecute, next_: Callable[[], Awaitable[Any]]) -> Any:
         agent: Agent = event.agent  # type: ignore[assignment]

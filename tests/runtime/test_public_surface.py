@@ -45,6 +45,8 @@ PUBLIC = {
     "RestartPolicy", "AgentRestart",
     # agents as tools (runtime.delegation)
     "AgentTool", "agent_tool",
+    # time: the clock protocol and the test clock (Runtime.open(clock=ManualClock()))
+    "Clock", "ManualClock",
 }  # fmt: skip
 
 
