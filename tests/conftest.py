@@ -1,4 +1,6 @@
-"""Shared pytest configuration: ``--soak`` enables the long ``@pytest.mark.soak`` tests."""
+"""Shared pytest configuration: ``--soak`` enables the long ``@pytest.mark.soak`` tests;
+``--clock=manual`` runs the scenario suite's runtimes on a ``ManualClock``
+(``tests/scenarios/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=200,
         help="how many times the soak crash test kills its child (default 200)",
+    )
+    group.addoption(
+        "--clock",
+        choices=("system", "manual"),
+        default="system",
+        help="the clock of every runtime a scenario test opens (default system; manual: a "
+        "ManualClock that only the test moves)",
     )
 
 

@@ -1,6 +1,10 @@
 """Fixtures for scenario tests: a real runtime on a real LMDB store in a temp dir.
 
 Every log a scenario produces is checked with the invariant checker when the test ends.
+With ``--clock=manual`` every runtime a scenario opens runs on one ``ManualClock`` per
+test (see :class:`ScenarioClock`): a test that needs a timer to fire says so with
+``scenario_clock.elapse(rt, seconds)``, which moves that clock (and is nothing on the
+system clock, where time passes by itself).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from runtime import Runtime
+from runtime import ManualClock, Runtime
 from storage import assert_invariants
 from storage.lmdb.store import Store
 
@@ -88,6 +92,43 @@ class HeldActor:
 
     def release(self) -> None:
         self._go.set()
+
+
+class ScenarioClock:
+    """The clock of the runtimes a scenario test opens: a :class:`ManualClock` with
+    ``--clock=manual`` (``manual``), else the system clock (``manual`` is None)."""
+
+    def __init__(self, manual: ManualClock | None) -> None:
+        self.manual = manual
+
+    def elapse(self, rt: Runtime, seconds: float, *, timers: int = 1) -> None:
+        """Let ``seconds`` pass for the ``timers`` timers the test expects ``rt`` to
+        arm (a retry's back-off, a tool's timeout): on the manual clock, wait until they
+        are pending, then advance; on the system clock they fire by themselves."""
+        if self.manual is None:
+            return
+        assert rt.scheduler.wait_pending(timers, WAIT), (
+            f"expected {timers} pending timer(s); saw {rt.scheduler.statistics()}"
+        )
+        self.manual.advance(seconds)
+
+
+@pytest.fixture(autouse=True)
+def scenario_clock(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> ScenarioClock:
+    """Every ``Runtime.open`` of the test without a ``clock=`` gets this test's clock."""
+    if request.config.getoption("--clock") != "manual":
+        return ScenarioClock(None)
+    clock = ManualClock()
+    opener = Runtime.open.__func__  # type: ignore[attr-defined]
+
+    def open_on_clock(cls: type[Runtime], *args: Any, **kwargs: Any) -> Runtime:
+        kwargs.setdefault("clock", clock)
+        return opener(cls, *args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Runtime, "open", classmethod(open_on_clock))
+    return ScenarioClock(clock)
 
 
 @pytest.fixture

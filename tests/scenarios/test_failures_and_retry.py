@@ -14,7 +14,7 @@ import pytest
 from runtime import LlmFailure, Retry, RetryPolicy, Runtime, ScriptedModel
 from storage.events import TextDelta
 
-from .conftest import WAIT, Timeline, check_store
+from .conftest import WAIT, ScenarioClock, Timeline, check_store
 from .models import FailingThenOk, GateModel
 
 SERVER = LlmFailure(message="boom", code="SERVER", status=500)
@@ -35,11 +35,13 @@ def turn_events(agent: Any, kind: str) -> list[Any]:
 
 
 def test_two_failures_then_success_give_three_turns_one_running_interval_and_one_settled(
-    fast_rt: Runtime,
+    fast_rt: Runtime, scenario_clock: ScenarioClock
 ) -> None:
     timeline = Timeline(fast_rt)
     agent = fast_rt.spawn(model=FailingThenOk([SERVER, SERVER]))
     agent.followup("hi")
+    for _ in range(2):  # two back-offs of at most cap_s
+        scenario_clock.elapse(fast_rt, 0.002)
     assert agent.wait_idle(WAIT)
     starts = turn_events(agent, "turn/start")
     assert [s.turn for s in starts] == [1, 2, 3]
@@ -86,11 +88,13 @@ def test_a_non_retryable_failure_ends_the_turn_error_after_agent_error(fast_rt: 
     assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error"]
 
 
-def test_retries_stop_at_the_policy_limit(store_path: Path) -> None:
+def test_retries_stop_at_the_policy_limit(store_path: Path, scenario_clock: ScenarioClock) -> None:
     policy = RetryPolicy(max_retries=2, base_s=0.001, cap_s=0.001)
     with Runtime.open(store_path, retry_policy=policy) as rt:
         agent = rt.spawn(model=FailingThenOk([SERVER] * 5))
         agent.followup("hi")
+        for _ in range(2):
+            scenario_clock.elapse(rt, 0.0011)  # cap_s and its 10% jitter
         assert agent.wait_idle(WAIT)
         assert [e.reason.kind for e in turn_events(agent, "turn/end")] == ["error"] * 3
     check_store(store_path)
@@ -142,7 +146,7 @@ def test_a_listener_sees_a_failure_before_the_default_policy_and_its_own_retry_i
 
 @pytest.mark.parametrize("scope", ["runtime", "agent"])
 def test_a_listener_that_calls_next_gets_the_default_policys_decision(
-    store_path: Path, scope: str
+    store_path: Path, scope: str, scenario_clock: ScenarioClock
 ) -> None:
     decisions: list[tuple[str, Any]] = []
 
@@ -157,6 +161,7 @@ def test_a_listener_that_calls_next_gets_the_default_policys_decision(
         agent = rt.spawn(model=FailingThenOk([RATE_LIMIT, auth]))
         (rt if scope == "runtime" else agent).on("agent/request-error", observe)
         agent.followup("hi")
+        scenario_clock.elapse(rt, 0.002)
         assert agent.wait_idle(WAIT)
         (retry,) = turn_events(agent, "llm/retry")
         assert [code for code, _ in decisions] == ["RATE_LIMIT", "AUTH"]
@@ -370,7 +375,7 @@ def test_a_crash_during_a_retry_delay_leaves_the_retry_turn_for_the_resume_to_cl
 
 
 def test_a_steer_sent_while_a_retry_turn_waits_is_claimed_for_its_first_step(
-    store_path: Path,
+    store_path: Path, scenario_clock: ScenarioClock
 ) -> None:
     model = ScriptedModel([SERVER, "after the retry"])
     with Runtime.open(store_path, retry_policy=None) as rt:
@@ -384,6 +389,7 @@ def test_a_steer_sent_while_a_retry_turn_waits_is_claimed_for_its_first_step(
 
         agent.on("session/event", on_event)
         agent.followup("hi")
+        scenario_clock.elapse(rt, 0.05)
         assert agent.wait_idle(WAIT)
         claims = [
             e.data.target
@@ -478,11 +484,14 @@ def test_a_request_error_decision_that_is_not_a_valid_retry_ends_the_turn_as_err
     check_store(store_path)
 
 
-def test_the_policy_honours_a_providers_retry_after(store_path: Path) -> None:
+def test_the_policy_honours_a_providers_retry_after(
+    store_path: Path, scenario_clock: ScenarioClock
+) -> None:
     slow_down = LlmFailure(message="slow down", code="RATE_LIMIT", status=429, retry_after_s=0.05)
     with Runtime.open(store_path) as rt:
         agent = rt.spawn(model=ScriptedModel([slow_down, "ok"]))
         agent.followup("hi")
+        scenario_clock.elapse(rt, 0.05 * 1.1)
         assert agent.wait_idle(WAIT)
         (delay,) = [r.delay_s for r in turn_events(agent, "llm/retry")]
         assert 0.05 <= delay <= 0.05 * 1.1  # never sooner; spread later by the 10% jitter

@@ -27,7 +27,7 @@ from runtime import (
     wait_all_idle,
 )
 
-from .conftest import WAIT, check_store
+from .conftest import WAIT, ScenarioClock, check_store
 from .models import GateModel
 
 SERVER = LlmFailure(message="boom", code="SERVER", status=500)
@@ -64,9 +64,14 @@ def test_a_second_ask_reads_only_its_own_chain(rt: Runtime) -> None:
     assert (second.text, second.turns) == ("two", (2,))
 
 
-def test_a_retried_chain_reports_every_turn_and_the_retries(fast_rt: Runtime) -> None:
+def test_a_retried_chain_reports_every_turn_and_the_retries(
+    fast_rt: Runtime, scenario_clock: ScenarioClock
+) -> None:
     agent = fast_rt.spawn(model=ScriptedModel([SERVER, SERVER, "finally"]))
-    reply = agent.ask("go", timeout=WAIT)
+    pending = agent.submit("go")
+    for _ in range(2):
+        scenario_clock.elapse(fast_rt, 0.002)
+    reply = pending.result(WAIT)
     assert reply.ok and reply.text == "finally"
     assert reply.turns == (1, 2, 3) and reply.retries == 2
 

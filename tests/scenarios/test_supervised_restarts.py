@@ -18,7 +18,7 @@ from runtime import (
     TurnEnd,
 )
 
-from .conftest import WAIT
+from .conftest import WAIT, ScenarioClock
 from .models import GateModel
 
 
@@ -42,7 +42,7 @@ class Restarts:
 
 
 def test_a_supervised_agent_killed_three_times_restarts_three_times_then_gives_up(
-    rt: Runtime,
+    rt: Runtime, scenario_clock: ScenarioClock
 ) -> None:
     restarts = Restarts(rt)
     disposed: list[Any] = []
@@ -54,6 +54,7 @@ def test_a_supervised_agent_killed_three_times_restarts_three_times_then_gives_u
     handles = [agent]
     for n in range(1, 4):
         handles[-1].kill(f"crash {n}")
+        scenario_clock.elapse(rt, 0.1)  # past the jittered back-off
         event = restarts.wait(n)[-1]
         assert (event.kind, event.restarts) == ("restarted", n)
         assert f"crash {n}" in event.error
@@ -74,7 +75,9 @@ def test_a_supervised_agent_killed_three_times_restarts_three_times_then_gives_u
     resumed.dispose(WAIT)
 
 
-def test_the_turn_a_crash_cut_short_is_reported_interrupted_not_run_again(rt: Runtime) -> None:
+def test_the_turn_a_crash_cut_short_is_reported_interrupted_not_run_again(
+    rt: Runtime, scenario_clock: ScenarioClock
+) -> None:
     restarts = Restarts(rt)
     model = GateModel()
     agent = rt.spawn(model=model, restart=RestartPolicy(backoff_s=0.01))
@@ -82,6 +85,7 @@ def test_the_turn_a_crash_cut_short_is_reported_interrupted_not_run_again(rt: Ru
     assert model.wait_reached(1)
     agent.kill("mid-turn")
     assert pending.result(WAIT).status == "crashed"
+    scenario_clock.elapse(rt, 0.02)
     event = restarts.wait(1)[0]
     assert event.kind == "restarted" and event.interrupted_turn == 1
     ends = [e.data for e in event.agent.session.events() if isinstance(e.data, TurnEnd)]
@@ -90,24 +94,31 @@ def test_the_turn_a_crash_cut_short_is_reported_interrupted_not_run_again(rt: Ru
     event.agent.dispose(WAIT)
 
 
-def test_a_disposed_supervised_agent_is_not_restarted(rt: Runtime) -> None:
+def test_a_disposed_supervised_agent_is_not_restarted(
+    rt: Runtime, scenario_clock: ScenarioClock
+) -> None:
     restarts = Restarts(rt)
     agent = rt.spawn(model=ScriptedModel.echo(), restart=RestartPolicy(backoff_s=0.01))
     assert agent.dispose(WAIT)
     other = rt.spawn(model=ScriptedModel.echo(), restart=RestartPolicy(backoff_s=0.01))
     other.kill("crash")
+    scenario_clock.elapse(rt, 0.02)
     assert [e.agent.id for e in restarts.wait(1)] == [other.id]  # only the crashed one
     with pytest.raises(KeyError):
         rt.get(agent.id)
 
 
-def test_the_backoff_waits_on_the_scheduler_and_grows(rt: Runtime) -> None:
+def test_the_backoff_waits_on_the_scheduler_and_grows(
+    rt: Runtime, scenario_clock: ScenarioClock
+) -> None:
     policy = RestartPolicy(max_restarts=5, backoff_s=0.05, factor=3, jitter=0)
     restarts = Restarts(rt)
     agent = rt.spawn(model=ScriptedModel.echo(), restart=policy)
     before = rt.scheduler.statistics().fired
     agent.kill("crash")
+    scenario_clock.elapse(rt, 0.05)
     restarts.wait(1)[0].agent.kill("crash again")
+    scenario_clock.elapse(rt, 0.15)
     restarts.wait(2)
     assert rt.scheduler.statistics().fired - before >= 2  # each restart was a timer
 

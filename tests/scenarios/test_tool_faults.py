@@ -24,7 +24,7 @@ from storage.events import (
     ToolSpec,
 )
 
-from .conftest import WAIT, check_store
+from .conftest import WAIT, ScenarioClock, check_store
 
 
 def results(agent: Any) -> list[Any]:
@@ -295,7 +295,7 @@ def test_a_tool_call_that_leaves_just_enough_room_for_its_result_is_answered(
 
 
 def test_a_timed_out_call_goes_through_post_execute_which_may_replace_its_result(
-    rt: Runtime,
+    rt: Runtime, scenario_clock: ScenarioClock
 ) -> None:
     # CONTRACT 6: post-execute may replace the result. Before, a timeout skipped it
     # (a body that raised did reach it).
@@ -315,6 +315,8 @@ def test_a_timed_out_call_goes_through_post_execute_which_may_replace_its_result
     agent = rt.spawn(model=ScriptedModel([[ToolCall(name="slow")] * 2, "ok"]), tools=[slow])
     agent.on("tools/post-execute", post)
     agent.followup("go")
+    for _ in range(2):  # one call after the other (not concurrency_safe)
+        scenario_clock.elapse(rt, 0.05)
     assert agent.wait_idle(WAIT)
     release.set()
     assert seen == ["ToolTimeout: the tool timed out"] * 2

@@ -10,7 +10,7 @@ import pytest
 from runtime import Allow, Deny, Runtime, ScriptedModel, ToolCall, conclude, tool
 from storage.events import TextBlock
 
-from .conftest import WAIT, Timeline, check_store
+from .conftest import WAIT, ScenarioClock, Timeline, check_store
 from .models import GateModel
 
 
@@ -243,7 +243,7 @@ def test_an_object_with_an_async_call_method_wraps_the_body_as_async_execute_mid
     assert result.error is None and result.message.content == (TextBlock(text="<K>"),)
 
 
-def test_a_tool_timeout_is_an_error_result(rt: Runtime) -> None:
+def test_a_tool_timeout_is_an_error_result(rt: Runtime, scenario_clock: ScenarioClock) -> None:
     release = threading.Event()
 
     @tool(timeout=0.05)
@@ -254,6 +254,7 @@ def test_a_tool_timeout_is_an_error_result(rt: Runtime) -> None:
     agent = rt.spawn(model=ScriptedModel([[ToolCall(name="stuck")], "ok"]), tools=[stuck])
     agent.followup("go")
     try:
+        scenario_clock.elapse(rt, 0.05)
         assert agent.wait_idle(WAIT)
     finally:
         release.set()
@@ -262,7 +263,7 @@ def test_a_tool_timeout_is_an_error_result(rt: Runtime) -> None:
 
 @pytest.mark.parametrize("middleware", ["none", "sync"])
 def test_sync_bodies_that_time_out_and_never_return_do_not_take_the_pool_from_other_tools(
-    store_path: Any, middleware: str
+    store_path: Any, middleware: str, scenario_clock: ScenarioClock
 ) -> None:
     # A pool of two threads; two calls whose bodies never return (until the test ends)
     # time out, and the next sync tool still runs: the pool starts a thread in place of
@@ -289,6 +290,7 @@ def test_sync_bodies_that_time_out_and_never_return_do_not_take_the_pool_from_ot
         agent.followup("go")
         both_stuck.wait()  # both pool threads are held by bodies that will time out
         try:
+            scenario_clock.elapse(rt, 0.05, timers=2)
             assert agent.wait_idle(WAIT)
             assert rt.io.statistics().abandoned_blocking == 2
         finally:
@@ -380,7 +382,7 @@ def test_sync_execute_middleware_holding_every_pool_thread_does_not_starve_the_b
 
 
 def test_a_sync_body_that_times_out_under_sync_execute_middleware_ends_its_call_at_the_timeout(
-    rt: Runtime,
+    rt: Runtime, scenario_clock: ScenarioClock
 ) -> None:
     release = threading.Event()
     listener_saw_it = threading.Event()
@@ -402,6 +404,7 @@ def test_a_sync_body_that_times_out_under_sync_execute_middleware_ends_its_call_
     agent = rt.spawn(model=ScriptedModel([[ToolCall(name="stuck")], "ok"]), tools=[stuck])
     agent.followup("go")
     try:
+        scenario_clock.elapse(rt, 0.05)
         assert agent.wait_idle(WAIT)  # while the body still runs
         assert not release.is_set()
     finally:

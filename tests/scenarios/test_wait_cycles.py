@@ -24,7 +24,7 @@ from runtime import (
     tool,
 )
 
-from .conftest import WAIT, HeldActor, check_store
+from .conftest import WAIT, HeldActor, ScenarioClock, check_store
 
 
 @pytest.fixture
@@ -251,7 +251,7 @@ def test_a_listener_blocked_on_an_agent_being_passivated_lends_its_worker(rt: Ru
 
 @pytest.mark.parametrize("threads", [None, 2], ids=lambda t: f"threads={t}")
 def test_a_tool_body_past_its_timeout_no_longer_holds_its_idle_agent(
-    store_path: Path, threads: int | None
+    store_path: Path, threads: int | None, scenario_clock: ScenarioClock
 ) -> None:
     # A's tool body waits for B and outlives its timeout: A's turn ends without it, A is
     # idle. A wait for A from B's listener closes no cycle (A waits for nothing B does);
@@ -281,6 +281,7 @@ def test_a_tool_body_past_its_timeout_no_longer_holds_its_idle_agent(
 
         agents["B"].on("agent/turn-stopping", wait_for_a)
         agents["B"].followup("hi")
+        scenario_clock.elapse(rt, 0.2)  # A's tool times out
         assert outcomes.all_in()
         assert outcomes.seen == {"wait": True}
         assert agents["B"].wait_idle(WAIT) and agents["A"].wait_idle(WAIT)
