@@ -101,9 +101,9 @@ def test_dispose_ends_the_agent_and_resume_brings_it_back_from_its_log(cluster: 
     assert agent.wait_idle(30)
     assert agent.dispose(timeout=30)
     assert agent.dispose(timeout=30)  # idempotent
-    with pytest.raises(AgentDisposedError):
+    with pytest.raises(AgentDisposedError, match="is not live in its shard"):
         cluster.get("phoenix")
-    with pytest.raises(AgentDisposedError):
+    with pytest.raises(AgentDisposedError, match="disposed"):
         agent.followup("refused")
     back = cluster.resume("phoenix", model=ECHO)
     back.followup("two")

@@ -262,9 +262,9 @@ class ContractMachine(RuleBasedStateMachine):
         assert driven.agent.dispose(WAIT), f"{driven.id} did not dispose"
         driven.disposed = True
         EXPLORED["dispose"] += 1
-        with pytest.raises(AgentDisposedError):
+        with pytest.raises(AgentDisposedError, match="is disposed"):
             driven.agent.followup("too late")
-        with pytest.raises(AgentDisposedError):
+        with pytest.raises(AgentDisposedError, match="is disposed"):
             driven.agent.inject("too late")
         self.check_disposed(driven)
 

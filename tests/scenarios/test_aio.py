@@ -55,7 +55,7 @@ def test_the_awaitable_verbs_run_under_a_loop_without_blocking_it(store_path: Pa
         assert await aio.wait_idle(agent, WAIT)
         await aio.flush(rt)
         assert await aio.dispose(agent, WAIT)  # its agent/disposed was emitted
-        with pytest.raises(AgentDisposedError):
+        with pytest.raises(AgentDisposedError, match="is disposed; a wake sent to it is refused"):
             agent.followup("too late")
         await aio.close(rt)
 
@@ -86,7 +86,7 @@ def test_async_ask_times_out_and_the_turn_goes_on(store_path: Path) -> None:
         try:
             model = GateModel()
             agent = rt.spawn(model=model)
-            with pytest.raises(ReplyTimeoutError):
+            with pytest.raises(ReplyTimeoutError, match="no reply to message .* within 0.05 s"):
                 await aio.ask(agent, "stuck", timeout=0.05)
             assert not await aio.wait_idle(agent, 0.05)
             assert await asyncio.to_thread(model.wait_reached, 1)

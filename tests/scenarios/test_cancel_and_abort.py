@@ -142,7 +142,7 @@ def test_dispose_discards_the_inbox_durably_and_announces_disposed_once(
     assert [r.kind for r in end_reasons(agent)] == ["aborted"]
     assert end_reasons(agent)[0].reason.kind == "disposed"
     assert len(agent.inbox) == 0
-    with pytest.raises(AgentDisposedError):
+    with pytest.raises(AgentDisposedError, match="is disposed; a wake sent to it is refused"):
         agent.followup("too late")
 
 

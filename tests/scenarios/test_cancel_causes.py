@@ -37,15 +37,29 @@ def end_reasons(agent: Any) -> list[Any]:
     return [e.data.reason for e in agent.session.events() if e.type == "turn/end"]
 
 
-@pytest.mark.parametrize("cause", list(BAD_CAUSES.values()), ids=list(BAD_CAUSES))
+# What each refusal says (its regex).
+REFUSALS: dict[str, str] = {
+    "reason=123": "HookCause.reason is a str, got 123",
+    "reason=None": "HookCause.reason is a str, got None",
+    "lone surrogate": r"the cancel cause HookCause\(reason=.*\) cannot be logged",
+    "reason over the limit": "HookCause.reason holds 16385 characters, over the limit of 16384",
+    "a look-alike": "a cancel cause is UserCause",
+    "a str": "a cancel cause is UserCause.*got 'user'",
+    "a dict": "a cancel cause is UserCause",
+    "DisposedCause()": r"DisposedCause\(\) is the cause of agent.dispose\(\); call dispose\(\)",
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CAUSES))
 def test_a_cancel_cause_that_cannot_be_logged_is_refused_in_the_callers_thread(
-    rt: Runtime, cause: object
+    rt: Runtime, name: str
 ) -> None:
+    cause = BAD_CAUSES[name]
     model = GateModel()
     agent = rt.spawn(model=model)
     agent.followup("hi")
     assert model.wait_reached(1)
-    with pytest.raises(InvalidMessageError):
+    with pytest.raises(InvalidMessageError, match=REFUSALS[name]):
         agent.cancel(cause)  # type: ignore[arg-type]
     assert agent.status == "running"  # nothing was cancelled
     agent.cancel(HookCause(reason="a good reason"))

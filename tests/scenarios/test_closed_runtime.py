@@ -111,7 +111,7 @@ def test_an_agent_disposed_listener_that_close_triggers_may_still_read_the_sessi
     assert agent.wait_idle(WAIT)
     rt.close()
     assert read == [2]
-    with pytest.raises(RuntimeClosedError):
+    with pytest.raises(RuntimeClosedError, match="this runtime is closed"):
         _ = agent.session  # once close returned, it is refused
     check_store(store_path)
 

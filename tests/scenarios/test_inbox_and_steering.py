@@ -37,7 +37,7 @@ def user_texts(agent: Any) -> list[str]:
 def test_a_duplicate_pending_message_id_is_refused_in_the_callers_thread(rt: Runtime) -> None:
     agent = rt.spawn(model=ScriptedModel.echo())
     agent.inject("a", id="m1")
-    with pytest.raises(DuplicateMessageError):
+    with pytest.raises(DuplicateMessageError, match="message id 'm1' is already pending"):
         agent.followup("b", id="m1")
     assert agent.wait_idle(WAIT)
     assert agent.inbox.ids() == ["m1"]
@@ -46,7 +46,10 @@ def test_a_duplicate_pending_message_id_is_refused_in_the_callers_thread(rt: Run
 def test_wrong_types_to_the_verbs_get_a_clear_error(rt: Runtime) -> None:
     agent = rt.spawn(model=ScriptedModel.echo())
     for bad in (42, None, b"bytes", [], {"text": "x"}):
-        with pytest.raises(InvalidMessageError):
+        with pytest.raises(
+            InvalidMessageError,
+            match="a message is a str, a UserMessage or a non-empty list of content blocks",
+        ):
             agent.followup(bad)  # type: ignore[arg-type]
     assert len(agent.inbox) == 0
 
@@ -309,7 +312,7 @@ def test_remove_and_replace_edit_pending_messages_with_canceled_splices(
     assert removed.id == a
     c = agent.replace(b, "c")
     assert agent.inbox.ids() == [c]
-    with pytest.raises(UnknownMessageError):
+    with pytest.raises(UnknownMessageError, match="no pending message 'nope'"):
         agent.remove("nope")
     assert [d.message.id for d in timeline.of("agent/inbox/discarded")] == [a, b]
     splices = [e.data for e in agent.session.events() if e.type == "agent/inbox/spliced"]
@@ -339,7 +342,9 @@ def test_replacing_a_pending_message_by_one_with_the_same_id_keeps_the_id_and_th
             ("m1", "a2"),
             ("m2", "b"),
         ]
-        with pytest.raises(DuplicateMessageError):  # it is pending once, and still taken
+        with pytest.raises(
+            DuplicateMessageError, match="message id 'm1' is already pending"
+        ):  # it is pending once, and still taken
             agent.inject("a3", id="m1")
         timeline.wait_for("agent/inbox/inserted", 3)
         labels = [n for n in timeline.labels() if n.startswith("agent/inbox/")]
@@ -363,9 +368,9 @@ def test_a_splice_that_removes_messages_and_inserts_them_again_keeps_each_id_pen
         assert [m.id for m in removed] == ["a", "b"]
         assert agent.inbox.ids() == ["b", "a", "c"]
         # still refused: an id pending outside what the splice removes, or one inserted twice
-        with pytest.raises(DuplicateMessageError):
+        with pytest.raises(DuplicateMessageError, match="'c'"):
             agent.splice("next-step", 0, 1, [_message("c", "C")])
-        with pytest.raises(DuplicateMessageError):
+        with pytest.raises(DuplicateMessageError, match="'b'"):
             agent.splice("next-step", 0, 2, [_message("b", "1"), _message("b", "2")])
         assert [m.content[0].text for m in agent.inbox.next_step] == ["B", "A", "c"]
         session = agent.id
@@ -439,7 +444,7 @@ def test_an_edit_that_times_out_stays_queued_and_keeps_its_message_ids(
         send_edit()
     # The edit will still insert "mine": until then the id stays taken (it used to be
     # released here, and this send was accepted: the same id pending twice in the log).
-    with pytest.raises(DuplicateMessageError):
+    with pytest.raises(DuplicateMessageError, match="message id 'mine' is already pending"):
         agent.inject(UserMessage(id="mine", content=[TextBlock(text="again")]))
     hold.release()
     assert agent.wait_idle(WAIT)
@@ -521,7 +526,7 @@ def test_a_send_whose_insert_cannot_be_logged_fails_the_agent_instead_of_droppin
     assert gone.wait(WAIT), "the agent went on although its message was not logged"
     assert isinstance(agent.crash, StorageError)
     assert any(sent in note for note in getattr(agent.crash, "__notes__", ()))
-    with pytest.raises(AgentDisposedError):
+    with pytest.raises(AgentDisposedError, match="is disposed"):
         agent.followup("third")
 
 

@@ -59,7 +59,9 @@ def test_a_replace_or_a_one_for_one_splice_fits_an_inbox_at_its_limit(store_path
         agent.clear()
         held = HeldActor(agent)
         queued = agent.inject("queued")
-        with pytest.raises(EditTimeoutError):  # applied once the actor is released
+        with pytest.raises(
+            EditTimeoutError, match="was not applied within 0 s; it stays queued"
+        ):  # applied once the actor is released
             agent.replace(queued, "queued2", timeout=0)
         held.release()
         assert agent.wait_idle(WAIT)

@@ -90,7 +90,7 @@ def test_listening_through_a_disposed_agents_handle_is_refused_after_its_session
     new = rt.resume("a", model=ScriptedModel.echo())
     with pytest.raises(AgentDisposedError, match="resumed"):
         old.on("agent/settled", lambda event: None)
-    with pytest.raises(AgentDisposedError):
+    with pytest.raises(AgentDisposedError, match="is disposed"):
         old.followup("x")  # as sends through it are
     seen: list[bool] = []
     new.on("agent/settled", lambda event: seen.append(event.agent is new))

@@ -69,12 +69,14 @@ def test_an_unknown_durability_mode_is_refused(store_path: Path) -> None:
 
 def test_spawn_refuses_a_session_id_that_exists(rt: Runtime) -> None:
     rt.spawn(model=ScriptedModel.echo(), session_id="same")
-    with pytest.raises(DuplicateSessionError):
+    with pytest.raises(DuplicateSessionError, match="a session 'same' already exists"):
         rt.spawn(model=ScriptedModel.echo(), session_id="same")
 
 
 def test_resume_of_an_unknown_session_is_a_clear_error(rt: Runtime) -> None:
-    with pytest.raises(UnknownSessionError):
+    with pytest.raises(
+        UnknownSessionError, match=r"no session 'nobody'.*rt.spawn\(session_id='nobody'"
+    ):
         rt.resume("nobody", model=ScriptedModel.echo())
 
 
@@ -85,12 +87,12 @@ def test_get_and_agents_list_the_live_agents(rt: Runtime) -> None:
     assert {x.id for x in rt.agents()} == {"a", "b"}
     assert b.dispose(WAIT)
     assert [x.id for x in rt.agents()] == ["a"]
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="no live agent 'b'"):
         rt.get("b")
 
 
 def test_a_spawn_with_a_bad_model_or_tools_fails_before_anything_is_created(rt: Runtime) -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="model must be a Model"):
         rt.spawn(model=object())  # type: ignore[arg-type]
 
     def dup() -> str:
@@ -143,7 +145,7 @@ def test_an_agents_own_listeners_go_with_it_when_it_is_disposed(rt: Runtime) -> 
     assert rt.bus.listener_count("agent/status", scope=agent.id) == 0
     assert rt.bus.listener_count("session/event", scope=agent.id) == 0
     assert rt._table.bridge.listeners == 0
-    with pytest.raises(AgentDisposedError):
+    with pytest.raises(AgentDisposedError, match="a listener of it would never be called"):
         agent.on("agent/status", lambda event: None)
     kept = rt.spawn(model=ScriptedModel.echo())
     seen: list[str] = []
@@ -162,7 +164,7 @@ def test_on_after_close_is_refused(store_path: Path) -> None:
     rt.close()
     with pytest.raises(RuntimeError, match="closed"):
         rt.on("agent/status", lambda event: None)
-    with pytest.raises((RuntimeError, AgentDisposedError)):
+    with pytest.raises((RuntimeError, AgentDisposedError), match="this runtime is closed"):
         agent.on("agent/status", lambda event: None)
 
 

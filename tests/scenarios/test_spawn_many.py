@@ -61,7 +61,7 @@ def test_spawn_many_of_zero_makes_none_and_a_bad_count_is_refused(rt: Runtime) -
 
 
 def test_spawn_many_with_bad_settings_fails_before_anything_is_created(rt: Runtime) -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="a tool is a Tool or a typed function"):
         rt.spawn_many(3, model=ScriptedModel.echo(), tools=[object()])  # type: ignore[list-item]
     assert rt.agents() == []
     assert rt.store.sessions() == []
@@ -114,5 +114,5 @@ def test_a_spawn_many_failing_part_way_keeps_those_announced_and_undoes_the_rest
 def test_spawn_many_after_close_is_refused(store_path: Path) -> None:
     rt = Runtime.open(store_path)
     rt.close()
-    with pytest.raises(RuntimeClosedError):
+    with pytest.raises(RuntimeClosedError, match="this runtime is closed; open a new one"):
         rt.spawn_many(2, model=ScriptedModel.echo())

@@ -62,12 +62,12 @@ def test_a_supervised_agent_killed_three_times_restarts_three_times_then_gives_u
         handles.append(event.agent)
         # the new handle works and continues the same log
         assert handles[-1].ask(f"after {n}", timeout=WAIT).text == f"after {n}"
-    with pytest.raises(AgentDisposedError):
+    with pytest.raises(AgentDisposedError, match="is disposed"):
         handles[0].followup("the crashed handle stays disposed")
     handles[-1].kill("crash 4")
     gave_up = restarts.wait(4)[-1]
     assert gave_up.kind == "gave-up" and gave_up.restarts == 3 and "crash 4" in gave_up.error
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="no live agent"):
         rt.get(agent_id)  # it stays down
     assert [crash is not None for _, crash in disposed] == [True] * 4
     resumed = rt.resume(agent_id, model=ScriptedModel.echo())
@@ -104,7 +104,7 @@ def test_a_disposed_supervised_agent_is_not_restarted(
     other.kill("crash")
     scenario_clock.elapse(rt, 0.02)
     assert [e.agent.id for e in restarts.wait(1)] == [other.id]  # only the crashed one
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="no live agent"):
         rt.get(agent.id)
 
 

@@ -43,7 +43,9 @@ def test_text_sends_are_checked_exactly_around_the_event_limit(store_path: Path)
             assert agent.wait_idle(WAIT)
             assert agent.session.messages()[-2].content[0].text == text
         for text in ("a" * 5000, "\x01" * 700, "\ud800"):
-            with pytest.raises(InvalidMessageError):
+            with pytest.raises(
+                InvalidMessageError, match="over the 4096-byte event limit|surrogates not allowed"
+            ):
                 agent.followup(text)
         assert agent.crash is None
     check_store(store_path)

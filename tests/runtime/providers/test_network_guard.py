@@ -29,7 +29,10 @@ def nothing_passes(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def test_the_guard_refuses_a_non_loopback_connect(nothing_passes: list[Any]) -> None:
-    with socket.socket() as sock, pytest.raises(NetworkGuardError):
+    with (
+        socket.socket() as sock,
+        pytest.raises(NetworkGuardError, match="tests may only contact loopback addresses"),
+    ):
         sock.connect(("203.0.113.7", 443))
     assert nothing_passes == []
 

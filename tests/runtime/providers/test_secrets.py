@@ -29,7 +29,7 @@ def test_a_secret_never_shows_its_value() -> None:
     for text in (repr(secret), str(secret), f"{secret}", f"{secret!r:>40}", f"{[secret]}"):
         assert KEY not in text
     assert secret.reveal() == KEY
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="a Secret is not picklable; pass the key again"):
         pickle.dumps(secret)
 
 

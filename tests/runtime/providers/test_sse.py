@@ -65,7 +65,9 @@ def test_an_event_or_an_unended_line_past_the_bound_is_refused_and_one_at_it_is_
         SseDecoder(8).feed(b"data: 123")  # a line with no end yet
     decoder = SseDecoder(8)
     assert decoder.feed(b"data: 12\n" * 4) == []  # 8 bytes of data: at the bound
-    with pytest.raises(SseEventTooLargeError):  # no line is too long, the event is
+    with pytest.raises(
+        SseEventTooLargeError, match="more than 8 bytes"
+    ):  # no line is too long, the event is
         decoder.feed(b"data: 12\n")
     assert SseDecoder().feed(b"data: x\n\n") == [SseEvent(None, b"x")]
     assert event_bound(None) == event_bound(4 << 20) > 4 * (4 << 20)
