@@ -11,7 +11,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from actors import WATERFALL_EVENTS, Model, Tool, UsageLimits, implements
+from actors import WATERFALL_EVENTS, Model, Scheduler, Tool, UsageLimits, implements
 from storage import (
     Codec,
     Event,
@@ -39,11 +39,13 @@ __all__ = [
 ]
 
 
-def resolve_model(model: Model | str) -> Model:
+def resolve_model(model: Model | str, scheduler: Scheduler | None = None) -> Model:
+    """``model`` checked, a model string resolved (its provider's limiter on
+    ``scheduler``'s clock, if given)."""
     if isinstance(model, str):
         from .providers.resolve import resolve_model as resolve_named  # noqa: PLC0415 - optional vendor SDKs
 
-        return resolve_named(model)
+        return resolve_named(model, scheduler=scheduler)
     if isinstance(model, type):
         raise TypeError(
             f"model must be a Model instance, got the class {model.__name__}: make one "
@@ -206,11 +208,13 @@ def agent_settings(
     tools: Iterable[Tool | Callable[..., Any]],
     system: object,
     limits: object,
+    scheduler: Scheduler | None = None,
 ) -> tuple[Model, dict[str, Tool]]:
     """What spawn, resume and fork check before they touch the store: the options,
-    the model and tools resolved, and the ``request/header`` they make with
-    ``system`` (:func:`check_header`); returns the model and the tools by name."""
+    the model and tools resolved (a model string's limiter on ``scheduler``'s clock),
+    and the ``request/header`` they make with ``system`` (:func:`check_header`);
+    returns the model and the tools by name."""
     check_agent_options(system, limits)
-    resolved, tool_map = resolve_model(model), resolve_tools(tools)
+    resolved, tool_map = resolve_model(model, scheduler), resolve_tools(tools)
     check_header(codec, resolved, tool_map, cast("str | None", system))
     return resolved, tool_map

@@ -343,7 +343,9 @@ class Runtime:
         that policy (see :mod:`runtime.supervision`: after a restart ``rt.get(id)`` is
         the new handle)."""
         self._table.check_open()
-        resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
+        resolved, tool_map = agent_settings(
+            self.store.codec, model, tools, system, limits, self.scheduler
+        )
         with self._table.starting_agent():
             session = self.store.create_session(session_id)
             agent = self._starter.start(session, resolved, tool_map, system, limits, "startup")
@@ -380,7 +382,9 @@ class Runtime:
                 self.spawn(model=model, tools=tools, system=system, limits=limits)
                 for _ in range(count)
             ]
-        resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
+        resolved, tool_map = agent_settings(
+            self.store.codec, model, tools, system, limits, self.scheduler
+        )
         agents: list[Agent] = []
         with self._table.starting_agent():
             for first in range(0, count, SPAWN_BATCH):
@@ -406,7 +410,9 @@ class Runtime:
         system prompt). ``tools`` and ``limits`` are not in the log: give them again."""
         self._table.check_open()
         check_session_id(session_id)
-        resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
+        resolved, tool_map = agent_settings(
+            self.store.codec, model, tools, system, limits, self.scheduler
+        )
         with self._table.starting_agent(resuming=session_id):
             opened = self._starter.open_logged(session_id, self.store.open_session, session_id)
             return self._starter.start_logged(opened, resolved, tool_map, system, limits, "resume")
@@ -432,7 +438,9 @@ class Runtime:
             raise TypeError(
                 f"boundary is the int seq of the last event to inherit, got {boundary!r}"
             )
-        resolved, tool_map = agent_settings(self.store.codec, model, tools, system, limits)
+        resolved, tool_map = agent_settings(
+            self.store.codec, model, tools, system, limits, self.scheduler
+        )
         starter = self._starter
         with self._table.starting_agent():
             opened = starter.open_logged(

@@ -19,10 +19,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Final
 
-from actors import Model
+from actors import Model, Scheduler
 
 from ..errors import UnknownModelError
 from .anthropic_messages import AnthropicModel
+from .limits import ProviderLimiter
 from .openai_compat import OpenAICompatModel
 
 __all__ = ["KNOWN_SCHEMES", "UnknownModelError", "resolve_model"]
@@ -89,8 +90,11 @@ _SCHEMES: Final[dict[str, _Factory]] = {
 KNOWN_SCHEMES: Final = tuple(_SCHEMES)
 
 
-def resolve_model(spec: str | Model, **options: Any) -> Model:
-    """The model ``spec`` names (a :class:`Model` is returned as it is).
+def resolve_model(
+    spec: str | Model, *, scheduler: Scheduler | None = None, **options: Any
+) -> Model:
+    """The model ``spec`` names (a :class:`Model` is returned as it is). With
+    ``scheduler`` (a runtime's), a vendor model's limiter waits on its clock.
 
     Raises :class:`UnknownModelError` for an unknown scheme or a malformed string, and
     ``ImportError`` (saying which ``pip install 'corral[...]'``) for a missing HTTP client.
@@ -108,4 +112,12 @@ def resolve_model(spec: str | Model, **options: Any) -> Model:
     name, url = _split(spec, rest.strip())
     if not name:
         raise UnknownModelError(spec, KNOWN_SCHEMES, "the model name is empty")
-    return factory(spec, name, url, dict(options))
+    options = dict(options)
+    if scheduler is not None and factory is not _scripted and "limiter" not in options:
+        options["limiter"] = ProviderLimiter(  # what the provider would make, on the clock
+            max_concurrency=options.pop("max_concurrency", None),
+            requests_per_minute=options.pop("requests_per_minute", None),
+            clock=scheduler.clock,
+            sleep=scheduler.sleep,
+        )
+    return factory(spec, name, url, options)
