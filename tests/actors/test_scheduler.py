@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import queue
 import threading
 from collections.abc import Iterator
@@ -10,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from actors import ManualClock, PooledActor, Scheduler, SchedulerClosedError
+from actors import MANUAL_EPOCH, ManualClock, PooledActor, Scheduler, SchedulerClosedError
 
 WAIT = 5.0
 
@@ -193,3 +195,94 @@ def test_a_timer_too_far_away_for_a_condition_wait_does_not_stop_the_other_timer
         assert again.wait(WAIT)
     finally:
         scheduler.close()
+
+
+class LoopThread:
+    """An asyncio loop in a thread of its own, as the runtime's I/O side runs one."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(WAIT)
+        self.loop.close()
+
+
+@pytest.fixture
+def loop_thread() -> Iterator[LoopThread]:
+    running = LoopThread()
+    yield running
+    running.close()
+
+
+def test_a_coroutine_sleeps_on_the_manual_clock_until_advance(
+    clock: ManualClock, scheduler: Scheduler, loop_thread: LoopThread
+) -> None:
+    slept = loop_thread.submit(scheduler.sleep(30.0))
+    assert scheduler.wait_pending(1, WAIT)
+    clock.advance(29.999)
+    assert not slept.done()
+    clock.advance(0.001)
+    assert slept.result(WAIT) is None
+    assert scheduler.statistics().threaded is False
+
+
+def test_wait_for_times_out_at_advance_and_cancels_the_work(
+    clock: ManualClock, scheduler: Scheduler, loop_thread: LoopThread
+) -> None:
+    cancelled = threading.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    waited = loop_thread.submit(scheduler.wait_for(forever(), 60.0))
+    assert scheduler.wait_pending(1, WAIT)
+    clock.advance(59.9)
+    assert not waited.done()
+    clock.advance(0.1)
+    with pytest.raises(TimeoutError):
+        waited.result(WAIT)
+    assert cancelled.is_set()
+
+
+def test_wait_for_returns_what_finishes_in_time_and_drops_its_timer(
+    clock: ManualClock, scheduler: Scheduler, loop_thread: LoopThread
+) -> None:
+    async def quick() -> str:
+        return "done"
+
+    assert loop_thread.submit(scheduler.wait_for(quick(), 60.0)).result(WAIT) == "done"
+    assert scheduler.statistics().pending == 0 and scheduler.statistics().cancelled == 1
+    clock.advance(120.0)  # the dropped timer fires nothing on the loop
+    assert scheduler.statistics().fired == 0
+
+
+def test_on_the_system_clock_sleep_and_wait_for_are_asyncios_own(
+    loop_thread: LoopThread,
+) -> None:
+    real = Scheduler()
+    try:
+        assert loop_thread.submit(real.sleep(0.001)).result(WAIT) is None
+        with pytest.raises(TimeoutError):
+            loop_thread.submit(real.wait_for(asyncio.Event().wait(), 0.01)).result(WAIT)
+        assert real.statistics().pending == 0 and real.statistics().fired == 0  # no timer
+    finally:
+        real.close()
+
+
+def test_a_manual_clocks_wall_time_moves_with_it() -> None:
+    clock = ManualClock(start=100.0, epoch=1_000.0)
+    assert (clock.monotonic(), clock.time()) == (100.0, 1_000.0)
+    clock.advance(2.5)
+    assert (clock.monotonic(), clock.time()) == (102.5, 1_002.5)
+    assert ManualClock().time() == MANUAL_EPOCH
