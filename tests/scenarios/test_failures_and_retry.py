@@ -40,8 +40,8 @@ def test_two_failures_then_success_give_three_turns_one_running_interval_and_one
     timeline = Timeline(fast_rt)
     agent = fast_rt.spawn(model=FailingThenOk([SERVER, SERVER]))
     agent.followup("hi")
-    for _ in range(2):  # two back-offs of at most cap_s
-        scenario_clock.elapse(fast_rt, 0.002)
+    for _ in range(2):  # two back-offs
+        scenario_clock.elapse(fast_rt, 0.002 * 1.1)  # cap_s and its 10% jitter
     assert agent.wait_idle(WAIT)
     starts = turn_events(agent, "turn/start")
     assert [s.turn for s in starts] == [1, 2, 3]

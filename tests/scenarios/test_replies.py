@@ -70,7 +70,7 @@ def test_a_retried_chain_reports_every_turn_and_the_retries(
     agent = fast_rt.spawn(model=ScriptedModel([SERVER, SERVER, "finally"]))
     pending = agent.submit("go")
     for _ in range(2):
-        scenario_clock.elapse(fast_rt, 0.002)
+        scenario_clock.elapse(fast_rt, 0.002 * 1.1)  # cap_s and its 10% jitter
     reply = pending.result(WAIT)
     assert reply.ok and reply.text == "finally"
     assert reply.turns == (1, 2, 3) and reply.retries == 2
