@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from runtime import UserMessage
 
+from .connection import ShardConnection
 from .errors import ClusterClosedError, RayMissingError
 from .events import ClusterEvent
 from .factories import AgentRecipe, recipe
@@ -29,6 +30,7 @@ from .outbox import Outbox
 from .routing import Router
 from .shard import Send, Shard, ShardInfo, ShardOptions
 from .transport import ORDERED_GROUP, ShardLink
+from .wire import Status, Verb, WaitIdle
 
 __all__ = ["Cluster"]
 
@@ -69,7 +71,15 @@ class Cluster:
         self._lock = threading.Lock()
         self._prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
-        self._outboxes = [Outbox(link) for link in links]  # every send, in order
+        self._connections: list[ShardConnection] = []
+        try:
+            for link in links:
+                self._connections.append(ShardConnection(link))
+        except BaseException:
+            for connection in self._connections:
+                connection.close()
+            raise
+        self._outboxes = [Outbox(c) for c in self._connections]  # every send, in order
 
     @classmethod
     def open(
@@ -176,6 +186,15 @@ class Cluster:
         self._check_open()
         return self._links[shard]
 
+    def verb(self, shard: int, verb: Verb, timeout: float | None = None) -> Any:
+        """``verb``'s value from ``shard``, over its direct connection (``timeout``: the
+        verb's own wait, if it has one)."""
+        self._check_open()
+        pending = self._outboxes[shard].submit(verb)
+        return pending.result(
+            None if timeout is None else timeout + self._links[shard].verb_timeout
+        )
+
     @property
     def shards(self) -> int:
         return len(self._links)
@@ -270,10 +289,41 @@ class Cluster:
         self._raise_first([self.link(k).call("resume", [(session_id, spec)])])
         return ClusterAgent(self, session_id, k)
 
+    def fork(
+        self,
+        source_id: str,
+        boundary: int,
+        *,
+        model: str,
+        tools: Sequence[str] = (),
+        session_id: str | None = None,
+        system: str | None = None,
+    ) -> ClusterAgent:
+        """As :meth:`runtime.Runtime.fork`: a new agent whose session is seeded with
+        ``source_id``'s log up to ``boundary`` (an inclusive seq outside an open turn).
+        With no ``session_id`` the child gets an id that routes to the source's shard
+        (the fork is made there, in one store); a ``session_id`` that routes to another
+        shard gets the child's log copied there (:mod:`runtime.cluster.forks`)."""
+        spec = recipe(model, tools, system)
+        if type(boundary) is not int:
+            raise TypeError(
+                f"boundary is the int seq of the last event to inherit, got {boundary!r}"
+            )
+        source = self.router.shard_of(source_id)
+        child = session_id
+        while child is None or (session_id is None and self.router.shard_of(child) != source):
+            child = f"a-{uuid.uuid4().hex}"  # ~shards tries
+        target = self.router.shard_of(child)
+        export = None
+        if target != source:
+            export = self.link(source).call("fork_export", source_id, boundary, child)
+        self.link(target).call("fork", source_id, boundary, child, spec, export, retried=True)
+        return ClusterAgent(self, child, target)
+
     def get(self, agent_id: str) -> ClusterAgent:
         """The live agent with this id; ``AgentDisposedError`` if its shard has none."""
         k = self.router.shard_of(agent_id)
-        self.link(k).call("status", agent_id)
+        self.verb(k, Status(agent_id))
         return ClusterAgent(self, agent_id, k)
 
     def agents(self) -> list[ClusterAgent]:
@@ -320,13 +370,16 @@ class Cluster:
         self, agents: Iterable[ClusterAgent | str] | None = None, timeout: float | None = None
     ) -> bool:
         """Whether ``agents`` (every agent, for None) went idle within ``timeout``."""
-        per_shard: dict[int, tuple[Any, ...]]
+        per_shard: dict[int, list[str] | None]
         if agents is None:
-            per_shard = dict.fromkeys(range(self.shards), (None, timeout))
+            per_shard = dict.fromkeys(range(self.shards))
         else:
             ids = (a.id if isinstance(a, ClusterAgent) else a for a in agents)
-            per_shard = {k: (group, timeout) for k, group in self.router.group(ids).items()}
-        return all(self._each("wait_idle", per_shard).values())
+            per_shard = dict(self.router.group(ids).items())
+        self._check_open()
+        waits = [self._outboxes[k].submit(WaitIdle(ids, timeout)) for k, ids in per_shard.items()]
+        slack = None if timeout is None else timeout + self._links[0].verb_timeout
+        return all(bool(wait.result(slack)) for wait in waits)
 
     # ------------------------------------------------------------------ events, durability
 
@@ -367,6 +420,8 @@ class Cluster:
         try:
             for outbox in self._outboxes:  # what is queued is sent before the shards close
                 outbox.close()
+            for connection in self._connections:
+                connection.close()
             refs = [link.submit("close", timeout) for link in self._links]
             for link, ref in zip(self._links, refs, strict=True):
                 try:
