@@ -25,8 +25,9 @@ from .events import ClusterEvent
 from .factories import AgentRecipe, recipe
 from .forwarding import Forwarding
 from .handle import ClusterAgent
-from .layout import claim_layout, layout_shards
+from .layout import claim_layout, layout_shards, reshard_plan
 from .outbox import Outbox
+from .reshard import reshard as reshard_store
 from .routing import Router
 from .shard import Send, Shard, ShardInfo, ShardOptions
 from .transport import ORDERED_GROUP, ShardLink
@@ -99,12 +100,16 @@ class Cluster:
         pin_to_nodes: bool = True,
         verb_timeout: float = 120.0,
         max_concurrency: int = 32,
+        reshard: bool = False,
     ) -> Cluster:
         """Open the cluster store at ``path`` with ``shards`` shards.
 
         - ``shards``: default, the count the store at ``path`` was made with, else the
-          CPUs of the Ray cluster (of this machine when local). A store keeps its shard
-          count: it refuses another.
+          CPUs of the Ray cluster (of this machine when local). Another count than the
+          store's raises ``ClusterLayoutError``, unless ``reshard``.
+        - ``reshard``: move the agents whose shard changes to ``shards`` shards first
+          (:func:`~runtime.cluster.reshard.reshard`, in this process: every shard's store
+          must be reachable from here), or finish an interrupted reshard.
         - ``address``: a running Ray cluster's (``"auto"``, ``"ray://..."``, host:port);
           None starts a local Ray instance with ``shards * shard_cpus`` CPUs (unless this
           process already called ``ray.init``).
@@ -122,8 +127,11 @@ class Cluster:
         """
         ray = _ray()
         root = os.path.abspath(os.fspath(path))
+        plan = reshard_plan(root)
         if shards is None:
             shards = layout_shards(root)  # a store made before keeps its count
+        if reshard and shards is not None and (plan is not None or layout_shards(root)):
+            reshard_store(root, shards)
         owns_ray = not ray.is_initialized()
         if owns_ray:
             if address is None:
