@@ -3,9 +3,11 @@
 ``Cluster.open(path, shards=N)`` starts (or, with ``address``, joins) a Ray cluster and
 one shard actor per shard; each hosts an ordinary ``Runtime`` over
 ``<path>/shard-<k>/``. An agent lives in the shard its id routes to
-(:class:`~runtime.cluster.routing.Router`), for good. The batched verbs
-(:meth:`spawn_many`, :meth:`send_many`, :meth:`dispose`, :meth:`wait_idle`) make one Ray
-call per shard, in parallel.
+(:class:`~runtime.cluster.routing.Router`) until a reshard
+(:mod:`runtime.cluster.reshard`). The batched verbs make one request per shard, all
+shards in parallel: :meth:`spawn_many` and :meth:`dispose` through Ray,
+:meth:`send_many` and :meth:`wait_idle` on the shards' direct connections
+(:mod:`runtime.cluster.connection`).
 """
 
 from __future__ import annotations
@@ -354,7 +356,7 @@ class Cluster:
         wake: bool = True,
     ) -> list[str]:
         """``followup`` (or, by ``lane``/``wake``, ``steer``/``inject``) each
-        ``(agent, message)``: one call per shard. Returns the ``MessageId``s in order."""
+        ``(agent, message)``: one request per shard. Returns the ``MessageId``s in order."""
         per_shard: dict[int, list[Send]] = {}
         ids = []
         for agent, message in messages:
