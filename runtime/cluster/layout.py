@@ -153,6 +153,7 @@ def stores_for(root: str | os.PathLike[str], session: str | None = None) -> list
     top = Path(root)
     if not is_sharded(top):
         return [top]
+    _check_no_reshard(top)  # (a session may be in either shard while one runs)
     if session is None:
         return shard_stores(top)
     from .routing import Router  # noqa: PLC0415 - only readers of one session need it

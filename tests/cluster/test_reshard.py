@@ -17,7 +17,7 @@ from runtime import Runtime
 from runtime.cluster import Cluster, ClusterLayoutError, Router, shard_stores
 from runtime.cluster.factories import AgentRecipe
 from runtime.cluster.journal import Journal
-from runtime.cluster.layout import claim_layout, journal_path, shard_path
+from runtime.cluster.layout import claim_layout, journal_path, shard_path, stores_for
 from runtime.cluster.reshard import reshard
 from storage import Store
 
@@ -145,6 +145,8 @@ def test_a_sigkill_mid_reshard_leaves_each_session_in_one_shard_once_it_is_run_a
         claim_layout(root, 2)  # the cluster refuses to open it (either count) ...
     with pytest.raises(ClusterLayoutError, match="corral log reshard"):
         shard_stores(root)  # ... and corral log to read it
+    with pytest.raises(ClusterLayoutError, match="corral log reshard"):
+        stores_for(root, "agent-1")
     with pytest.raises(ClusterLayoutError, match="finish it first"):
         reshard(root, 4)
     report = reshard(root, 3)  # run again: finishes it
