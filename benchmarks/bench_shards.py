@@ -11,8 +11,10 @@ Cases, all measured in the same run:
   every settled turn over the time from the first shard's first follow-up to the last
   shard's last settled turn. Scaling efficiency = turns/s(2) / (2 x turns/s(1)).
 - ``followup``: the latency of one ``agent.followup(...)`` call, on an agent of a plain
-  Runtime and on a ``ClusterAgent`` (one Ray call to its shard), p50/p99 over
-  ``--verbs`` calls; and per message of ``Cluster.send_many`` batches of 1,000.
+  Runtime and on a ``ClusterAgent`` (one round trip on its shard's direct connection),
+  p50/p99 over ``--verbs`` calls, beside a no-op call on a plain Ray actor (what the
+  verb cost when it was a Ray call); and per message of ``Cluster.send_many`` batches
+  of 1,000.
 - ``--scale N``: ``Cluster.open(shards=2)``, ``spawn_many(N)``, one follow-up each
   (``send_many``), every ``agent/settled`` forwarded to the driver and counted.
 

@@ -100,6 +100,7 @@ from storage.events import (
 from storage.invariants import Violation, assert_invariants, check_invariants
 from storage.lmdb.env import writer_pid
 from storage.lmdb.layout import SCHEMA_VERSION
+from storage.lmdb.removal import remove_sessions
 from storage.lmdb.store import Durability, SessionStats, Store, StoreStatistics
 from storage.lossless import lossless_problem
 from storage.memory import MemorySink
@@ -235,6 +236,7 @@ __all__ = [
     "lossless_problem",
     "message_bytes",
     "pending_inbox",
+    "remove_sessions",
     "repair_plan",
     "reply_bytes",
     "start_thread",

@@ -15,6 +15,7 @@ from .bench import bench
 from .compare import compare
 from .errors import CorralGroup
 from .log import log
+from .reshard import reshard
 from .run import run
 from .top import top
 
@@ -36,6 +37,7 @@ def cli(debug: bool) -> None:
 cli.add_command(acp)
 cli.add_command(bench)
 cli.add_command(compare)
+log.add_command(reshard)
 cli.add_command(log)
 cli.add_command(run)
 cli.add_command(top)

@@ -3,7 +3,8 @@
 A *shard* is a Ray actor hosting one ordinary :class:`~runtime.Runtime` with its own LMDB
 store (``<path>/shard-<k>/``); :class:`Cluster` routes each agent id to one shard, batches
 verbs per shard and forwards the live events listened to. Ray places and restarts
-shards; it never carries the traffic inside one. ``pip install 'corral[ray]'``; see
+shards; it never carries the traffic inside one, nor an agent's verbs (each shard has a
+direct connection: :mod:`runtime.cluster.connection`). ``pip install 'corral[ray]'``; see
 ``docs/cluster.md``.
 """
 
@@ -16,11 +17,13 @@ from .errors import (
     RayMissingError,
     ShardUnavailableError,
     UnportableError,
+    VerbInterruptedError,
 )
 from .events import FORWARDED, ClusterEvent
 from .factories import AgentRecipe
 from .handle import ClusterAgent
 from .layout import is_sharded, shard_stores
+from .reshard import ReshardReport
 from .routing import Router
 from .shard import ShardInfo
 
@@ -35,10 +38,12 @@ __all__ = [
     "ClusterLayoutError",
     "DuplicateAgentError",
     "RayMissingError",
+    "ReshardReport",
     "Router",
     "ShardInfo",
     "ShardUnavailableError",
     "UnportableError",
+    "VerbInterruptedError",
     "is_sharded",
     "shard_stores",
 ]

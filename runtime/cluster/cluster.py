@@ -3,9 +3,11 @@
 ``Cluster.open(path, shards=N)`` starts (or, with ``address``, joins) a Ray cluster and
 one shard actor per shard; each hosts an ordinary ``Runtime`` over
 ``<path>/shard-<k>/``. An agent lives in the shard its id routes to
-(:class:`~runtime.cluster.routing.Router`), for good. The batched verbs
-(:meth:`spawn_many`, :meth:`send_many`, :meth:`dispose`, :meth:`wait_idle`) make one Ray
-call per shard, in parallel.
+(:class:`~runtime.cluster.routing.Router`) until a reshard
+(:mod:`runtime.cluster.reshard`). The batched verbs make one request per shard, all
+shards in parallel: :meth:`spawn_many` and :meth:`dispose` through Ray,
+:meth:`send_many` and :meth:`wait_idle` on the shards' direct connections
+(:mod:`runtime.cluster.connection`).
 """
 
 from __future__ import annotations
@@ -19,16 +21,19 @@ from typing import Any, Literal
 
 from runtime import UserMessage
 
+from .connection import ShardConnection
 from .errors import ClusterClosedError, RayMissingError
 from .events import ClusterEvent
 from .factories import AgentRecipe, recipe
 from .forwarding import Forwarding
 from .handle import ClusterAgent
-from .layout import claim_layout, layout_shards
+from .layout import claim_layout, layout_shards, reshard_plan
 from .outbox import Outbox
+from .reshard import reshard as reshard_store
 from .routing import Router
 from .shard import Send, Shard, ShardInfo, ShardOptions
 from .transport import ORDERED_GROUP, ShardLink
+from .wire import Status, Verb, WaitIdle
 
 __all__ = ["Cluster"]
 
@@ -69,7 +74,15 @@ class Cluster:
         self._lock = threading.Lock()
         self._prefix = uuid.uuid4().hex[:12]
         self._ids = count(1)
-        self._outboxes = [Outbox(link) for link in links]  # every send, in order
+        self._connections: list[ShardConnection] = []
+        try:
+            for link in links:
+                self._connections.append(ShardConnection(link))
+        except BaseException:
+            for connection in self._connections:
+                connection.close()
+            raise
+        self._outboxes = [Outbox(c) for c in self._connections]  # every send, in order
 
     @classmethod
     def open(
@@ -89,12 +102,16 @@ class Cluster:
         pin_to_nodes: bool = True,
         verb_timeout: float = 120.0,
         max_concurrency: int = 32,
+        reshard: bool = False,
     ) -> Cluster:
         """Open the cluster store at ``path`` with ``shards`` shards.
 
         - ``shards``: default, the count the store at ``path`` was made with, else the
-          CPUs of the Ray cluster (of this machine when local). A store keeps its shard
-          count: it refuses another.
+          CPUs of the Ray cluster (of this machine when local). Another count than the
+          store's raises ``ClusterLayoutError``, unless ``reshard``.
+        - ``reshard``: move the agents whose shard changes to ``shards`` shards first
+          (:func:`~runtime.cluster.reshard.reshard`, in this process: every shard's store
+          must be reachable from here), or finish an interrupted reshard.
         - ``address``: a running Ray cluster's (``"auto"``, ``"ray://..."``, host:port);
           None starts a local Ray instance with ``shards * shard_cpus`` CPUs (unless this
           process already called ``ray.init``).
@@ -112,8 +129,11 @@ class Cluster:
         """
         ray = _ray()
         root = os.path.abspath(os.fspath(path))
+        plan = reshard_plan(root)
         if shards is None:
             shards = layout_shards(root)  # a store made before keeps its count
+        if reshard and shards is not None and (plan is not None or layout_shards(root)):
+            reshard_store(root, shards)
         owns_ray = not ray.is_initialized()
         if owns_ray:
             if address is None:
@@ -175,6 +195,15 @@ class Cluster:
     def link(self, shard: int) -> ShardLink:
         self._check_open()
         return self._links[shard]
+
+    def verb(self, shard: int, verb: Verb, timeout: float | None = None) -> Any:
+        """``verb``'s value from ``shard``, over its direct connection (``timeout``: the
+        verb's own wait, if it has one)."""
+        self._check_open()
+        pending = self._outboxes[shard].submit(verb)
+        return pending.result(
+            None if timeout is None else timeout + self._links[shard].verb_timeout
+        )
 
     @property
     def shards(self) -> int:
@@ -270,10 +299,41 @@ class Cluster:
         self._raise_first([self.link(k).call("resume", [(session_id, spec)])])
         return ClusterAgent(self, session_id, k)
 
+    def fork(
+        self,
+        source_id: str,
+        boundary: int,
+        *,
+        model: str,
+        tools: Sequence[str] = (),
+        session_id: str | None = None,
+        system: str | None = None,
+    ) -> ClusterAgent:
+        """As :meth:`runtime.Runtime.fork`: a new agent whose session is seeded with
+        ``source_id``'s log up to ``boundary`` (an inclusive seq outside an open turn).
+        With no ``session_id`` the child gets an id that routes to the source's shard
+        (the fork is made there, in one store); a ``session_id`` that routes to another
+        shard gets the child's log copied there (:mod:`runtime.cluster.forks`)."""
+        spec = recipe(model, tools, system)
+        if type(boundary) is not int:
+            raise TypeError(
+                f"boundary is the int seq of the last event to inherit, got {boundary!r}"
+            )
+        source = self.router.shard_of(source_id)
+        child = session_id
+        while child is None or (session_id is None and self.router.shard_of(child) != source):
+            child = f"a-{uuid.uuid4().hex}"  # ~shards tries
+        target = self.router.shard_of(child)
+        export = None
+        if target != source:
+            export = self.link(source).call("fork_export", source_id, boundary, child)
+        self.link(target).call("fork", source_id, boundary, child, spec, export, retried=True)
+        return ClusterAgent(self, child, target)
+
     def get(self, agent_id: str) -> ClusterAgent:
         """The live agent with this id; ``AgentDisposedError`` if its shard has none."""
         k = self.router.shard_of(agent_id)
-        self.link(k).call("status", agent_id)
+        self.verb(k, Status(agent_id))
         return ClusterAgent(self, agent_id, k)
 
     def agents(self) -> list[ClusterAgent]:
@@ -296,7 +356,7 @@ class Cluster:
         wake: bool = True,
     ) -> list[str]:
         """``followup`` (or, by ``lane``/``wake``, ``steer``/``inject``) each
-        ``(agent, message)``: one call per shard. Returns the ``MessageId``s in order."""
+        ``(agent, message)``: one request per shard. Returns the ``MessageId``s in order."""
         per_shard: dict[int, list[Send]] = {}
         ids = []
         for agent, message in messages:
@@ -320,13 +380,16 @@ class Cluster:
         self, agents: Iterable[ClusterAgent | str] | None = None, timeout: float | None = None
     ) -> bool:
         """Whether ``agents`` (every agent, for None) went idle within ``timeout``."""
-        per_shard: dict[int, tuple[Any, ...]]
+        per_shard: dict[int, list[str] | None]
         if agents is None:
-            per_shard = dict.fromkeys(range(self.shards), (None, timeout))
+            per_shard = dict.fromkeys(range(self.shards))
         else:
             ids = (a.id if isinstance(a, ClusterAgent) else a for a in agents)
-            per_shard = {k: (group, timeout) for k, group in self.router.group(ids).items()}
-        return all(self._each("wait_idle", per_shard).values())
+            per_shard = dict(self.router.group(ids).items())
+        self._check_open()
+        waits = [self._outboxes[k].submit(WaitIdle(ids, timeout)) for k, ids in per_shard.items()]
+        slack = None if timeout is None else timeout + self._links[0].verb_timeout
+        return all(bool(wait.result(slack)) for wait in waits)
 
     # ------------------------------------------------------------------ events, durability
 
@@ -367,6 +430,8 @@ class Cluster:
         try:
             for outbox in self._outboxes:  # what is queued is sent before the shards close
                 outbox.close()
+            for connection in self._connections:
+                connection.close()
             refs = [link.submit("close", timeout) for link in self._links]
             for link, ref in zip(self._links, refs, strict=True):
                 try:

@@ -13,6 +13,7 @@ __all__ = [
     "ShardStartError",
     "ShardUnavailableError",
     "UnportableError",
+    "VerbInterruptedError",
 ]
 
 
@@ -58,3 +59,9 @@ class ClusterClosedError(ClusterError, RuntimeError):
 
     def __init__(self) -> None:
         super().__init__("this cluster is closed; open a new one with Cluster.open()")
+
+
+class VerbInterruptedError(ClusterError):
+    """A shard's process died with an inbox edit (``remove``, ``replace``, ``splice``) in
+    flight: it may or may not have been applied, and applying it twice is not safe, so
+    it is not sent again. Read the agent's inbox and edit again."""

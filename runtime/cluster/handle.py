@@ -1,29 +1,43 @@
 """``ClusterAgent``: the driver's handle of an agent that lives in some shard.
 
-The verbs of :class:`~runtime.Agent`, each one Ray call to the agent's shard (see
-:class:`~runtime.cluster.Cluster` for the batched forms). A send's ``MessageId`` is chosen
+The verbs of :class:`~runtime.Agent`, each one round trip on the shard's direct
+connection (see :mod:`runtime.cluster.connection`; :class:`~runtime.cluster.Cluster` has
+the batched forms, and ``dispose`` goes through Ray). A send's ``MessageId`` is chosen
 here, in the driver, so that a send the driver repeats after a shard restart is
 recognised by the shard and applied once.
 
-A send returns once the shard has it in the agent's mailbox (``wait=True``, one Ray round
+A send returns once the shard has it in the agent's mailbox (``wait=True``, one round
 trip), or once it is queued in the shard's outbox (``wait=False``, no round trip: its
-refusal, if any, is raised by the cluster's next ``flush()``). Sends to one shard are
-applied in the order they were made either way (see :mod:`runtime.cluster.outbox`).
+refusal, if any, is raised by the cluster's next ``flush()``). Sends and inbox edits to
+one shard are applied in the order they were made (see :mod:`runtime.cluster.outbox`).
+The edits take a text or a ``UserMessage`` per message (a list of content blocks goes
+in a ``UserMessage``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Literal, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, Protocol
 
-from runtime import HookCause, ParentCause, UserCause, UserMessage
+from runtime import HookCause, InboxView, ParentCause, UserCause, UserMessage
 from storage import Event, Message
 
 from .events import ClusterEvent
-from .shard import Send
-
-if TYPE_CHECKING:
-    from .transport import ShardLink
+from .wire import (
+    Cancel,
+    Clear,
+    Events,
+    Inbox,
+    Messages,
+    Passivate,
+    Remove,
+    Replace,
+    Send,
+    Splice,
+    Status,
+    Verb,
+    WaitIdle,
+)
 
 __all__ = ["ClusterAgent", "ClusterHost"]
 
@@ -36,7 +50,7 @@ class ClusterHost(Protocol):
 
     def send_batch(self, shard: int, sends: list[Send], wait: bool = True) -> None: ...
 
-    def link(self, shard: int) -> ShardLink: ...
+    def verb(self, shard: int, verb: Verb, timeout: float | None = None) -> Any: ...
 
     def dispose(
         self, agents: Iterable[ClusterAgent | str], timeout: float | None = None
@@ -121,13 +135,62 @@ class ClusterAgent:
         """Add ``message`` to the next step without waking an idle agent."""
         return self._send(message, "next-step", False, id, source, wait)
 
+    # ------------------------------------------------------------------ editing
+
+    def remove(self, message_id: str, *, timeout: float | None = 10.0) -> UserMessage:
+        """As :meth:`runtime.Agent.remove`: discard one pending message; returns it."""
+        removed: UserMessage = self._cluster.verb(
+            self.shard, Remove(self.id, message_id, timeout), timeout
+        )
+        return removed
+
+    def replace(
+        self, message_id: str, message: str | UserMessage, *, timeout: float | None = 10.0
+    ) -> str:
+        """As :meth:`runtime.Agent.replace`: swap a pending message for ``message`` in
+        its place; returns the new ``MessageId``."""
+        new_id: str = self._cluster.verb(
+            self.shard, Replace(self.id, message_id, message, timeout), timeout
+        )
+        return new_id
+
+    def splice(
+        self,
+        lane: Literal["next-turn", "next-step"],
+        start: int,
+        removed_count: int = 0,
+        messages: Sequence[str | UserMessage] = (),
+        *,
+        timeout: float | None = 10.0,
+    ) -> list[UserMessage]:
+        """As :meth:`runtime.Agent.splice`: in ``lane``, discard ``removed_count``
+        pending messages from ``start`` and insert ``messages`` there; returns the
+        discarded ones. Nothing wakes the agent."""
+        if isinstance(messages, str | bytes) or not isinstance(messages, Iterable):
+            raise TypeError(
+                f"messages is a list of messages, got {type(messages).__name__} "
+                "(one text is one message: pass [text])"
+            )
+        verb = Splice(self.id, lane, start, removed_count, list(messages), timeout)
+        removed: list[UserMessage] = self._cluster.verb(self.shard, verb, timeout)
+        return removed
+
+    def clear(self, *, timeout: float | None = 10.0) -> list[UserMessage]:
+        """As :meth:`runtime.Agent.clear`: discard every pending message; returns them."""
+        cleared: list[UserMessage] = self._cluster.verb(
+            self.shard, Clear(self.id, timeout), timeout
+        )
+        return cleared
+
     # ------------------------------------------------------------------ control
 
     def cancel(
         self, cause: UserCause | ParentCause | HookCause | None = None, *, keep_inbox: bool = False
     ) -> None:
         """As :meth:`runtime.Agent.cancel` (``cause`` a ``UserCause()``, ...)."""
-        self._cluster.link(self.shard).call("cancel", self.id, cause, keep_inbox)
+        if type(keep_inbox) is not bool:
+            raise TypeError(f"keep_inbox is a bool, got {keep_inbox!r}")
+        self._cluster.verb(self.shard, Cancel(self.id, cause, keep_inbox))
 
     def dispose(self, timeout: float | None = None) -> bool:
         """As :meth:`runtime.Agent.dispose`; idempotent."""
@@ -135,7 +198,12 @@ class ClusterAgent:
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Whether every send before this call was handled and the agent went idle."""
-        return bool(self._cluster.link(self.shard).call("wait_idle", [self.id], timeout))
+        return bool(self._cluster.verb(self.shard, WaitIdle([self.id], timeout), timeout))
+
+    def passivate(self, timeout: float | None = 10.0) -> bool:
+        """As :meth:`runtime.Agent.passivate`: evict the idle agent from its shard's
+        memory until its next use; False (and nothing done) if it is busy."""
+        return bool(self._cluster.verb(self.shard, Passivate(self.id, timeout), timeout))
 
     def on(self, name: str, listener: Callable[[ClusterEvent], object]) -> Callable[[], None]:
         """Listen to this agent's live events only; returns a disposer."""
@@ -145,16 +213,22 @@ class ClusterAgent:
 
     @property
     def status(self) -> Literal["idle", "running"]:
-        status: Literal["idle", "running"] = self._cluster.link(self.shard).call("status", self.id)
+        status: Literal["idle", "running"] = self._cluster.verb(self.shard, Status(self.id))
         return status
+
+    @property
+    def inbox(self) -> InboxView:
+        """A snapshot of the pending messages of both lanes (as ``agent.inbox``)."""
+        inbox: InboxView = self._cluster.verb(self.shard, Inbox(self.id))
+        return inbox
 
     def events(self, lower: int = 0, upper: int | None = None) -> list[Event]:
         """The session's committed events with ``lower <= seq <= upper`` (as
         ``agent.session.events``)."""
-        events: list[Event] = self._cluster.link(self.shard).call("events", self.id, lower, upper)
+        events: list[Event] = self._cluster.verb(self.shard, Events(self.id, lower, upper))
         return events
 
     def messages(self) -> list[Message]:
         """The model-visible history (``agent.session.messages()``)."""
-        messages: list[Message] = self._cluster.link(self.shard).call("messages", self.id)
+        messages: list[Message] = self._cluster.verb(self.shard, Messages(self.id))
         return messages

@@ -2,6 +2,7 @@
 
 ```
 <path>/cluster.json        {"shards": N}: the store is reopened with the shape it was made with
+<path>/reshard.json        {"from": N, "to": M}: a reshard under way (runtime.cluster.reshard)
 <path>/shard-<k>/          shard k's ordinary corral LMDB store (data.mdb, lock.mdb)
 <path>/shard-<k>.agents    shard k's agent journal (see runtime.cluster.journal)
 ```
@@ -21,16 +22,20 @@ from .errors import ClusterLayoutError
 
 __all__ = [
     "LAYOUT_FILE",
+    "RESHARD_FILE",
     "claim_layout",
     "is_sharded",
     "journal_path",
     "layout_shards",
+    "reshard_plan",
     "shard_path",
     "shard_stores",
     "stores_for",
+    "write_json",
 ]
 
 LAYOUT_FILE = "cluster.json"
+RESHARD_FILE = "reshard.json"
 
 
 def shard_path(root: str | os.PathLike[str], index: int) -> Path:
@@ -58,6 +63,49 @@ def _read_shards(root: Path) -> int:
     return shards
 
 
+def write_json(path: Path, value: object) -> None:
+    """Replace the file at ``path`` with ``value`` as JSON, atomically and durably."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    with scratch.open("w", encoding="utf-8") as f:
+        f.write(json.dumps(value) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(scratch, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def reshard_plan(root: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(from, to) of the reshard under way at ``root``; None when there is none."""
+    path = Path(root) / RESHARD_FILE
+    if not path.is_file():
+        return None
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+        before, after = plan["from"], plan["to"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ClusterLayoutError(
+            f'{path} is unreadable ({err}); it should read {{"from": N, "to": M}}'
+        ) from err
+    if not all(type(n) is int and n >= 1 for n in (before, after)):
+        raise ClusterLayoutError(f"{path}: from and to must be ints >= 1")
+    return before, after
+
+
+def _check_no_reshard(top: Path) -> None:
+    plan = reshard_plan(top)
+    if plan is not None:
+        raise ClusterLayoutError(
+            f"the cluster store at {top} has an unfinished reshard from {plan[0]} to "
+            f"{plan[1]} shards (it was interrupted): finish it with corral log reshard "
+            f"--store {top} --shards {plan[1]} (or Cluster.open(..., shards={plan[1]}, "
+            "reshard=True))"
+        )
+
+
 def layout_shards(root: str | os.PathLike[str]) -> int | None:
     """The shard count the cluster store at ``root`` was made with (None: none yet)."""
     top = Path(root)
@@ -70,11 +118,14 @@ def claim_layout(root: str | os.PathLike[str], shards: int) -> None:
     top = Path(root)
     top.mkdir(parents=True, exist_ok=True)
     if is_sharded(top):
+        _check_no_reshard(top)
         found = _read_shards(top)
         if found != shards:
             raise ClusterLayoutError(
-                f"the cluster store at {top} has {found} shards, not {shards}: open it with "
-                f"shards={found} (corral does not reshard a store)"
+                f"the cluster store at {top} was made with {found} shards, not {shards}: "
+                f"open it with shards={found}, or move its agents to {shards} shards with "
+                f"corral log reshard --store {top} --shards {shards} (or "
+                f"Cluster.open(..., shards={shards}, reshard=True))"
             )
         return
     if any(top.glob("*.mdb")):
@@ -82,15 +133,14 @@ def claim_layout(root: str | os.PathLike[str], shards: int) -> None:
             f"{top} holds a single-process corral store; open it with Runtime.open, or "
             "give the cluster an empty directory"
         )
-    scratch = top / f".{LAYOUT_FILE}.{os.getpid()}"
-    scratch.write_text(json.dumps({"shards": shards}) + "\n", encoding="utf-8")
-    os.replace(scratch, top / LAYOUT_FILE)
+    write_json(top / LAYOUT_FILE, {"shards": shards})
 
 
 def shard_stores(root: str | os.PathLike[str]) -> list[Path]:
     """The store directory of every shard of the cluster store at ``root``, in shard
     order (a shard that never started has none yet and is left out)."""
     top = Path(root)
+    _check_no_reshard(top)
     shards = _read_shards(top)
     paths = [shard_path(top, k) for k in range(shards)]
     return [path for path in paths if (path / "data.mdb").exists()]
@@ -103,6 +153,7 @@ def stores_for(root: str | os.PathLike[str], session: str | None = None) -> list
     top = Path(root)
     if not is_sharded(top):
         return [top]
+    _check_no_reshard(top)  # (a session may be in either shard while one runs)
     if session is None:
         return shard_stores(top)
     from .routing import Router  # noqa: PLC0415 - only readers of one session need it

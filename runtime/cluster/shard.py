@@ -8,14 +8,19 @@ same arguments: it reopens the store, resumes every agent its journal lists (eac
 ``Runtime.resume`` repairs an interrupted tail turn) and wakes those whose inbox still
 holds work, which a plain resume leaves idle.
 
-Every verb takes a batch (one Ray call per shard, however many agents it names) and
-returns one outcome per item, an exception or ``None``, so one bad item fails alone.
-A verb the driver sends again after a restart (``retry=True``) is idempotent: a spawn of
-an agent the journal has, a send of a ``MessageId`` the log already has, are done.
+Two ways in. The verbs that change which agents the shard hosts (spawn, resume, fork,
+dispose, close) and the event poll are Ray calls: each takes a batch (one call per
+shard, however many agents it names) and returns one outcome per item, an exception or
+``None``, so one bad item fails alone. An agent's own verbs (sends, edits, cancel,
+reads, waits: :mod:`runtime.cluster.verbs`) come over the shard's direct connection
+(:mod:`runtime.cluster.listener`), whose address :meth:`Shard.address` gives. A verb the
+driver sends again after a restart (``retry=True``) is idempotent: a spawn of an agent
+the journal has, a send of a ``MessageId`` the log already has, are done.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -24,20 +29,18 @@ from typing import Any, Literal
 
 import msgspec
 
-from runtime import (
-    Agent,
-    AgentDisposedError,
-    DuplicateMessageError,
-    Runtime,
-    UserMessage,
-)
+from runtime import Agent, Runtime
 from storage import UnknownSessionError
 
 from .errors import DuplicateAgentError, ShardStartError
 from .events import FORWARDED, ClusterEvent, EventBuffer, portable
 from .factories import AgentRecipe, build, load_factory
+from .forks import fork_export
 from .journal import Journal
 from .layout import journal_path, shard_path
+from .listener import VerbListener
+from .verbs import apply
+from .wire import Send, Verb
 
 __all__ = ["Send", "Shard", "ShardInfo", "ShardOptions"]
 
@@ -57,17 +60,6 @@ class ShardOptions(msgspec.Struct, frozen=True, kw_only=True):
     """A factory ``package.module:function`` called with the shard's ``Runtime`` once it
     is open (at every start, restarts too): it registers waterfalls and other
     extension points, which run where the agents run."""
-
-
-class Send(msgspec.Struct, frozen=True):
-    """One ``followup`` / ``steer`` / ``inject`` (its id chosen by the driver)."""
-
-    agent: str
-    message: str | UserMessage
-    id: str
-    lane: Literal["next-turn", "next-step"]
-    wake: bool
-    source: str = "user"
 
 
 class ShardInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,6 +105,7 @@ class Shard:
             load_factory(options.setup, "the shard setup")(self._rt)
         resumed, rewoken = self._resume_journal()
         self._journal.opened()
+        self._verbs = VerbListener(_node_address(), self._apply, f"corral-shard-{index}")
         self._info = ShardInfo(
             index=index,
             pid=os.getpid(),
@@ -213,40 +206,6 @@ class Shard:
             _rewake(agent)
         return outcomes
 
-    def send(self, sends: Sequence[Send], retry: bool) -> list[Outcome]:
-        """``followup`` / ``steer`` / ``inject`` each; returns once each is in its
-        agent's mailbox (``flush`` makes them durable). A retried send whose id the
-        agent's log has, or whose message is already queued, was done."""
-        self._check()
-        outcomes: list[Outcome] = []
-        for send in sends:
-            try:
-                agent = self._rt.get(send.agent)
-                if retry and agent.session.was_inboxed(send.id):
-                    outcomes.append(None)
-                    continue
-                verb = agent.followup if send.lane == "next-turn" else agent.steer
-                if not send.wake:
-                    verb = agent.inject
-                message: Any = send.message
-                if isinstance(message, UserMessage):
-                    verb(message)
-                else:
-                    verb(message, id=send.id, source=send.source)
-                outcomes.append(None)
-            except DuplicateMessageError as err:
-                outcomes.append(None if retry else err)
-            except Exception as err:  # noqa: BLE001 - one item's failure is its outcome
-                outcomes.append(_unknown(send.agent) if isinstance(err, KeyError) else err)
-        return outcomes
-
-    def cancel(self, agent_id: str, cause: Any, keep_inbox: bool) -> None:
-        self._check()
-        try:
-            self._rt.get(agent_id).cancel(cause, keep_inbox=keep_inbox)
-        except KeyError:
-            raise _unknown(agent_id) from None
-
     def dispose(self, agent_ids: Sequence[str], timeout: float | None) -> list[Outcome]:
         """Dispose each; the journal forgets those whose disposal finished."""
         self._check()
@@ -270,33 +229,59 @@ class Shard:
         self._rt.flush()
         return [*outcomes, *([None] * (len(agent_ids) - len(outcomes)))]
 
-    def wait_idle(self, agent_ids: Sequence[str] | None, timeout: float | None) -> bool:
-        """Whether every agent named (all, for None) went idle within ``timeout``."""
+    def address(self) -> str:
+        """``host:port`` of this process's verb listener (see the module doc)."""
         self._check()
-        agents = self._rt.agents() if agent_ids is None else []
-        for agent_id in agent_ids or ():
-            try:
-                agents.append(self._rt.get(agent_id))
-            except KeyError:
-                continue  # disposed: idle for good
-        until = None if timeout is None else time.monotonic() + timeout
-        for agent in agents:
-            left = None if until is None else max(0.0, until - time.monotonic())
-            if not agent.wait_idle(timeout=left):
-                return False
-        return True
+        return self._verbs.address
 
-    def status(self, agent_id: str) -> Literal["idle", "running"]:
+    def _apply(self, verb: Verb) -> object:
         self._check()
-        return self._agent(agent_id).status
+        return apply(self._rt, verb)
 
-    def events(self, agent_id: str, lower: int, upper: int | None) -> list[Any]:
+    def fork(
+        self,
+        source_id: str,
+        boundary: int,
+        child_id: str,
+        recipe: AgentRecipe,
+        export: bytes | None,
+        retry: bool,
+    ) -> None:
+        """Start agent ``child_id`` as a fork of ``source_id`` at ``boundary``: from the
+        source in this shard's store (``export`` None), or from the child's ``export``
+        that the source's shard made (:func:`fork_export`). Journaled first; durable
+        when it returns. A retry of a fork this shard did is done."""
         self._check()
-        return self._agent(agent_id).session.events(lower, upper)
+        with self._lock:
+            if child_id in self._journal.agents:
+                if retry and self._journal.agents[child_id] == recipe:
+                    return
+                raise _duplicate(child_id)
+            self._journal.spawned([(child_id, recipe)])
+        model, tools = self._parts(recipe)
+        try:
+            if export is None:
+                self._rt.fork(
+                    source_id,
+                    boundary,
+                    model=model,
+                    tools=tools,
+                    session_id=child_id,
+                    system=recipe.system,
+                )
+            else:
+                self._rt.store.import_jsonl(io.BytesIO(export), session_id=child_id)
+                self._rt.resume(child_id, model=model, tools=tools, system=recipe.system)
+        except BaseException:
+            with self._lock:
+                self._journal.disposed([child_id])
+            raise
+        self._rt.flush()
 
-    def messages(self, agent_id: str) -> list[Any]:
+    def fork_export(self, source_id: str, boundary: int, child_id: str) -> bytes:
+        """The export of a fork child of ``source_id`` that another shard will host."""
         self._check()
-        return self._agent(agent_id).session.messages()
+        return fork_export(self._rt.store, source_id, boundary, child_id)
 
     def agents(self) -> list[str]:
         self._check()
@@ -305,12 +290,6 @@ class Shard:
     def flush(self, timeout: float | None) -> None:
         self._check()
         self._rt.flush(timeout)
-
-    def _agent(self, agent_id: str) -> Agent:
-        try:
-            return self._rt.get(agent_id)
-        except KeyError:
-            raise _unknown(agent_id) from None
 
     # ------------------------------------------------------------------ events
 
@@ -348,6 +327,7 @@ class Shard:
         for dispose in list(self._listening.values()):
             dispose()
         self._listening.clear()
+        self._verbs.close()
         self._rt.close(timeout)
         with self._lock:
             self._journal.close(clean=True)
@@ -391,11 +371,14 @@ def _last_end(agent: Agent) -> str | None:
     return None
 
 
-def _unknown(agent_id: str) -> AgentDisposedError:
-    return AgentDisposedError(
-        f"agent {agent_id} is not live in its shard (disposed, or never spawned); "
-        "Cluster.resume() brings back a disposed agent from its log"
-    )
+def _node_address() -> str:
+    """The IP address drivers reach this node at (Ray's view of it)."""
+    try:
+        import ray  # noqa: PLC0415 - present in a shard's process
+
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+    except Exception:  # noqa: BLE001 - not under Ray (a test of the parts): loopback
+        return "127.0.0.1"
 
 
 def _duplicate(agent_id: str) -> DuplicateAgentError:

@@ -1,8 +1,12 @@
-"""The driver's line to one shard: a Ray actor handle, and what to do when it breaks.
+"""The driver's line to one shard through Ray: its actor handle, and what to do when it
+breaks.
 
 A Ray actor call costs about one corral turn (~0.1-1 ms), so the facade makes one call
-per verb *batch* per shard, never one per event. When the shard's process dies, Ray
-restarts it (``max_restarts``) and the calls in flight fail with ``RayActorError``;
+per verb *batch* per shard, never one per event, and only for what changes which agents
+a shard hosts (spawn, resume, fork, dispose), its address and the event poll; an
+agent's own verbs take the shard's direct connection (:mod:`runtime.cluster.connection`).
+When the shard's process dies, Ray restarts it (``max_restarts``) and the calls in
+flight fail with ``RayActorError``;
 :meth:`ShardLink.call` sends such a call again (with ``retry=True`` where the shard
 verb takes it, which makes it idempotent: see :mod:`runtime.cluster.shard`) until the
 shard answers or ``verb_timeout`` passes, then raises :class:`ShardUnavailableError`.
@@ -22,7 +26,7 @@ __all__ = ["ORDERED", "ORDERED_GROUP", "ShardLink"]
 log = logging.getLogger("corral.cluster")
 
 ORDERED_GROUP = "ordered"
-ORDERED = frozenset({"spawn", "resume", "dispose", "close"})
+ORDERED = frozenset({"spawn", "resume", "fork", "dispose", "close"})
 """The shard verbs that change which agents it hosts run one at a time (a Ray
 concurrency group of one thread; Ray does not keep their order: see
 :mod:`runtime.cluster.outbox` for how sends keep theirs). Sends, waits, reads and the
@@ -41,6 +45,7 @@ class ShardLink:
         self.handle = handle
         self.verb_timeout = verb_timeout
         self.restarts_seen = 0  # calls that found the shard's process gone
+        self.local_host = str(ray.util.get_node_ip_address())  # the driver's node
 
     def call(
         self, method: str, *args: Any, retried: bool = False, timeout: float | None = None
