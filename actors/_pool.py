@@ -6,7 +6,7 @@ Its own ``Executor`` rather than a ``ThreadPoolExecutor``: a sync tool's run is 
 :meth:`BlockingPool.call` (a tuple on a ``SimpleQueue``, one lock to count it), where
 ``ThreadPoolExecutor.submit`` made a ``Future``, a work item, a done callback and took
 five locks and a semaphore each way; measured with 1,000 agents making one no-op tool
-call a turn, ~25 us of CPU less a turn (see benchmarks/README.md). Worker threads are
+call a turn, 7-10% less CPU a turn (see benchmarks/README.md). Worker threads are
 started as ``ThreadPoolExecutor`` starts them (one more only when none is idle, up to
 the bound) and are daemon threads, as the I/O loop's is: a body that never returns does
 not hold the process at exit (the runtime's close waits for bodies with a timeout).
