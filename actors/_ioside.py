@@ -266,7 +266,7 @@ class IoSide:
             self._in_flight[handle.effect_id] = handle
         try:
             if isinstance(work, BlockingWork):
-                self.blocking_pool.submit(self._run_blocking, handle, work.fn)
+                self.blocking_pool.call(self._run_blocking, handle, work.fn)
             else:
                 self.loop.call_soon_threadsafe(self._spawn, handle, work)
         except RuntimeError as error:  # the pool or loop closed under us

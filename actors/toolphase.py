@@ -41,6 +41,7 @@ from .tools import MAX_PARALLEL_TOOLS, Tool, ToolOutcome, described, outcome_fro
 __all__ = ["RESULT_ROOM", "ReadOnlyDict", "ToolPhase", "ToolPlan", "ToolRun", "unanswerable"]
 
 _LAST_RESORT: Final = "the tool result could not be logged"
+_ALLOW: Final = Allow()  # stateless: the pre-execute decision when nobody is asked
 _JSON: Final = msgspec.json.Encoder()
 
 
@@ -81,6 +82,10 @@ class ToolRun(msgspec.Struct, frozen=True):
     timed_out: bool = False
 
 
+def _always(_name: str) -> bool:
+    return True
+
+
 def _error(code: str, message: str) -> ToolOutcome:
     return ToolOutcome(
         content=(TextBlock(text=message),), error=ToolError(code=code, message=message)
@@ -115,8 +120,13 @@ class ToolPhase:
         waterfall: Callable[[str, Any, Callable[[], Any]], Any],
         emit: Callable[[str, Any], None],
         max_parallel: int = MAX_PARALLEL_TOOLS,
+        listened: Callable[[str], bool] | None = None,
     ) -> None:
         self._agent = agent
+        # ``listened(name)`` False: no listener of any scope has ``name`` (e.g.
+        # ``Bus.maybe_listened``), so its event is not built and its waterfall resolves
+        # to the default at once; None: every event is built and offered.
+        self._listened: Callable[[str], bool] = listened or _always
         self._tools = dict(tools)
         self._append = append_fact
         self._waterfall = waterfall
@@ -161,21 +171,24 @@ class ToolPhase:
             shared = _read_only(arguments)  # what every listener sees
         except RecursionError:
             return _error("INVALID_ARGUMENTS", "the arguments are nested too deeply")
-        event = PreExecute(
-            agent=self._agent,
-            turn=turn,
-            step=step,
-            call_id=call.call_id,
-            name=call.name,
-            arguments=shared,
-            signal=signal,
-        )
-        try:
-            decision = await self._decide("tools/pre-execute", event, Allow)
-        except TurnAborted:
-            return _not_started()
-        except Exception as err:  # noqa: BLE001 - a failing gate denies the call
-            return _error("TOOL_DENIED", f"tools/pre-execute failed: {err!r}")
+        if not self._listened("tools/pre-execute"):
+            decision: Any = _ALLOW  # the waterfall's default, with no listener to ask
+        else:
+            event = PreExecute(
+                agent=self._agent,
+                turn=turn,
+                step=step,
+                call_id=call.call_id,
+                name=call.name,
+                arguments=shared,
+                signal=signal,
+            )
+            try:
+                decision = await self._decide("tools/pre-execute", event, Allow)
+            except TurnAborted:
+                return _not_started()
+            except Exception as err:  # noqa: BLE001 - a failing gate denies the call
+                return _error("TOOL_DENIED", f"tools/pre-execute failed: {err!r}")
         if isinstance(decision, Deny):
             if not isinstance(decision.reason, str):  # msgspec does not check at construction
                 return _error(
@@ -206,6 +219,8 @@ class ToolPhase:
             error: str | None = "ToolTimeout: the tool timed out"
         else:
             error = None if run.error is None else f"{type(run.error).__name__}: {run.error}"
+        if error is None and not self._listened("tools/post-execute"):
+            return outcome_from_output(run.output)  # no listener could replace it
         event = PostExecute(
             agent=self._agent,
             turn=plan.event.turn,
@@ -326,6 +341,8 @@ class ToolPhase:
                 # room (``unanswerable``).
                 outcome = _refused(_LAST_RESORT, outcome)
                 event = self._append(self._result(turn, step, call, call_seq, outcome))
+        if not self._listened("tools/result"):
+            return
         self._emit(
             "tools/result",
             ToolResultEvent(

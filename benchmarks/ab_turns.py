@@ -12,10 +12,12 @@ does which is spawned first.
 A version is a git revision (``git archive`` into a temporary directory) or a directory
 holding ``runtime/``, ``actors/`` and ``storage/``. The children use only the public
 surface every version has (``Runtime.open``, ``rt.spawn``, ``rt.on("agent/settled")``,
-``agent.followup``), with ``ScriptedModel`` answering at once.
+``agent.followup``; with ``--tool``, ``tool`` and ``ToolCall`` too), with ``ScriptedModel``
+answering at once.
 
     python benchmarks/ab_turns.py HEAD~1 HEAD          # 8 pairs, 1,000 agents x 30 turns
     python benchmarks/ab_turns.py main /path/to/checkout --repeats 12 --mode turn --json ab.json
+    python benchmarks/ab_turns.py main HEAD --tool     # one no-op tool call a turn
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import json, sys, tempfile, threading, time
 from pathlib import Path
 from runtime import Runtime, ScriptedModel
 
-n, turns, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+n, turns, mode, with_tool = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 
 
 def drive(agents, rounds):
@@ -69,8 +71,23 @@ def drive(agents, rounds):
 
 with tempfile.TemporaryDirectory() as tmp:
     rt = Runtime.open(Path(tmp) / "store", durability=mode)
-    model = ScriptedModel(lambda request: "ok")
-    agents = [rt.spawn(model=model) for _ in range(n)]
+    if with_tool:  # as bench_turns' +tool case: one call of a no-op tool a turn
+        from runtime import ToolCall, tool
+        from storage.events import UserMessage
+
+        @tool(concurrency_safe=True)
+        def noop() -> str:
+            return "ok"
+
+        def reply(request):
+            if isinstance(request.messages[-1], UserMessage):
+                return [ToolCall(name="noop")]
+            return "ok"
+
+        model, tools = ScriptedModel(reply), [noop]
+    else:
+        model, tools = ScriptedModel(lambda request: "ok"), []
+    agents = [rt.spawn(model=model, tools=tools) for _ in range(n)]
     drive(agents, 1)
     print("ready", flush=True)
     sys.stdin.readline()  # the barrier: both versions start their measured turns together
@@ -99,9 +116,9 @@ def snapshot(version: str, into: Path) -> Path:
     return target
 
 
-def start(root: Path, n: int, turns: int, mode: str) -> subprocess.Popen[str]:
+def start(root: Path, n: int, turns: int, mode: str, tool: bool) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(n), str(turns), mode],
+        [sys.executable, "-c", _CHILD, str(n), str(turns), mode, "1" if tool else "0"],
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
         stdin=subprocess.PIPE,
@@ -118,8 +135,10 @@ def ready(child: subprocess.Popen[str], name: str) -> None:
         raise SystemExit(f"{name} failed before its measured turns:\n{child.communicate()[1]}")
 
 
-def pair(roots: dict[str, Path], order: list[str], n: int, turns: int, mode: str) -> dict[str, Any]:
-    children = {name: start(roots[name], n, turns, mode) for name in order}
+def pair(
+    roots: dict[str, Path], order: list[str], n: int, turns: int, mode: str, tool: bool
+) -> dict[str, Any]:
+    children = {name: start(roots[name], n, turns, mode, tool) for name in order}
     for name in order:
         ready(children[name], name)
     for name in order:  # the barrier: both go now
@@ -143,6 +162,9 @@ def main() -> None:
     p.add_argument("--agents", type=int, default=1000, help="agents per run (default 1000)")
     p.add_argument("--turns", type=int, default=30, help="measured turns per agent (default 30)")
     p.add_argument("--mode", default="write-ahead", help="durability (default write-ahead)")
+    p.add_argument(
+        "--tool", action="store_true", help="every turn makes one call of a no-op sync tool"
+    )
     args = p.parse_args()
     if args.repeats < 1:
         raise SystemExit("--repeats (pairs of simultaneous runs) must be at least 1")
@@ -151,7 +173,7 @@ def main() -> None:
         pairs = []
         for index in range(args.repeats):
             order = ["A", "B"] if index % 2 == 0 else ["B", "A"]
-            pairs.append(pair(roots, order, args.agents, args.turns, args.mode))
+            pairs.append(pair(roots, order, args.agents, args.turns, args.mode, args.tool))
     rows: list[list[object]] = []
     ratios = []
     for index, result in enumerate(pairs):
@@ -167,13 +189,21 @@ def main() -> None:
                 f"{ratio:.3f}",
             ]
         )
-    print(f"A = {args.a}, B = {args.b}: {args.agents} agents x {args.turns} turns, {args.mode}")
+    case = f"{args.mode}{', one tool call a turn' if args.tool else ''}"
+    print(f"A = {args.a}, B = {args.b}: {args.agents} agents x {args.turns} turns, {case}")
     print_table(["", "A turns/s", "B turns/s", "A CPU µs/turn", "B CPU µs/turn", "B / A"], rows)
     print(f"median B / A: {median(ratios):.3f} over {len(ratios)} pairs")
     write_json(
         args.json,
         "ab_turns",
-        {"a": args.a, "b": args.b, "pairs": pairs, "ratios": ratios, "median": median(ratios)},
+        {
+            "a": args.a,
+            "b": args.b,
+            "tool": args.tool,
+            "pairs": pairs,
+            "ratios": ratios,
+            "median": median(ratios),
+        },
     )
 
 

@@ -92,6 +92,7 @@ class Assembly(NamedTuple):
             append_fact=session.append_fact,
             waterfall=waterfall,
             emit=emit,
+            listened=bus.maybe_listened,
         )
         machine = TurnMachine(
             agent=handle,
