@@ -382,15 +382,7 @@ class AgentTable:
     def go_live(
         self, slot: AgentSlot[Agent], session: Session, ref: ActorRef[Any], parts: Parts
     ) -> None:
-        machine = parts.machine
-        slot.bind(
-            ref,
-            session,
-            parts.inbox,
-            lambda: machine.status,
-            machine.active_signal,
-            machine.is_unwinding,
-        )
+        slot.bind(ref, session, parts.inbox, parts.machine)
         with self.lock:
             slot.registered = True
             bridging = self.bridge.bridging  # read after bind: see listen
