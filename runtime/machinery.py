@@ -104,14 +104,9 @@ def start_machinery(
         inbox_limit=inbox_limit,
         admission=admission,
     )
-    # The registry announces nothing: a new agent is announced by its own actor
-    # (see AgentTable.announce), a disposal by the table's death watch or the
-    # disposer, never on the registry's worker, which their listeners may ask.
-    registry = RegistryActor.start(
-        on_created=_announced_elsewhere,
-        on_disposed=_announced_elsewhere,
-        dispatcher=dispatcher,
-    )
+    # Starts and stops agent actors; which agents exist is the table's, which
+    # announces them (see runtime.table).
+    registry = RegistryActor.start(dispatcher=dispatcher)
     undo.callback(registry.stop, timeout=UNDO_S)
     # The live and passivated agents and the starts under way (runtime.table).
     table = AgentTable(
@@ -141,7 +136,3 @@ def start_machinery(
         io=io,
     )
     return Machinery(dispatcher, io, scheduler, bus, table, starter, closing)
-
-
-def _announced_elsewhere(*_: object) -> None:
-    """The registry's announcement callbacks: the runtime announces agents itself."""
