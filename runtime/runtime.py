@@ -6,10 +6,11 @@ their inboxes for a later resume), stops every agent, flushes and closes the sto
 The facade keeps the public verbs, each delegating: which agents exist and in what
 lifecycle state, with every transition between states, is the agent table's
 (``runtime.table``); starting them (spawn, resume, fork) is ``runtime.starting``'s; the
-per-agent lifecycle is the slot's (``runtime.slots``); the close stages and their bodies
-are ``runtime.close``'s. Elsewhere: the ``session/event`` bridge (``bridge``), building an
-agent's parts (``assembly``), the checks made before anything starts (``checks``),
-messages (``messages``) and the error tree (``errors``).
+per-agent lifecycle is the slot's (``runtime.slots``); the close stages and their
+bodies are ``runtime.close``'s; the parts started together, ``runtime.machinery``'s.
+Elsewhere: the ``session/event`` bridge (``bridge``), building an agent's parts
+(``assembly``), the checks made before anything starts (``checks``), messages
+(``messages``) and the error tree (``errors``).
 """
 
 from __future__ import annotations
@@ -17,30 +18,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import logging
 import os
-import sys
-import threading
-import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from actors import (
-    Admission,
-    Bus,
     Clock,
-    Dispatcher,
     Durability,
-    FlushGroup,
-    IoSide,
     Model,
-    RegistryActor,
-    Scheduler,
     Tool,
     UsageLimits,
-    UsageMeter,
     deadline,
     in_runtime_thread,
     log_clock,
@@ -50,8 +39,7 @@ from storage import Store, check_session_id
 
 from . import gctune
 from .agent import Agent
-from .assembly import Assembly
-from .bridge import SessionBridge, SessionTap
+from .bridge import SessionTap
 from .checks import (
     agent_settings,
     check_arity,
@@ -60,31 +48,17 @@ from .checks import (
     check_flag,
     check_limits,
 )
-from .close import Closing, close_at_exit
+from .close import close_at_exit
+from .machinery import start_machinery
 from .policy import RetryPolicy
 from .spawning import SPAWN_BATCH
-from .starting import Starter
 from .supervision import RestartPolicy
-from .table import AgentTable
 from .waiting import check_timeout
 
 __all__ = ["Runtime"]
 
-log = logging.getLogger("corral.runtime")
 _DURABILITY = ("write-ahead", "turn", "none")
 _DEFAULT_POLICY: Any = object()
-_UNDO_S = 5.0
-"""What each part of a runtime whose open failed gets to stop (it ran nothing yet)."""
-
-
-def _dispatcher(threads: int | None) -> Dispatcher:
-    """``threads`` workers; by default, under a GIL, one worker plus a standby one that
-    steps in while it is stuck in a blocking listener: two busy workers would only
-    contend for the GIL (bench_turns measures ~25% more turns/s with one)."""
-    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
-    if threads is None and gil:
-        return Dispatcher(1, standby=1, name="corral")
-    return Dispatcher(threads, name="corral")
 
 
 class Runtime:
@@ -133,74 +107,29 @@ class Runtime:
         self.max_steps = max_steps
         self.inbox_limit = inbox_limit
         self.agent_limits = agent_limits
-        meter = None if limits is None else UsageMeter(limits, "the runtime")
-        admission = None if max_running_turns is None else Admission(max_running_turns)
-        lock = threading.Lock()  # the agent table's (runtime.table)
         # What is started here is stopped again if a later part fails to start (out of
         # threads, say): a failed open leaves nothing running and the GC as it was.
         with contextlib.ExitStack() as undo:
             if tune_gc:
                 gctune.tune_gc()
                 undo.callback(gctune.release_gc_tuning)
-            self.dispatcher = _dispatcher(threads)
-            undo.callback(self.dispatcher.shutdown, _UNDO_S)
-            self.io = IoSide(
-                blocking_workers=blocking_workers, dead_letters=self.dispatcher.dead_letters
-            )
-            undo.callback(self.io.close, _UNDO_S)
-            self.scheduler = Scheduler(clock, dead_letters=self.dispatcher.dead_letters)
-            undo.callback(self.scheduler.close, _UNDO_S)
-            self.bus = Bus(self.io)
-            bridge = SessionBridge(self.bus, lock)  # session/event
-            # The agents' durability waits: one log flush per round of the run queue.
-            flushes = FlushGroup(store, self.dispatcher)
-            assembly = Assembly(
-                bus=self.bus,
-                io=self.io,
-                scheduler=self.scheduler,
-                dispatcher=self.dispatcher,
-                flushes=flushes,
+            parts = start_machinery(
+                undo,
+                store,
                 durability=durability,
+                threads=threads,
+                blocking_workers=blocking_workers,
                 max_steps=max_steps,
                 inbox_limit=inbox_limit,
-                admission=admission,
-            )
-            # The registry announces nothing: a new agent is announced by its own actor
-            # (see AgentTable.announce), a disposal by the table's death watch or the
-            # disposer, never on the registry's worker, which their listeners may ask.
-            registry = RegistryActor.start(
-                on_created=_announced_elsewhere,
-                on_disposed=_announced_elsewhere,
-                dispatcher=self.dispatcher,
-            )
-            undo.callback(registry.stop, timeout=_UNDO_S)
-            # The live and passivated agents and the starts under way (runtime.table).
-            self._table = AgentTable(
-                store=store,
-                bus=self.bus,
-                lock=lock,
-                bridge=bridge,
-                assembly=assembly,
-                registry=registry,
-                dispatcher=self.dispatcher,
-                scheduler=self.scheduler,
-            )
-            self._starter = Starter(
-                self._table,
-                store,
-                id_prefix=uuid.uuid4().hex[:12],
-                meter=meter,
+                limits=limits,
                 agent_limits=agent_limits,
-            )
-            self._closing = Closing(
-                self._table,
-                store=store,
+                max_running_turns=max_running_turns,
                 owns_store=owns_store,
-                tuned_gc=tune_gc,
-                dispatcher=self.dispatcher,
-                scheduler=self.scheduler,
-                io=self.io,
+                tune_gc=tune_gc,
+                clock=clock,
             )
+            self.dispatcher, self.io, self.scheduler, self.bus = parts[:4]
+            self._table, self._starter, self._closing = parts.table, parts.starter, parts.closing
             # (Under the undo too: a Ctrl-C here left everything above running.)
             if retry_policy is _DEFAULT_POLICY:
                 retry_policy = RetryPolicy()
@@ -521,7 +450,3 @@ class Runtime:
                 "thread to"
             )
         self._closing.close(timeout, self._close_at_exit)
-
-
-def _announced_elsewhere(*_: object) -> None:
-    """The registry's announcement callbacks: the runtime announces agents itself."""

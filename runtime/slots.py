@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, Protocol, TypeVar
 
 from pykka import ActorDeadError, ActorRef, Future, Timeout
 
@@ -36,30 +36,50 @@ from .waiting import OnceFlag
 if TYPE_CHECKING:
     from storage import Session
 
-__all__ = ["AgentHost", "AgentSlot"]
+__all__ = ["AgentHost", "AgentSlot", "TurnView"]
 
 log = logging.getLogger("corral.runtime")
 
 H = TypeVar("H")
 
 
-def _idle() -> Literal["idle", "running"]:
-    return "idle"
+class TurnView(Protocol):
+    """What the slot reads of its live agent's turn machine (``actors.TurnMachine``
+    is one): the handle's ``status``, what ``cancel`` targets, whether a wake must wait
+    for a turn that is unwinding."""
+
+    @property
+    def status(self) -> Literal["idle", "running"]:
+        """The agent's activity: ``"running"`` from a turn's claim to its chain's end."""
+
+    def active_signal(self) -> TurnSignal | None:
+        """The running turn's signal (what a cancel sets), if a turn runs."""
+
+    def is_unwinding(self) -> bool:
+        """Whether a turn is ending (cancelled, or past its last step) but not ended."""
 
 
-def _no_signal() -> TurnSignal | None:
-    return None
+class _NoTurn:
+    """The turn view of an agent with no machine running it (not live yet, or
+    passive): idle, nothing to cancel, nothing unwinding."""
+
+    __slots__ = ()
+    status: Final = "idle"
+
+    def active_signal(self) -> TurnSignal | None:
+        return None
+
+    def is_unwinding(self) -> bool:
+        return False
 
 
-def _not_unwinding() -> bool:
-    return False
+_NO_TURN: Final = _NoTurn()
 
 
 class AgentSlot(Generic[H]):
     """The lifecycle of the agent ``id``, whose handle is ``handle``."""
 
     __slots__ = (
-        "active_signal",
         "announcer",
         "bridged",
         "dispose_lock",
@@ -75,8 +95,7 @@ class AgentSlot(Generic[H]):
         "registered",
         "session",
         "spec",
-        "status",
-        "unwinding",
+        "turn",
     )
 
     def __init__(self, session: Session, spec: Any) -> None:
@@ -103,29 +122,18 @@ class AgentSlot(Generic[H]):
         self.ref: ActorRef[Any] | None = None
         self.session: Session | None = session
         self.inbox: Inbox | None = None
-        self.status: Callable[[], Literal["idle", "running"]] = _idle
-        self.active_signal: Callable[[], TurnSignal | None] = _no_signal
-        self.unwinding: Callable[[], bool] = _not_unwinding
+        self.turn: TurnView = _NO_TURN
+        """What the slot reads of the turn machine running the agent (while live)."""
 
     # ------------------------------------------------------------------ live parts
 
-    def bind(
-        self,
-        ref: ActorRef[Any],
-        session: Session,
-        inbox: Inbox,
-        status: Callable[[], Literal["idle", "running"]],
-        active_signal: Callable[[], TurnSignal | None],
-        unwinding: Callable[[], bool],
-    ) -> None:
-        """Live: ``ref`` runs the agent over ``session``."""
+    def bind(self, ref: ActorRef[Any], session: Session, inbox: Inbox, turn: TurnView) -> None:
+        """Live: ``ref`` runs the agent over ``session``, its turns run by ``turn``."""
         self.ref = ref
         self.session = session
         self.inbox = inbox
         self.passive = False
-        self.status = status
-        self.active_signal = active_signal
-        self.unwinding = unwinding
+        self.turn = turn
 
     def unbind(self) -> None:
         """Passive: forget the stopped actor and the in-memory session."""
@@ -133,9 +141,19 @@ class AgentSlot(Generic[H]):
         self.session = None
         self.inbox = None
         self.bridged = None
-        self.status = _idle
-        self.active_signal = _no_signal
-        self.unwinding = _not_unwinding
+        self.turn = _NO_TURN
+
+    def status(self) -> Literal["idle", "running"]:
+        """The agent's activity (idle while passive)."""
+        return self.turn.status
+
+    def active_signal(self) -> TurnSignal | None:
+        """The running turn's signal, if a turn runs."""
+        return self.turn.active_signal()
+
+    def unwinding(self) -> bool:
+        """Whether a turn is ending but not ended."""
+        return self.turn.is_unwinding()
 
     # ------------------------------------------------------------------ threads
 

@@ -107,8 +107,8 @@ class Starter:
         try:
             for slot, _, _ in built:
                 table.add_pending(slot)
-            items = [(slot.id, parts.start) for slot, _, parts in built]
-            create = ProxyCall(attr_path=("create_many",), args=(items,), kwargs={})
+            factories = [parts.start for _, _, parts in built]
+            create = ProxyCall(attr_path=("create_many",), args=(factories,), kwargs={})
             with waiting_on_actors():
                 refs = table.registry.ask(create, block=True)
             announcements: Announcements[AgentSlot[Agent]] = Announcements(len(refs))
@@ -199,7 +199,7 @@ class Starter:
         ref: ActorRef[Any] | None = None
         try:
             table.add_pending(slot)
-            create = ProxyCall(attr_path=("create",), args=(agent_id, parts.start), kwargs={})
+            create = ProxyCall(attr_path=("create",), args=(parts.start,), kwargs={})
             # Both asks wait for other actors: on a dispatcher worker (a sync listener
             # that spawns) the dispatcher lends a worker meanwhile, or a few such
             # listeners at once would hold every worker while the registry and the new

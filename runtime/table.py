@@ -1,12 +1,14 @@
 """``AgentTable``: which agents a runtime has, and in what lifecycle state, under one lock.
 
-The table holds the live and passivated agents (their slots, by id), the starts under
-way (pending: registered, not announced yet; the sessions being resumed), the runtime's
-closed and released flags, and every transition that changes them: an agent going live,
-its rehydration after a passivation, its death, its disposal and the ``agent/disposed``
-announcement, the listeners scoped to it and its supervision. The sequences that start
-agents (spawn, resume, fork) are ``runtime.starting``'s; the per-agent state is the
-slot's (``runtime.slots``); the facade (``runtime.runtime``) delegates to both.
+The table is the runtime's registry: the one map of its agents (their slots, by id: the
+live and passivated, and the starts under way, pending until announced, with the
+sessions being resumed), the runtime's closed and released flags, and every transition
+that changes them: an agent going live and its ``agent/created``, its rehydration after
+a passivation, its death, its disposal and its ``agent/disposed``, the listeners scoped
+to it and its supervision. The registry actor (``actors.RegistryActor``) only starts and
+stops agent actors on its worker, keeping no map. The sequences that start agents
+(spawn, resume, fork) are ``runtime.starting``'s; the per-agent state is the slot's
+(``runtime.slots``); the facade (``runtime.runtime``) delegates to both.
 
 One piece (a little over 500 lines) because every transition here reads or changes the
 table under its one lock, with ``get``, ``agents``, ``on`` and the close's claims.
@@ -260,8 +262,8 @@ class AgentTable:
 
         ``resuming``: the session a resume rebuilds, one resume at a time per id (a
         second one would open the session again, so the first one's session object
-        would refuse every later append, and its failed start would unregister the
-        agent the first one started)."""
+        would refuse every later append, and its failed start would undo the first
+        one's)."""
         with self.lock:
             self.check_open()  # again, under the lock close() takes to set it
             if resuming is not None:
@@ -327,12 +329,11 @@ class AgentTable:
             if slot.bridged is session:
                 slot.bridged = None
         if ref is not None:  # registered, never announced: nothing may keep it running
-            self._unstart(agent_id, ref)
+            self._unstart(ref)
 
-    def _unstart(self, agent_id: str, ref: ActorRef[Any]) -> None:
-        """Stop the actor of a start that failed (or that a close gave up on) and take
-        it out of the registry; nothing is announced (it never was)."""
-        self.unregister(agent_id, stop=False)
+    def _unstart(self, ref: ActorRef[Any]) -> None:
+        """Stop the actor of a start that failed (or that a close gave up on); nothing
+        is announced (it never was)."""
         # Stopped here, not by the registry: a close() may stop the registry, or the
         # dispatcher, before the registry got to it.
         with contextlib.suppress(ActorDeadError, DispatcherShutdownError):
@@ -382,15 +383,7 @@ class AgentTable:
     def go_live(
         self, slot: AgentSlot[Agent], session: Session, ref: ActorRef[Any], parts: Parts
     ) -> None:
-        machine = parts.machine
-        slot.bind(
-            ref,
-            session,
-            parts.inbox,
-            lambda: machine.status,
-            machine.active_signal,
-            machine.is_unwinding,
-        )
+        slot.bind(ref, session, parts.inbox, parts.machine)
         with self.lock:
             slot.registered = True
             bridging = self.bridge.bridging  # read after bind: see listen
@@ -408,7 +401,6 @@ class AgentTable:
         session.repair()
         parts = self.assemble(slot, session, slot.spec)
         ref = parts.start()
-        self.registry.tell(ProxyCall(attr_path=("rebind",), args=(slot.id, ref), kwargs={}))
         self.go_live(slot, session, ref, parts)
 
     # ------------------------------------------------------------------ death and disposal
@@ -429,7 +421,6 @@ class AgentTable:
         if slot is not None:
             slot.handle.crash = death.error
             slot.begin_disposing()
-        self.unregister(agent_id, stop=False)
         self._announce_disposed(agent_id)
 
     def _announce_disposed(self, agent_id: str) -> None:
@@ -485,30 +476,23 @@ class AgentTable:
         def stop() -> None:
             # The registry stops it (unless a close that gave up on the agent stopped the
             # registry); _on_death announces the disposal.
-            self.unregister(slot.id, stop=True)
+            self._stop_by_registry(ref)
 
         ref.tell(Cancel(cause=DisposedCause(), keep_inbox=keep_inbox))
         ref.tell(AwaitIdle(callback=stop))
         return True
 
     def _forget(self, slot: AgentSlot[Agent]) -> None:
-        """Dispose an agent that has no actor running: the registry forgets it, and
-        ``agent/disposed`` is announced here (called without the live lock: a listener
-        of that event may use the agent). Told, not asked: a spawn or resume of the id
-        from a listener reaches the registry after the removal (one mailbox, in order),
-        and nothing waits for the registry (a close must not)."""
-        self.unregister(slot.id, stop=False)
+        """Dispose an agent that has no actor running: ``agent/disposed`` is announced
+        here (called without the live lock: a listener of that event may use the
+        agent)."""
         self._announce_disposed(slot.id)
 
-    def unregister(self, agent_id: str, *, stop: bool) -> bool:
-        """Tell the registry to forget the agent (``stop``: and stop its actor), announcing
-        nothing (the runtime announces disposals itself). False if the registry is gone
-        (after a close)."""
-        remove = ProxyCall(
-            attr_path=("remove",), args=(agent_id,), kwargs={"stop": stop, "announce": False}
-        )
+    def _stop_by_registry(self, ref: ActorRef[Any]) -> bool:
+        """Tell the registry to stop the agent's actor (told: nothing waits for the
+        registry, a close must not). False if the registry is gone (after a close)."""
         try:
-            self.registry.tell(remove)
+            self.registry.tell(ProxyCall(attr_path=("stop_actor",), args=(ref,), kwargs={}))
         except ActorDeadError:
             return False
         return True

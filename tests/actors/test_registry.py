@@ -1,19 +1,15 @@
-"""The generic registry actor: unique ids, announcements by callback, removal stops the actor."""
+"""The registry actor: it starts actors on its worker and stops them, keeping no map."""
 
 from __future__ import annotations
 
-import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pykka import ActorRef, ActorRegistry
 
-from actors import (
-    DuplicateIdError,
-    PooledActor,
-    RegistryActor,
-)
+from actors import PooledActor, RegistryActor
 
 WAIT = 5.0
 
@@ -29,87 +25,35 @@ def _stop_every_actor() -> Iterator[None]:
     ActorRegistry.stop_all(timeout=WAIT)
 
 
-def test_create_registers_a_new_actor_under_its_id() -> None:
+def test_create_runs_the_factory_on_the_registrys_worker_and_returns_its_actor() -> None:
     registry = RegistryActor.start().proxy()
-    ref = registry.create("a", Worker.start).get(timeout=WAIT)
+    ran_on: list[int] = []
+
+    def factory() -> ActorRef[Any]:
+        ran_on.append(threading.get_ident())
+        return Worker.start()
+
+    ref = registry.create(factory).get(timeout=WAIT)
     assert isinstance(ref, ActorRef)
     assert ref.ask("ping", timeout=WAIT) == "ping"
-    assert registry.get("a").get(timeout=WAIT) is ref
-    assert registry.get("missing").get(timeout=WAIT) is None
-    assert registry.ids().get(timeout=WAIT) == ["a"]
+    assert ran_on != [threading.get_ident()]
 
 
-def test_a_duplicate_id_is_refused_and_the_registry_lives_on() -> None:
-    registry = RegistryActor.start().proxy()
-    registry.create("a", Worker.start).get(timeout=WAIT)
-    with pytest.raises(DuplicateIdError, match="'a' is already registered"):
-        registry.create("a", Worker.start).get(timeout=WAIT)
-    assert registry.ids().get(timeout=WAIT) == ["a"]
-
-
-def test_remove_announces_disposal_after_the_actor_has_stopped() -> None:
-    events: queue.Queue[tuple[str, str, bool]] = queue.Queue()
-    refs: dict[str, ActorRef[Any]] = {}
-
-    def created(id_: str, ref: ActorRef[Any]) -> None:
-        refs[id_] = ref
-        events.put(("created", id_, ref.is_alive()))
-
-    def disposed(id_: str) -> None:
-        events.put(("disposed", id_, refs[id_].is_alive()))
-
-    registry = RegistryActor.start(on_created=created, on_disposed=disposed).proxy()
-    registry.create("x", Worker.start).get(timeout=WAIT)
-    assert registry.remove("x").get(timeout=WAIT) is True
-    assert registry.remove("x").get(timeout=WAIT) is False
-    assert events.get(timeout=WAIT) == ("created", "x", True)
-    assert events.get(timeout=WAIT) == ("disposed", "x", False)
-    assert registry.ids().get(timeout=WAIT) == []
-
-
-def test_remove_without_stop_only_forgets_the_id() -> None:
-    disposed: queue.Queue[str] = queue.Queue()
-    registry = RegistryActor.start(on_disposed=disposed.put).proxy()
-    ref = registry.create("keep", Worker.start).get(timeout=WAIT)
-    assert registry.remove("keep", stop=False).get(timeout=WAIT) is True
-    assert disposed.get(timeout=WAIT) == "keep"
-    assert ref.is_alive()
-
-
-def test_a_failing_factory_fails_the_create_and_registers_nothing() -> None:
+def test_a_failing_factory_fails_the_create_and_the_registry_lives_on() -> None:
     def broken() -> ActorRef[Any]:
         raise RuntimeError("cannot build")
 
     registry = RegistryActor.start().proxy()
     with pytest.raises(RuntimeError, match="cannot build"):
-        registry.create("a", broken).get(timeout=WAIT)
-    assert registry.ids().get(timeout=WAIT) == []
+        registry.create(broken).get(timeout=WAIT)
+    assert registry.create(Worker.start).get(timeout=WAIT).ask("ok", timeout=WAIT) == "ok"
 
 
-def test_create_many_registers_every_actor_and_announces_each_in_order() -> None:
-    created: list[str] = []
-    registry = RegistryActor.start(on_created=lambda id_, _ref: created.append(id_)).proxy()
-    refs = registry.create_many([(f"a{i}", Worker.start) for i in range(5)]).get(timeout=WAIT)
-    assert [ref.ask(i, timeout=WAIT) for i, ref in enumerate(refs)] == list(range(5))
-    assert registry.ids().get(timeout=WAIT) == [f"a{i}" for i in range(5)]
-    assert created == [f"a{i}" for i in range(5)]
-
-
-def test_create_many_with_a_taken_or_repeated_id_starts_nothing() -> None:
+def test_create_many_starts_every_actor_in_order() -> None:
     registry = RegistryActor.start().proxy()
-    registry.create("a", Worker.start).get(timeout=WAIT)
-    started: list[int] = []
-
-    def counted() -> ActorRef[Any]:
-        started.append(1)
-        return Worker.start()
-
-    with pytest.raises(DuplicateIdError, match="'a' is already registered"):
-        registry.create_many([("b", counted), ("a", counted)]).get(timeout=WAIT)
-    with pytest.raises(DuplicateIdError, match="'c' is already registered"):
-        registry.create_many([("c", counted), ("c", counted)]).get(timeout=WAIT)
-    assert started == []
-    assert registry.ids().get(timeout=WAIT) == ["a"]
+    refs = registry.create_many([Worker.start for _ in range(5)]).get(timeout=WAIT)
+    assert [ref.ask(i, timeout=WAIT) for i, ref in enumerate(refs)] == list(range(5))
+    assert len(set(refs)) == 5
 
 
 def test_create_many_stops_what_it_started_when_a_factory_fails() -> None:
@@ -124,7 +68,15 @@ def test_create_many_stops_what_it_started_when_a_factory_fails() -> None:
 
     registry = RegistryActor.start().proxy()
     with pytest.raises(RuntimeError, match="cannot build"):
-        registry.create_many([("a", start_first), ("b", broken)]).get(timeout=WAIT)
-    assert registry.ids().get(timeout=WAIT) == []
-    first[0].actor_stopped.wait(WAIT)
+        registry.create_many([start_first, broken]).get(timeout=WAIT)
+    assert first[0].actor_stopped.wait(WAIT)
     assert not first[0].is_alive()
+
+
+def test_stop_actor_stops_a_live_actor_and_leaves_a_stopped_one_alone() -> None:
+    registry = RegistryActor.start().proxy()
+    ref = registry.create(Worker.start).get(timeout=WAIT)
+    registry.stop_actor(ref)  # told: nothing waits for the registry
+    assert ref.actor_stopped.wait(WAIT)
+    assert not ref.is_alive()
+    assert registry.stop_actor(ref).get(timeout=WAIT) is None  # stopped: nothing to do
