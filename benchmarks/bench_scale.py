@@ -8,12 +8,15 @@ Each case runs in a fresh subprocess on a durable store (``write-ahead``), with
 2. one turn each (every followup sent at once, then ``rt.flush()``);
 3. ``rt.passivate_idle()``: every agent evicted until its next send.
 
-RSS is the process's resident set (``/proc/self/statm``) after each phase, less what
-it was before the first spawn, divided by N; the peak is ``ru_maxrss``. Freed memory
-is not always given back to the OS, so the RSS after passivation bounds what a
-passivated agent holds from above. ``--holders`` adds a tracemalloc census (in its own
-subprocess, 2,000 agents): the bytes an idle agent holds, by the line that allocated
-them, resident after its turn and once passivated.
+RSS is the process's resident set (``/proc/self/status``) after each phase, less what
+it was before the first spawn, divided by N, split into anonymous memory (``RssAnon``:
+the Python heap and malloc, the agents' own memory) and file-backed pages (``RssFile``:
+LMDB's map, page cache the kernel may evict); the peak is ``ru_maxrss``. Freed memory
+is not always given back to the OS (pymalloc frees an arena only once all of it is
+free), so the RSS after passivation bounds what a passivated agent holds from above.
+``--holders`` adds a tracemalloc census (in its own subprocess, 2,000 agents): the bytes
+an idle agent holds, by the line that allocated them, resident after its turn and once
+passivated.
 
     python benchmarks/bench_scale.py                        # 100,000 agents, baseline 10,000
     python benchmarks/bench_scale.py --agents 1000000 --baseline-agents 10000 --json out.json
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -39,12 +41,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import median, parser, print_table, write_json
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+_STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
 
 
-def _rss() -> int:
-    with open("/proc/self/statm", encoding="ascii") as statm:
-        return int(statm.read().split()[1]) * _PAGE
+def _rss() -> dict[str, int]:
+    """The resident set, and its split: anonymous memory (the Python heap, malloc) and
+    file-backed pages (LMDB's map: page cache the kernel may evict), from
+    ``/proc/self/status``."""
+    found: dict[str, int] = {}
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in _STATUS_FIELDS:
+                found[_STATUS_FIELDS[name]] = int(value.split()[0]) * 1024  # kB
+    return found
+
+
+def _per_agent(result: dict[str, Any], phase: str, base: dict[str, int], n: int) -> None:
+    now = _rss()
+    for key, value in now.items():
+        result[f"{key}_{phase}_b_per_agent"] = (value - base[key]) / n
 
 
 def _spawn(rt: Any, n: int, model: Any, batch: bool) -> list[Any]:
@@ -90,20 +106,20 @@ def run_case(n: int, batch: bool, turns: bool) -> dict[str, Any]:
             "spawn_cpu_us_per_agent": (time.process_time() - cpu) * 1e6 / n,
         }
         result["spawns_per_s"] = n / result["spawn_s"]
-        result["rss_spawned_b_per_agent"] = (_rss() - base) / n
+        _per_agent(result, "spawned", base, n)
         if turns:
             start = time.perf_counter()
             _one_turn_each(rt, agents, wait_s=max(600.0, n / 200))
             result["turns_s"] = time.perf_counter() - start
             time.sleep(1.0)  # the log writer compacts its journal copy once idle (0.5 s)
             gc.collect()
-            result["rss_idle_b_per_agent"] = (_rss() - base) / n
+            _per_agent(result, "idle", base, n)
             start = time.perf_counter()
             passivated = rt.passivate_idle(timeout=60)
             result["passivate_s"] = time.perf_counter() - start
             result["passivated"] = passivated
             gc.collect()
-            result["rss_passivated_b_per_agent"] = (_rss() - base) / n
+            _per_agent(result, "passivated", base, n)
         result["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         start = time.perf_counter()
     result["close_s"] = time.perf_counter() - start
@@ -160,6 +176,13 @@ def _in_child(*args: object) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _split(r: dict[str, Any], phase: str) -> str:
+    if f"rss_{phase}_b_per_agent" not in r:
+        return "-"
+    total, anon, file = (r[f"{k}_{phase}_b_per_agent"] for k in ("rss", "anon", "file"))
+    return f"{total:,.0f} ({anon:,.0f} + {file:,.0f})"
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(sys.argv[2:])
@@ -196,8 +219,8 @@ def main() -> None:
                 r["spawn_s"],
                 r["spawn_cpu_us_per_agent"],
                 r["rss_spawned_b_per_agent"],
-                r.get("rss_idle_b_per_agent", "-"),
-                r.get("rss_passivated_b_per_agent", "-"),
+                _split(r, "idle"),
+                _split(r, "passivated"),
                 r["rss_peak_mb"],
             ]
         )
@@ -215,8 +238,8 @@ def main() -> None:
             "spawn s",
             "spawn CPU µs/agent",
             "RSS B/agent spawned",
-            "idle after a turn",
-            "passivated",
+            "idle after a turn (anon + file)",
+            "passivated (anon + file)",
             "peak RSS MB",
         ],
         rows,
