@@ -11,7 +11,7 @@ refused synchronously, in the caller's thread).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -68,11 +68,13 @@ class Inbox:
         self._agent = agent
         self._limit = limit
         self._lock = threading.Lock()
-        self._lanes: dict[InboxLane, list[UserMessage]] = {"next-turn": [], "next-step": []}
-        # The two lanes themselves (never replaced: changed in place), for __len__.
-        self._next_turn = self._lanes["next-turn"]
-        self._next_step = self._lanes["next-step"]
-        self._reserved: set[MessageId] = set()
+        # The two lanes (never replaced: changed in place); fields, not a dict by lane:
+        # the inbox lives as long as its agent.
+        self._next_turn: list[UserMessage] = []
+        self._next_step: list[UserMessage] = []
+        # Invariant: the shared empty frozenset whenever no id is reserved (an idle
+        # agent's empty set would be 216 bytes); a set of its own otherwise.
+        self._reserved: set[MessageId] | frozenset[MessageId] = _NO_IDS
         # The thread handling one of the owning actor's messages right now, if any: a
         # listener running there may edit the inbox inline instead of asking the actor.
         self.owner: int | None = None
@@ -109,7 +111,27 @@ class Inbox:
                     f"the inbox holds {len(self._reserved)} pending messages, its limit; "
                     "wait for the agent to claim some, or raise inbox_limit"
                 )
-            self._reserved.add(message_id)
+            self._reserving().add(message_id)
+
+    def _reserving(self) -> set[MessageId]:
+        """The set of reserved ids, to add to (the caller holds the lock)."""
+        reserved = self._reserved
+        if isinstance(reserved, set):
+            return reserved
+        mine = self._reserved = set(reserved)
+        return mine
+
+    def _unreserve(self, message_ids: Iterable[MessageId]) -> None:
+        """Release ``message_ids`` (the caller holds the lock)."""
+        reserved = self._reserved
+        if isinstance(reserved, set):
+            for message_id in message_ids:
+                reserved.discard(message_id)
+            if not reserved:
+                self._reserved = _NO_IDS
+
+    def _lane(self, lane: InboxLane) -> list[UserMessage]:
+        return self._next_turn if lane == "next-turn" else self._next_step
 
     def reserve_all(
         self,
@@ -150,7 +172,8 @@ class Inbox:
                         f"limit of {self._limit}; wait for the agent to claim some, or raise "
                         "inbox_limit"
                     )
-            self._reserved |= fresh
+            if fresh:
+                self._reserving().update(fresh)
             return frozenset(reused)
 
     def holds(self, message_id: MessageId) -> bool:
@@ -161,23 +184,23 @@ class Inbox:
     def pending_in(self, lane: InboxLane, start: int, removed_count: int) -> list[MessageId]:
         """The ids of the pending messages ``splice(lane, start, removed_count, ...)``
         would discard as the lane stands now (sends still on their way in not counted)."""
-        items = self._lanes[lane]
+        items = self._lane(lane)
         begin, end = _span(len(items), start, removed_count)
         return [message.id for message in items[begin:end]]
 
     def release(self, message_id: MessageId) -> None:
         with self._lock:
-            self._reserved.discard(message_id)
+            self._unreserve((message_id,))
 
     def view(self) -> InboxView:
         with self._lock:
-            return InboxView(tuple(self._lanes["next-turn"]), tuple(self._lanes["next-step"]))
+            return InboxView(tuple(self._next_turn), tuple(self._next_step))
 
     def __len__(self) -> int:
         return len(self._next_turn) + len(self._next_step)
 
     def lane_size(self, lane: InboxLane) -> int:
-        return len(self._lanes[lane])
+        return len(self._lane(lane))
 
     # ------------------------------------------------------------------ owner only
 
@@ -186,10 +209,8 @@ class Inbox:
         with self._lock:
             self._next_turn[:] = next_turn
             self._next_step[:] = next_step
-            if next_turn or next_step:  # (else keep the empty set: a new one is 216 bytes)
-                self._reserved = {m.id for m in (*next_turn, *next_step)}
-            else:
-                self._reserved.clear()
+            ids = {m.id for m in (*next_turn, *next_step)}
+            self._reserved = ids or _NO_IDS
 
     def splice(
         self,
@@ -209,7 +230,7 @@ class Inbox:
         :meth:`reserve_all`). One that this splice does not remove after all (the lane
         changed meanwhile) is claimed now, or refused if it is pending again elsewhere.
         """
-        items = self._lanes[lane]
+        items = self._lane(lane)
         begin, end = _span(len(items), start, removed_count)
         removed = items[begin:end]
         if not removed and not inserted:
@@ -232,9 +253,9 @@ class Inbox:
         with self._lock:
             items[begin:end] = inserted
             if outcome is not None:
-                for message in removed:
-                    self._reserved.discard(message.id)
-                self._reserved |= reused  # those it removed and inserted again
+                self._unreserve(message.id for message in removed)
+                if reused:  # those it removed and inserted again
+                    self._reserving().update(reused)
         if outcome is not None and removed and self._listened("agent/inbox/discarded"):
             for message in removed:
                 self._emit(
@@ -263,13 +284,14 @@ class Inbox:
                         "outside the messages the edit removes; use a new id, or replace() "
                         "the pending message"
                     )
-            self._reserved |= stray
+            if stray:
+                self._reserving().update(stray)
         return list(stray)
 
     def insert(self, lane: InboxLane, message: UserMessage) -> None:
         """``splice`` at the end of ``lane`` (the path of every send), without its
         coordinate arithmetic."""
-        items = self._lanes[lane]
+        items = self._lane(lane)
         self._append(
             AgentInboxSpliced(
                 target=lane, start=len(items), removed_count=0, inserted=(message,), outcome=None
@@ -285,7 +307,7 @@ class Inbox:
 
     def find(self, message_id: MessageId) -> tuple[InboxLane, int] | None:
         for lane in LANES:
-            for index, message in enumerate(self._lanes[lane]):
+            for index, message in enumerate(self._lane(lane)):
                 if message.id == message_id:
                     return lane, index
         return None
@@ -314,20 +336,20 @@ class Inbox:
     def clear(self) -> list[UserMessage]:
         removed: list[UserMessage] = []
         for lane in LANES:
-            removed += self.splice(lane, 0, len(self._lanes[lane]), [])
+            removed += self.splice(lane, 0, len(self._lane(lane)), [])
         return removed
 
     def claim(self, turn: int, *, new_turn: bool) -> tuple[UserMessage, ...]:
         """Atomically take the batch of ``turn``: for a new turn the first ``next-turn``
         message, then the whole ``next-step`` lane. Pure deletion: no ``outcome``. The
         batch is a tuple: it is handed to ``agent/pre-step`` listeners as it is."""
-        lanes = self._lanes
-        if new_turn and lanes["next-turn"]:
+        next_step = self._next_step
+        if new_turn and self._next_turn:
             taken = self._take("next-turn", 1)
-            if lanes["next-step"]:
-                taken += self._take("next-step", len(lanes["next-step"]))
-        elif lanes["next-step"]:
-            taken = self._take("next-step", len(lanes["next-step"]))
+            if next_step:
+                taken += self._take("next-step", len(next_step))
+        elif next_step:
+            taken = self._take("next-step", len(next_step))
         else:
             return ()
         batch = tuple(taken)
@@ -342,15 +364,14 @@ class Inbox:
     def _take(self, lane: InboxLane, count: int) -> list[UserMessage]:
         """Claim's pure deletion of the first ``count`` (>= 1) messages of ``lane``: a
         durable splice without ``outcome``; their ids are released with them."""
-        items = self._lanes[lane]
+        items = self._lane(lane)
         taken = items[:count]
         self._append(
             AgentInboxSpliced(target=lane, start=0, removed_count=len(taken), outcome=None)
         )
         with self._lock:
             del items[:count]
-            for message in taken:
-                self._reserved.discard(message.id)
+            self._unreserve(message.id for message in taken)
         return taken
 
 
@@ -358,6 +379,10 @@ def _span(length: int, start: int, removed_count: int) -> tuple[int, int]:
     """A splice's coordinates in a lane of ``length``, normalized like list slicing."""
     begin = slice(start, None).indices(length)[0]
     return begin, min(length, begin + max(removed_count, 0))
+
+
+_NO_IDS: frozenset[MessageId] = frozenset()
+"""The reserved ids of every inbox that has none."""
 
 
 def _always(_name: str) -> bool:

@@ -21,6 +21,7 @@ import contextlib
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -107,6 +108,7 @@ class Runtime:
         self.max_steps = max_steps
         self.inbox_limit = inbox_limit
         self.agent_limits = agent_limits
+        self._pause_gc = tune_gc  # spawn_many's batches pause collection (runtime.gctune)
         # What is started here is stopped again if a later part fails to start (out of
         # threads, say): a failed open leaves nothing running and the GC as it was.
         with contextlib.ExitStack() as undo:
@@ -318,7 +320,9 @@ class Runtime:
         with self._table.starting_agent():
             for first in range(0, count, SPAWN_BATCH):
                 size = min(SPAWN_BATCH, count - first)
-                agents += self._starter.start_many(size, resolved, tool_map, system, limits)
+                # (no collection pass rescans the agents made: see runtime.gctune)
+                with gctune.collection_paused() if self._pause_gc else nullcontext():
+                    agents += self._starter.start_many(size, resolved, tool_map, system, limits)
         return agents
 
     def resume(
