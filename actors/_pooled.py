@@ -7,7 +7,9 @@ worker handles a batch of its messages with exactly the semantics of
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import sys
 import threading
 import uuid
@@ -93,6 +95,28 @@ class StoppedEvent(threading.Event):
             return self._flag or condition.wait(timeout)
 
 
+class _Urns:
+    """Actor URNs in the ``uuid4`` layout: 62 random bits drawn once per process (again
+    in a forked child) and a 60-bit counter, so unique within the process (where pykka
+    looks actors up by URN) and all but surely across processes."""
+
+    def __init__(self) -> None:
+        self.reseed()
+        os.register_at_fork(after_in_child=self.reseed)
+
+    def reseed(self) -> None:
+        r = uuid.uuid4().hex  # version 4 at r[12], the variant at r[16]
+        self.prefix = f"urn:uuid:{r[:8]}-{r[8:12]}-{r[12:16]}-{r[16]}"
+        self.counter = itertools.count()
+
+    def next(self) -> str:
+        n = next(self.counter)  # (atomic: one C call under the GIL)
+        return f"{self.prefix}{n >> 48 & 0xFFF:03x}-{n & 0xFFFFFFFFFFFF:012x}"
+
+
+_urns = _Urns()
+
+
 class PooledActor(pykka.Actor):
     """A pykka actor that runs on a shared :class:`Dispatcher` instead of its own thread.
 
@@ -126,8 +150,9 @@ class PooledActor(pykka.Actor):
     _actor_error: BaseException | None = None
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
-        """Exactly ``pykka.Actor.__init__``, with a :class:`StoppedEvent`."""
-        self.actor_urn = uuid.uuid4().urn
+        """Exactly ``pykka.Actor.__init__``, with a :class:`StoppedEvent` and a URN from
+        :class:`_Urns` (a ``uuid4()`` was ~6 us: ~10% of a batch spawn's agent)."""
+        self.actor_urn = _urns.next()
         self.actor_inbox = self._create_actor_inbox()
         self.actor_stopped = StoppedEvent()
         self._actor_ref = ActorRef(self)
@@ -221,7 +246,21 @@ def watch(ref: ActorRef[Any], callback: DeathWatcher) -> Callable[[], None]:
     inbox = ref.actor_inbox
     if not isinstance(inbox, Mailbox):
         raise TypeError(f"only PooledActor refs can be watched, not {ref}")
-    return inbox.watch(lambda death: callback(ref, death))
+    return inbox.watch(_RefWatcher(ref, callback))
+
+
+class _RefWatcher:
+    """``callback(ref, death)`` as a one-argument death watcher: one small object per
+    watch where a closure was three (every live agent's actor is watched)."""
+
+    __slots__ = ("callback", "ref")
+
+    def __init__(self, ref: ActorRef[Any], callback: DeathWatcher) -> None:
+        self.ref = ref
+        self.callback = callback
+
+    def __call__(self, death: ActorDeath) -> None:
+        self.callback(self.ref, death)
 
 
 def forget(ref: ActorRef[Any]) -> None:

@@ -127,7 +127,9 @@ class ToolPhase:
         # ``Bus.maybe_listened``), so its event is not built and its waterfall resolves
         # to the default at once; None: every event is built and offered.
         self._listened: Callable[[str], bool] = listened or _always
-        self._tools = dict(tools)
+        # Kept, not copied (the runtime gives every agent of a spawn the same mapping,
+        # which nothing changes): a copy was 64 bytes of every idle agent, more with tools.
+        self._tools = tools
         self._append = append_fact
         self._waterfall = waterfall
         self._emit = emit

@@ -13,7 +13,13 @@ from storage.budget import MAX_SESSION_ID_CHARS
 from storage.errors import InvalidEventError
 from storage.session import epoch_ms
 
-__all__ = ["BIDI_CONTROLS", "InvalidSessionIdError", "check_session_id", "new_session_id"]
+__all__ = [
+    "BIDI_CONTROLS",
+    "InvalidSessionIdError",
+    "check_session_id",
+    "new_session_id",
+    "new_session_ids",
+]
 
 # The Unicode bidirectional formatting characters (embeddings, overrides, isolates and
 # the marks): printed raw they reorder the text around them, so that a transcript or a
@@ -31,6 +37,14 @@ class InvalidSessionIdError(InvalidEventError, ValueError):
 def new_session_id(clock: Callable[[], int] = epoch_ms) -> str:
     """A fresh id that sorts by creation time: 11 hex digits of epoch ms + 12 random."""
     return f"{clock():011x}{secrets.token_hex(6)}"
+
+
+def new_session_ids(count: int, clock: Callable[[], int] = epoch_ms) -> list[str]:
+    """``count`` ids as :func:`new_session_id` makes them, from one clock reading and one
+    draw of random bytes (a draw is a system call: ~1 us an id in a batch spawn)."""
+    stamp = f"{clock():011x}"
+    noise = secrets.token_hex(6 * count)
+    return [stamp + noise[i : i + 12] for i in range(0, 12 * count, 12)]
 
 
 def check_session_id(session_id: object, *, max_key_bytes: int = 511) -> str:

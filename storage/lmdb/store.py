@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Final, Literal, Self
@@ -48,7 +47,7 @@ from storage.lmdb.writer import LogWriter
 from storage.projections import derive_messages, fork_prefix
 from storage.records import FlushCallback, Record, SessionHeader
 from storage.session import Session, epoch_ms
-from storage.session_ids import check_session_id, new_session_id
+from storage.session_ids import check_session_id, new_session_id, new_session_ids
 from storage.timeouts import check_timeout
 
 __all__ = ["Durability", "SessionStats", "Store", "StoreStatistics"]
@@ -225,7 +224,7 @@ class Store:
             sink=self._sink,
             codec=self.codec,
             clock=self._clock,
-            reader=partial(self.read, header.id),
+            reader=_Reader(self, header.id),
         )
 
     def create_sessions(self, count: int) -> list[Session]:
@@ -234,7 +233,7 @@ class Store:
         next flush, in one transaction)."""
         self._check_writable()
         assert self._writer is not None
-        ids = [new_session_id(self._clock) for _ in range(count)]
+        ids = new_session_ids(count, self._clock)
         with self._lock:
             taken = self._headers
             first = self._next_key
@@ -257,7 +256,7 @@ class Store:
                 sink=self._sink,
                 codec=self.codec,
                 clock=self._clock,
-                reader=partial(self.read, header.id),
+                reader=_Reader(self, header.id),
             )
             for header in headers
         ]
@@ -281,7 +280,7 @@ class Store:
             clock=self._clock,
             events=events,
             last_seq=last,
-            reader=partial(self.read, header.id),
+            reader=_Reader(self, header.id),
         )
 
     def has_session(self, session_id: str) -> bool:
@@ -426,7 +425,7 @@ class Store:
             clock=self._clock,
             events=[*known, end],
             last_seq=end.seq,
-            reader=partial(self.read, header.id),
+            reader=_Reader(self, header.id),
         )
 
     def export_jsonl(self, session_id: str, out: BinaryIO) -> int:
@@ -470,7 +469,7 @@ class Store:
             clock=self._clock,
             events=log.events,
             last_seq=len(log.payloads) - 1,
-            reader=partial(self.read, header.id),
+            reader=_Reader(self, header.id),
         )
 
     # ------------------------------------------------------------------ durability
@@ -585,3 +584,18 @@ class Store:
                 values, first_seq=first, session_id=session_id, include_ignored=include_ignored
             )
         return events
+
+
+class _Reader:
+    """``store.read`` bound to one session (a session's :class:`DurableReader`): one
+    small object where a ``partial`` of a bound method was four (~200 bytes more of
+    every live agent)."""
+
+    __slots__ = ("session_id", "store")
+
+    def __init__(self, store: Store, session_id: str) -> None:
+        self.store = store
+        self.session_id = session_id
+
+    def __call__(self, *, lower: int, upper: int) -> list[Event]:
+        return self.store.read(self.session_id, lower=lower, upper=upper)
