@@ -6,6 +6,7 @@ Every test runs twice, over ``pykka.ThreadingActor`` and ``actors.PooledActor``.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -257,3 +258,17 @@ def test_on_stop_runs_when_the_actor_is_stopped(actor_class: type[pykka.Actor]) 
     actor = ref._actor_weakref()
     ref.stop(timeout=WAIT)
     assert actor.stopped_event.is_set()
+
+
+def test_actor_urns_are_distinct_uuid4_urns() -> None:
+    refs = [PooledActor.start() for _ in range(50)]
+    try:
+        urns = [ref.actor_urn for ref in refs]
+        assert len(set(urns)) == 50
+        for urn in urns:
+            assert urn.startswith("urn:uuid:")
+            parsed = uuid.UUID(urn.removeprefix("urn:uuid:"))
+            assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    finally:
+        for ref in refs:
+            ref.stop()
