@@ -65,19 +65,17 @@ __all__ = ["Agent", "MessageLike"]
 class Agent:
     """A live agent. ``agent.id`` is also its session id."""
 
+    # (A handle lives as long as its agent, passivated too: slots, not a dict.)
+    __slots__ = ("__weakref__", "_checker", "_host", "_id", "_slot", "crash")
+
     def __init__(
-        self,
-        slot: AgentSlot[Agent],
-        host: AgentHost[Agent],
-        *,
-        new_id: Callable[[], str],
-        max_message_bytes: int,
+        self, slot: AgentSlot[Agent], host: AgentHost[Agent], *, checker: MessageChecker
     ) -> None:
+        """``checker``: what checks the messages sent to it (a runtime's agents share one)."""
         self._slot = slot  # its lifecycle: live, passive, disposing (runtime.slots)
         self._host = host
         self._id = slot.id
-        self._checker = checker = MessageChecker(new_id, max_message_bytes)
-        self._message = checker.check  # (bound once: every send calls it)
+        self._checker = checker
         self.crash: BaseException | None = None
         """Why the agent's actor died unexpectedly, if it did (``rt.resume`` restarts it)."""
 
@@ -143,7 +141,7 @@ class Agent:
     def _send(
         self, value: object, lane: InboxLane, wake: bool, message_id: MessageId | None, source: str
     ) -> MessageId:
-        message = self._message(value, message_id, source)
+        message = self._checker.check(value, message_id, source)
         slot = self._slot
         if slot.disposing:
             self._check_open("a wake" if wake else "a message")
@@ -369,7 +367,7 @@ class Agent:
         """Swap a pending message for a new one in the same place; returns the new id."""
         timeout = check_timeout(timeout)
         check_id(message_id)
-        new = self._message(message, None, "user")
+        new = self._checker.check(message, None, "user")
         self._ask(Edit(op="replace", message_id=message_id, message=new), timeout)
         return new.id
 
@@ -406,7 +404,7 @@ class Agent:
                 f"messages is a list of messages, got {type(messages).__name__} "
                 "(one text is one message: pass [text])"
             )
-        new = tuple(self._message(m, None, "user") for m in messages)
+        new = tuple(self._checker.check(m, None, "user") for m in messages)
         self._checker.check_splice(new)
         edit = Edit(op="splice", lane=lane, start=start, removed_count=removed_count, messages=new)
         removed: list[UserMessage] = self._ask(edit, timeout)

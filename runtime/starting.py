@@ -33,6 +33,7 @@ from .assembly import Parts, Spec
 from .checks import check_header
 from .errors import RuntimeClosedError
 from .host import RuntimeHost
+from .messages import MessageChecker
 from .slots import AgentSlot
 from .spawning import Announcements
 from .table import AgentTable
@@ -66,6 +67,9 @@ class Starter:
         self._agent_limits = agent_limits
         self._id_prefix = id_prefix
         self._ids = count(1)
+        # Every agent's messages are checked alike (new ids from this runtime's counter):
+        # one checker for them all.
+        self._checker = MessageChecker(self._new_message_id, store.codec.max_event_bytes)
 
     def _new_message_id(self) -> str:
         return f"m-{self._id_prefix}-{next(self._ids)}"
@@ -94,12 +98,7 @@ class Starter:
             meters = self._meters_for(session.id, limits)
             spec = Spec(model=model, tools=tools, system=system, meters=meters)
             slot: AgentSlot[Agent] = AgentSlot(session, spec)
-            slot.handle = Agent(
-                slot,
-                self._host,
-                new_id=self._new_message_id,
-                max_message_bytes=self._store.codec.max_event_bytes,
-            )
+            slot.handle = Agent(slot, self._host, checker=self._checker)
             built.append((slot, session, table.assemble(slot, session, spec)))
         refs: list[ActorRef[Any]] = []
         announced: list[AgentSlot[Agent]] = []
@@ -184,12 +183,7 @@ class Starter:
         meters = self._meters_for(session.id, limits)
         spec = Spec(model=model, tools=tools, system=system, meters=meters)
         slot: AgentSlot[Agent] = AgentSlot(session, spec)
-        handle = slot.handle = Agent(
-            slot,
-            self._host,
-            new_id=self._new_message_id,
-            max_message_bytes=self._store.codec.max_event_bytes,
-        )
+        handle = slot.handle = Agent(slot, self._host, checker=self._checker)
         agent_id = session.id
         if source == "resume":
             table.bridge_if_listened(slot)

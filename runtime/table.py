@@ -389,8 +389,7 @@ class AgentTable:
             bridging = self.bridge.bridging  # read after bind: see listen
         if bridging:
             self.bridge.bridge(slot)
-        agent_id = slot.id
-        watch(ref, lambda dead, death: self._on_death(agent_id, death, dead))
+        watch(ref, _DeathOf(self, slot.id))
 
     # ------------------------------------------------------------------ passivation
 
@@ -405,7 +404,7 @@ class AgentTable:
 
     # ------------------------------------------------------------------ death and disposal
 
-    def _on_death(self, agent_id: str, death: ActorDeath, ref: ActorRef[Any]) -> None:
+    def on_death(self, agent_id: str, death: ActorDeath, ref: ActorRef[Any]) -> None:
         """An agent actor died (on the worker that ran its last batch: never the
         registry's, whose handlers a listener of ``agent/disposed`` may ask). Stopped by
         its disposal (the registry stopped it): announce ``agent/disposed``; stopped by a
@@ -475,7 +474,7 @@ class AgentTable:
 
         def stop() -> None:
             # The registry stops it (unless a close that gave up on the agent stopped the
-            # registry); _on_death announces the disposal.
+            # registry); on_death announces the disposal.
             self._stop_by_registry(ref)
 
         ref.tell(Cancel(cause=DisposedCause(), keep_inbox=keep_inbox))
@@ -523,3 +522,17 @@ class AgentTable:
                 raise TimeoutError(
                     f"messages to {len(futures)} agents were not handled within {timeout} s"
                 ) from err
+
+
+class _DeathOf:
+    """The death watch of one agent's actor: ``AgentTable.on_death`` for its id (one
+    small object where a closure was four, in every live agent)."""
+
+    __slots__ = ("agent_id", "table")
+
+    def __init__(self, table: AgentTable, agent_id: str) -> None:
+        self.table = table
+        self.agent_id = agent_id
+
+    def __call__(self, ref: ActorRef[Any], death: ActorDeath) -> None:
+        self.table.on_death(self.agent_id, death, ref)
