@@ -5,7 +5,8 @@ Each case runs in a fresh subprocess on a durable store (``write-ahead``), with
 
 1. spawn N agents: ``rt.spawn_many(N, ...)`` (the batch spawn), and as the baseline in
    the same run ``rt.spawn(...)`` called N times;
-2. one turn each (every followup sent at once, then ``rt.flush()``);
+2. one turn each (every followup sent at once, then ``rt.flush()``; ``--wave W``: to W
+   agents at a time, each wave settled before the next);
 3. ``rt.passivate_idle()``: every agent evicted until its next send.
 
 RSS is the process's resident set (``/proc/self/status``) after each phase, less what
@@ -89,7 +90,7 @@ def _one_turn_each(rt: Any, agents: list[Any], wait_s: float) -> None:
     rt.flush()
 
 
-def run_case(n: int, batch: bool, turns: bool) -> dict[str, Any]:
+def run_case(n: int, batch: bool, turns: bool, wave: int = 0) -> dict[str, Any]:
     from runtime import Runtime, ScriptedModel
 
     with tempfile.TemporaryDirectory() as tmp, Runtime.open(Path(tmp) / "store") as rt:
@@ -109,7 +110,8 @@ def run_case(n: int, batch: bool, turns: bool) -> dict[str, Any]:
         _per_agent(result, "spawned", base, n)
         if turns:
             start = time.perf_counter()
-            _one_turn_each(rt, agents, wait_s=max(600.0, n / 200))
+            for first in range(0, n, wave or n):  # (wave 0: every followup at once)
+                _one_turn_each(rt, agents[first : first + (wave or n)], max(600.0, n / 200))
             result["turns_s"] = time.perf_counter() - start
             time.sleep(1.0)  # the log writer compacts its journal copy once idle (0.5 s)
             gc.collect()
@@ -165,7 +167,8 @@ def _child(argv: list[str]) -> None:
     if argv[0] == "holders":
         print(json.dumps(holders(int(argv[1]), int(argv[2]))))
     else:
-        print(json.dumps(run_case(int(argv[1]), argv[2] == "batch", argv[3] == "1")))
+        wave = int(argv[4]) if len(argv) > 4 else 0
+        print(json.dumps(run_case(int(argv[1]), argv[2] == "batch", argv[3] == "1", wave)))
 
 
 def _in_child(*args: object) -> dict[str, Any]:
@@ -195,6 +198,14 @@ def main() -> None:
         default=10_000,
         help="agents for the baseline, rt.spawn one at a time (default 10,000; 0: none)",
     )
+    p.add_argument(
+        "--wave",
+        type=int,
+        default=0,
+        help="send the followups to this many agents at a time, each wave settled before "
+        "the next (default 0: all at once; the turns' peak of live objects is then left "
+        "behind as partly used allocator pools)",
+    )
     p.add_argument("--holders", action="store_true", help="also a tracemalloc census")
     p.add_argument("--top", type=int, default=25, help="lines in the census (default 25)")
     args = p.parse_args()
@@ -207,7 +218,7 @@ def main() -> None:
             ("spawn (baseline)", args.baseline_agents, "each", False),
         ]
     for label, n, how, turns in cases:
-        reps = [_in_child("case", n, how, int(turns)) for _ in range(args.repeats)]
+        reps = [_in_child("case", n, how, int(turns), args.wave) for _ in range(args.repeats)]
         r = {
             k: median([x[k] for x in reps]) if isinstance(v, float) else v
             for k, v in reps[0].items()
