@@ -39,9 +39,11 @@ class Spec(NamedTuple):
     model: Model
     tools: dict[str, Tool]
     system: str | None
-    meters: list[UsageMeter]
+    meters: tuple[UsageMeter, ...]
     """Its own meter (its ``limits``, or the runtime's ``agent_limits``) and the
-    runtime's: kept across passivation, so that a rebuilt agent goes on counting."""
+    runtime's: kept across passivation, so that a rebuilt agent goes on counting. (A
+    tuple: the turn machine keeps it as it is; agents without a meter of their own
+    share one spec.)"""
 
 
 class Parts(NamedTuple):

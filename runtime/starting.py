@@ -74,12 +74,23 @@ class Starter:
     def _new_message_id(self) -> str:
         return f"m-{self._id_prefix}-{next(self._ids)}"
 
-    def _meters_for(self, agent_id: str, limits: UsageLimits | None) -> list[UsageMeter]:
-        meters = [] if self._meter is None else [self._meter]
+    def _spec(
+        self,
+        agent_id: str,
+        model: Model,
+        tools: dict[str, Tool],
+        system: str | None,
+        limits: UsageLimits | None,
+        shared: Spec | None = None,
+    ) -> Spec:
+        """What agent ``agent_id`` is made of: ``shared`` (one spec for the agents of a
+        batch, kept by each for as long as it exists) unless it has a meter of its own."""
         own = limits if limits is not None else self._agent_limits
-        if own is not None:
-            meters.insert(0, UsageMeter(own, f"agent {agent_id}"))
-        return meters
+        if own is None and shared is not None:
+            return shared
+        runtime = () if self._meter is None else (self._meter,)
+        mine = () if own is None else (UsageMeter(own, f"agent {agent_id}"),)
+        return Spec(model=model, tools=tools, system=system, meters=mine + runtime)
 
     def start_many(
         self,
@@ -94,9 +105,9 @@ class Starter:
         thread: no cycle of waits can go through this one, see spawn_many)."""
         table = self._table
         built: list[tuple[AgentSlot[Agent], Session, Parts]] = []
+        shared = self._spec("", model, tools, system, None)
         for session in self._store.create_sessions(size):
-            meters = self._meters_for(session.id, limits)
-            spec = Spec(model=model, tools=tools, system=system, meters=meters)
+            spec = self._spec(session.id, model, tools, system, limits, shared)
             slot: AgentSlot[Agent] = AgentSlot(session, spec)
             slot.handle = Agent(slot, self._host, checker=self._checker)
             built.append((slot, session, table.assemble(slot, session, spec)))
@@ -180,8 +191,7 @@ class Starter:
         open tail turn durably (CONTRACT 7), seen by ``session/event`` listeners like
         any append."""
         table = self._table
-        meters = self._meters_for(session.id, limits)
-        spec = Spec(model=model, tools=tools, system=system, meters=meters)
+        spec = self._spec(session.id, model, tools, system, limits)
         slot: AgentSlot[Agent] = AgentSlot(session, spec)
         handle = slot.handle = Agent(slot, self._host, checker=self._checker)
         agent_id = session.id
