@@ -230,8 +230,7 @@ def test_a_send_that_passed_its_check_before_a_dispose_is_refused_once_it_gets_t
         sender = threading.Thread(target=send)
         sender.start()
         assert contended.wait(WAIT)  # the send passed its first check and waits
-        with agent._slot.dispose_lock:
-            agent._slot.disposing = True  # what dispose() does first
+        assert agent._slot.begin_disposing()  # what dispose() does first
     sender.join(WAIT)
     assert isinstance(outcome[0], AgentDisposedError), outcome
     assert [e.type for e in agent.session.events()] == []  # nothing was written
