@@ -25,7 +25,7 @@ from ..runtime import Runtime
 from .driver import LoadDriver
 from .report import LoadProgress, LoadReport, LoadSamples, SweepPoint, SweepReport
 from .spec import LoadSpec
-from .stack import Factory, Prompts, build_stack
+from .stack import Factory, Prompts
 from .traffic import Traffic
 
 __all__ = [
@@ -136,12 +136,11 @@ def run_bench(
     )
     try:
         earlier = len(rt.store.sessions())
-        stack = build_stack(factory, rt, factory_name) if factory is not None else None
         driver = LoadDriver(
             rt,
             spec,
             model=model,
-            stack=stack,
+            factory=factory,
             stack_name=factory_name,
             prompts=prompts,
             traffic=traffic,
