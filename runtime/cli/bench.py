@@ -20,7 +20,6 @@ from rich.text import Text
 
 from actors import Model
 from runtime.load import (
-    AgentStack,
     AgentStackError,
     LoadReport,
     LoadSpec,
@@ -30,7 +29,7 @@ from runtime.load import (
     SweepReport,
     Traffic,
     load_factory,
-    lookup_tool,
+    lookup_stack,
     read_prompts,
     run_bench,
     run_sweep,
@@ -53,7 +52,7 @@ from .options import (
 )
 from .transcript import plural, shown
 
-__all__ = ["EXIT_TURNS_FAILED", "bench", "wipe_store"]
+__all__ = ["EXIT_TURNS_FAILED", "bench", "wipe_sharded_store", "wipe_store"]
 
 EXIT_TURNS_FAILED: Final = 4
 
@@ -112,11 +111,6 @@ def _simulated(p: dict[str, Any]) -> SimulatedModel:
         tool_probability=p["tool_probability"],
         seed=p["seed"],
     )
-
-
-def _with_lookup(_rt: object) -> AgentStack:
-    """The built-in stack of a simulated model that calls tools: the cheap lookup tool."""
-    return AgentStack(tools=[lookup_tool()])
 
 
 @click.command()
@@ -316,6 +310,7 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
     if p["agent_target"]:
         factory, factory_name = load_factory(p["agent_target"])
     model: Model | None = None
+    target = p["agent_target"]
     if p["model_spec"] and shards is not None:  # each shard resolves the string
         if not p["model_spec"].startswith("scripted:"):
             confirm_cost(p)
@@ -326,10 +321,14 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
     elif given(ctx, "ttft", "tokens_per_s", "reply_tokens", "tool_probability"):
         model = _simulated(p)
         if factory is None:
-            factory, factory_name = (_with_lookup if p["tool_probability"] else None), "simulated"
+            factory_name = "simulated"
+            if p["tool_probability"]:
+                target = "runtime.load.stack:lookup_stack"
+                factory = lookup_stack
+    texts = read_prompts(p["prompts"]) if p["prompts"] is not None else None
     prompts = None
-    if p["prompts"] is not None:
-        prompts = Prompts(read_prompts(p["prompts"]), order=p["prompt_order"], seed=p["seed"])
+    if texts is not None:
+        prompts = Prompts(texts, order=p["prompt_order"], seed=p["seed"])
     spec = LoadSpec(
         agents=p["agents"],
         turns=p["turns"],
@@ -350,8 +349,10 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
             shape=p["arrivals"],
             queue_limit=p["queue_limit"],
         )
-    if p["fresh"]:
+    if p["fresh"] and shards is None:
         wipe_store(store)
+    elif p["fresh"]:
+        wipe_sharded_store(store)
     out, err = _plain_console(), _plain_console(stderr=True)
     durability = cast(Durability, p["durability"])
     loop = _loop_text(spec, traffic, sweep)
@@ -366,6 +367,19 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
     }
     if p["hooks"] is not None:
         bench_args["hooks"] = p["hooks"]
+    runner = run_bench
+    if shards is not None:  # the stack, model and prompts go to the shards as data
+        runner = _sharded(
+            shards,
+            p["address"],
+            model=p["model_spec"],
+            simulated=model.settings if isinstance(model, SimulatedModel) else None,
+            factory=target,
+            factory_name=factory_name,
+            prompts=texts or (),
+            prompt_order=p["prompt_order"],
+        )
+        bench_args = {"durability": durability, "threads": p["threads"]}
     with Display(err, quiet=p["quiet"], title=title) as display:
         bench_args |= {
             "on_progress": display.update,
@@ -380,11 +394,11 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
                 spec,
                 traffic=traffic,
                 on_point=lambda v: display.phase(f"sweep point {sweep[0]}={v:g}"),
+                runner=runner,
                 **bench_args,
             )
         else:
-            run = run_bench if shards is None else _sharded(shards, p["address"], p["model_spec"])
-            result, samples = run(store, spec, traffic=traffic, **bench_args)
+            result, samples = runner(store, spec, traffic=traffic, **bench_args)
     if isinstance(result, SweepReport):
         _print_sweep(out, result)
         reports = [point.report for point in result.points]
@@ -502,11 +516,36 @@ def _exit_status(report: LoadReport, max_error_rate: float) -> None:
         )
 
 
-def _sharded(shards: int, address: str | None, model: str | None) -> Callable[..., Any]:
+def _sharded(shards: int, address: str | None, **plan: Any) -> Callable[..., Any]:
     """``run_bench``'s twin that runs the load inside ``shards`` shards on Ray."""
     from runtime.cluster.bench import sharded_bench_runner  # noqa: PLC0415 - optional extra
 
-    return sharded_bench_runner(shards, address, model)
+    return sharded_bench_runner(shards, address, **plan)
+
+
+def wipe_sharded_store(path: Path) -> None:
+    """Delete the sharded store at ``path`` (``corral bench --shards --fresh``): every
+    shard's store (each wiped as :func:`wipe_store` wipes one), its agent journal and
+    the layout file; a single store there is wiped as one (the shards then make theirs)."""
+    from runtime.cluster.layout import (  # noqa: PLC0415 - the sharded layout's reader
+        LAYOUT_FILE,
+        is_sharded,
+        journal_path,
+        layout_shards,
+        shard_path,
+    )
+
+    if not is_sharded(path):
+        wipe_store(path)
+        return
+    shards = layout_shards(path) or 0
+    for index in range(shards):
+        shard = shard_path(path, index)
+        wipe_store(shard)
+        if shard.is_dir():
+            shard.rmdir()
+        journal_path(path, index).unlink(missing_ok=True)
+    (path / LAYOUT_FILE).unlink()
 
 
 def _plain_console(*, stderr: bool = False) -> Console:

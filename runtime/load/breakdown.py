@@ -38,53 +38,14 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
-import msgspec
-
 from storage import AgentInboxSpliced, Event, Store, TurnStart
 
 from .probes import Mark
-from .report import Breakdown, summary
+from .report import Breakdown, TurnTimes, summary
 
 __all__ = ["PARTS", "TurnTimes", "breakdown", "latency_of", "turn_times"]
 
 PARTS: Final = ("queue", "hooks", "ttft", "model", "tool", "engine", "retry", "commit")
-
-
-class TurnTimes(msgspec.Struct, kw_only=True):
-    """One turn (a retry chain) of one session, in milliseconds."""
-
-    turn: int  # the chain's last turn number (agent/settled's ``turn``)
-    inserted_ms: int  # epoch ms
-    ended_ms: int  # epoch ms of the last turn/end (a live run's: of agent/settled)
-    queue: int = 0
-    hooks: int = 0
-    ttft: int = 0
-    stream: int = 0
-    tool: int = 0
-    engine: int = 0
-    retry: int = 0
-    commit: int = 0  # the durable waits (live runs only)
-    retries: int = 0
-
-    @property
-    def model(self) -> int:
-        return self.ttft + self.stream
-
-    @property
-    def wall(self) -> int:
-        return self.ended_ms - self.inserted_ms
-
-    def parts_ms(self) -> int:
-        """queue + hooks + model + tool + engine + retry + commit (== ``wall``)."""
-        return (
-            self.queue
-            + self.hooks
-            + self.model
-            + self.tool
-            + self.engine
-            + self.retry
-            + self.commit
-        )
 
 
 _AFTER: Final = {

@@ -371,6 +371,9 @@ class LoadDriver:
             latencies = list(self.samples.latencies_ms)
             in_flight = self._sent - self._done
             failures = self._failures.counts()
+            self.samples.queue_ms = list(self._queue_ms)
+            self.samples.lag_ms = list(self._lag_ms)
+        self.samples.turns = [t for _aid, t in times]
         dispatcher = self.rt.dispatcher.statistics()
         return LoadReport(
             agents=self.spec.agents,
@@ -398,7 +401,7 @@ class LoadDriver:
             in_flight=in_flight,
             interrupted=self._interrupted or self.stop.is_set(),
             failures=failures,
-            breakdown=breakdown([t for _aid, t in times], live=True),
+            breakdown=breakdown(self.samples.turns, live=True),
             open_loop=self._open_loop(settled, wall_s),
         )
 
