@@ -42,8 +42,7 @@ KINDS: Final = ("request", "requested", "model", "hook", "hooked", "checkpoint",
 _HOOKED: Final = ("tools/pre-execute", "tools/post-execute")
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000  # as the log's facts are stamped
+_time_ns: Final = time.time_ns  # epoch ns // 1e6: as the log's facts are stamped
 
 
 class Probes:
@@ -104,7 +103,7 @@ class Probes:
         marks = self.marks.get(agent_id)
         if marks is None:
             marks = self.marks[agent_id] = []
-        marks.append((cast("Agent", agent).session.last_seq, _now_ms(), kind))
+        marks.append((cast("Agent", agent).session.last_seq, _time_ns() // 1_000_000, kind))
 
     def first_id(self, agent: Agent) -> str | None:
         """The id to send ``agent``'s first message with (None after the first): the
@@ -118,7 +117,11 @@ class Probes:
 
     def settled(self, agent: Agent | AgentLike) -> None:
         """``agent/settled`` of ``agent`` (the runtime's handle, as every payload's)."""
-        self._mark(agent, "settled")
+        marks = self.marks.get(agent.id)
+        if marks and marks[-1][2] == "checkpoint":  # nothing was appended since
+            marks.append((marks[-1][0], _time_ns() // 1_000_000, "settled"))
+        else:
+            self._mark(agent, "settled")
 
     def _on_request(self, event: Any, next_: Callable[[], Any]) -> Any:
         self._mark(event.agent, "request")
@@ -137,7 +140,7 @@ class Probes:
     def _on_checkpoint(self, event: SessionFlush) -> None:
         marks = self.marks.get(event.agent.id)
         if marks is not None:
-            marks.append((event.last_seq, _now_ms(), "checkpoint"))
+            marks.append((event.last_seq, _time_ns() // 1_000_000, "checkpoint"))
 
     def called(self, request: ModelRequest) -> None:
         """The run's model was called with ``request`` (see :meth:`wrap`)."""
@@ -165,14 +168,8 @@ class _Marked:
         self.inner = inner
         self._called = called
         self.chunks_checked = getattr(inner, "chunks_checked", False) is True
-
-    @property
-    def provider(self) -> str:
-        return self.inner.provider
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
+        self.provider = inner.provider  # read for every request's default config
+        self.name = inner.name
 
     def __repr__(self) -> str:
         return repr(self.inner)
