@@ -186,7 +186,6 @@ class LoadDriver:
         with self._lock:
             state.done += 1
             state.busy = False
-            self.probes.settled(event.agent)
             self.samples.latencies_ms.append((now - state.arrived_at) * 1000.0)
             self.samples.settled_s.append(now - self._started)
             self.turn_records.append(

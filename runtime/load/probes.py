@@ -13,13 +13,13 @@ session, at that time:
   and returned; the first ``hook`` after a step's ``tool/call`` facts ends the flush
   before the tools;
 - ``checkpoint``: the ``session/flush`` checkpoint of a settled chain (its last fact is
-  durable); ``settled``: ``agent/settled``.
+  durable), when the stack listens to it (else the wait ends at ``agent/settled``);
+  ``settled``: ``agent/settled`` (the first listener, so the stack's own come after).
 
 Listeners are outermost only when registered before the stack's own: :meth:`install`
 runs before the factory, :meth:`trim` after it drops the listener probes that have
 nothing to time (an event the stack does not listen to), so that a bare stack pays
-for the marks it needs only (model, checkpoint, settled; the tool gate under
-write-ahead).
+for the marks it needs only (model and settled; the tool gate under write-ahead).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from actors import AgentLike, Model, ModelRequest, SessionFlush
+from actors import AgentLike, AgentSettled, Model, ModelRequest, SessionFlush
 from storage import StreamChunk, UserMessage
 
 if TYPE_CHECKING:
@@ -78,12 +78,15 @@ class Probes:
                 self._disposers[name] = on(name, self._on_tool_hook)
         if self.durability != "none":
             self._disposers["session/flush"] = on("session/flush", self._on_checkpoint)
+        self._disposers["agent/settled"] = on("agent/settled", self._on_settled)
 
     def trim(self) -> None:
         """Drop the probes of the events only they listen to (after the factory ran),
-        but the tool gate under write-ahead."""
+        but the tool gate under write-ahead. (A checkpoint nobody else listens to is
+        not run at all: the wait for the turn's end to be durable then ends at
+        ``agent/settled``, and a listener of our own would cost the checkpoint.)"""
         bus = self.rt.bus
-        for name in ("agent/request", *_HOOKED):
+        for name in ("agent/request", *_HOOKED, "session/flush"):
             keep = name == "tools/pre-execute" and self.tool_gate
             if name in self._disposers and not keep and bus.listener_count(name) <= 1:
                 self._disposers.pop(name)()
@@ -99,10 +102,9 @@ class Probes:
     # ------------------------------------------------------------------ marks
 
     def _mark(self, agent: Agent | AgentLike, kind: str) -> None:
-        agent_id = agent.id
-        marks = self.marks.get(agent_id)
+        marks = self.marks.get(agent.id)
         if marks is None:
-            marks = self.marks[agent_id] = []
+            return  # an agent this run does not drive
         marks.append((cast("Agent", agent).session.last_seq, _time_ns() // 1_000_000, kind))
 
     def first_id(self, agent: Agent) -> str | None:
@@ -115,13 +117,17 @@ class Probes:
         self._agents[message_id] = agent
         return message_id
 
-    def settled(self, agent: Agent | AgentLike) -> None:
-        """``agent/settled`` of ``agent`` (the runtime's handle, as every payload's)."""
+    def _on_settled(self, event: AgentSettled) -> None:
+        agent = event.agent
         marks = self.marks.get(agent.id)
+        if marks is None:
+            return  # an agent this run does not drive
         if marks and marks[-1][2] == "checkpoint":  # nothing was appended since
             marks.append((marks[-1][0], _time_ns() // 1_000_000, "settled"))
         else:
-            self._mark(agent, "settled")
+            marks.append(
+                (cast("Agent", agent).session.last_seq, _time_ns() // 1_000_000, "settled")
+            )
 
     def _on_request(self, event: Any, next_: Callable[[], Any]) -> Any:
         self._mark(event.agent, "request")

@@ -61,11 +61,12 @@ def not_a_stack(rt: Runtime) -> dict[str, object]:
 
 REQUEST_WAIT_S = 0.03
 GATE_WAIT_S = 0.01
+CHECKPOINT_WAIT_S = 0.01
 
 
 def slow_hooks(rt: Runtime) -> AgentStack:
-    """A stack whose ``agent/request`` listener takes 30 ms and whose ``tools/pre-execute``
-    gate 10 ms, over a model that answers its first chunk in 10 ms and calls the tool
+    """A stack whose ``agent/request`` listener takes 30 ms, whose ``tools/pre-execute``
+    gate and ``session/flush`` checkpoint listener 10 ms each, over a model that answers its first chunk in 10 ms and calls the tool
     on each turn's first step: the listeners' time must show under hooks, not in the
     time to first chunk or the tools."""
 
@@ -77,8 +78,12 @@ def slow_hooks(rt: Runtime) -> AgentStack:
         _pause.wait(GATE_WAIT_S)
         return next_()
 
+    def checkpoint(event: Any) -> None:
+        _pause.wait(CHECKPOINT_WAIT_S)
+
     rt.on("agent/request", on_request)
     rt.on("tools/pre-execute", gate)
+    rt.on("session/flush", checkpoint)
     model = SimulatedModel(
         ttft_s=Dist(0.01, 0.0),
         tokens_per_s=Dist(1000.0, 0.0),

@@ -236,8 +236,10 @@ def test_slow_request_and_tool_listeners_show_under_hooks_not_in_the_model_or_to
     with Store.open(path, readonly=True) as store:
         bare = latency_of(store)  # the log alone: the listeners inside ttft and tools
     # two requests a turn (the tool call, then the answer): 2 x 30 ms of agent/request
-    # listeners and 10 ms of tools/pre-execute gate, each at least
-    listeners = 2 * stacks.REQUEST_WAIT_S * 1000 + stacks.GATE_WAIT_S * 1000
+    # listeners, 10 ms of tools/pre-execute gate and 10 ms of session/flush listener
+    listeners = (
+        2 * stacks.REQUEST_WAIT_S + stacks.GATE_WAIT_S + stacks.CHECKPOINT_WAIT_S
+    ) * 1000
     assert live.hooks.p50 >= listeners
     assert bare.ttft.p50 >= live.ttft.p50 + 2 * stacks.REQUEST_WAIT_S * 1000
     assert bare.tool.p50 >= live.tool.p50 + stacks.GATE_WAIT_S * 1000
