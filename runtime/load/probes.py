@@ -181,10 +181,20 @@ class _Marked:
         return repr(self.inner)
 
     def __getattr__(self, name: str) -> Any:
-        """What else the model has (``aclose``, which the runtime's close calls)."""
+        """What else the model has (``aclose``, which the runtime's close calls;
+        ``stream_batches``, marked as :meth:`stream` is)."""
         if name == "inner":  # not set yet (a copy being made)
             raise AttributeError(name)
-        return getattr(self.inner, name)
+        value = getattr(self.inner, name)
+        if name == "stream_batches":  # a provider's stream, a network read a batch
+            called = self._called
+
+            def stream_batches(request: ModelRequest) -> Any:
+                called(request)
+                return value(request)
+
+            return stream_batches
+        return value
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         self._called(request)

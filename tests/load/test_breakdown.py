@@ -4,8 +4,10 @@ latency the driver measured on its own clock."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+from actors import ModelRequest
 from runtime.load import LoadDriver, LoadSpec, latency_of, run_bench, turn_times
 from runtime.runtime import Runtime
 from storage import (
@@ -16,6 +18,7 @@ from storage import (
     Completed,
     Errored,
     Event,
+    FinishChunk,
     LlmFailure,
     LlmRetry,
     MessageTrigger,
@@ -23,6 +26,7 @@ from storage import (
     StepEnd,
     StepStart,
     Store,
+    StreamChunk,
     TextBlock,
     TextDelta,
     ToolCallData,
@@ -244,3 +248,26 @@ def test_slow_request_and_tool_listeners_show_under_hooks_not_in_the_model_or_to
     assert bare.ttft.p50 >= live.ttft.p50 + 2 * stacks.REQUEST_WAIT_S * 1000
     assert bare.tool.p50 >= live.tool.p50 + stacks.GATE_WAIT_S * 1000
     assert live.ttft.p50 >= 2 * 10  # the model's own 10 ms to a first chunk, twice
+
+
+class _Batches:
+    """A model that streams in batches, as the HTTP providers do (``stream_batches``)."""
+
+    provider, name = "batches", "two"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+        raise AssertionError("a batch-streaming model is read by stream_batches")
+        yield  # pragma: no cover
+
+    async def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
+        yield [TextDelta(text="a"), TextDelta(text="b")]
+        yield [FinishChunk(reason="stop")]
+
+
+def test_a_batch_streaming_models_calls_are_marked_too(tmp_path: Path) -> None:
+    with Runtime.open(tmp_path / "store") as rt:
+        driver = LoadDriver(rt, LoadSpec(agents=2, turns=3), model=_Batches())
+        report = driver.run()
+    assert report.settled == 6 and report.errored == 0
+    marks = [kind for aid in driver.agent_ids for _s, _t, kind in driver.probes.marks[aid]]
+    assert marks.count("model") == 6 and marks.count("settled") == 6
