@@ -117,6 +117,7 @@ def turn_times(
     state, prev, open_calls = "hooks", 0, 0
     durability: str | None = None  # the open turn's (None: write-ahead)
     step_modelled = final = False
+    previous_fact = last_fact = ""  # the types of the turn's last two facts (marks aside)
     for index, (kind, now, data) in enumerate(items):
         if isinstance(data, AgentInboxSpliced) and data.target == "next-turn":
             waiting.extend([now] * len(data.inserted))
@@ -137,10 +138,12 @@ def turn_times(
                 current = TurnTimes(turn=0, inserted_ms=inserted, ended_ms=now)
                 current.queue = now - inserted
                 state = "hooks"
-            prev, open_calls, final = now, 0, False
+            prev, open_calls, final, last_fact = now, 0, False, kind
             continue
         _add(current, state, now - prev)
         prev = now
+        if data is not None:  # a fact (a mark has no data)
+            previous_fact, last_fact = last_fact, kind
         if kind == "assistant/chunk":
             if state == "ttft":
                 state = "stream"
@@ -158,7 +161,7 @@ def turn_times(
         elif kind == "turn/end":
             current.turn = data.turn
             current.ended_ms = now
-            if live and state != "retry":  # the chain's last turn: settled comes
+            if live and previous_fact != "llm/retry":  # the chain's last turn: settled comes
                 final = True
                 state = "engine" if durability == "none" else "commit"
             else:

@@ -63,9 +63,11 @@ class Probes:
 
     def install(self) -> None:
         """Register the listener probes, outermost when the stack's listeners come
-        after. An event that has listeners already gets none: its chain cannot be
-        timed apart (its time stays where the log puts it: the request's in the time to
-        first chunk, the tool gate's in the tools)."""
+        after. ``agent/request`` and ``tools/*`` already listened to get none: their
+        chains cannot be timed apart (their time stays where the log puts it: the
+        request's in the time to first chunk, with no model mark then; the tool hooks'
+        in the tools). ``session/flush`` and ``agent/settled`` listeners registered
+        before count in the wait they follow."""
         on, bus = self.rt.on, self.rt.bus
         if bus.listener_count("agent/request"):
             self.model_marks = False
@@ -95,9 +97,6 @@ class Probes:
         disposers, self._disposers = self._disposers, {}
         for dispose in disposers.values():
             dispose()
-
-    def listening(self, name: str) -> bool:
-        return name in self._disposers
 
     # ------------------------------------------------------------------ marks
 

@@ -271,3 +271,22 @@ def test_a_batch_streaming_models_calls_are_marked_too(tmp_path: Path) -> None:
     assert report.settled == 6 and report.errored == 0
     marks = [kind for aid in driver.agent_ids for _s, _t, kind in driver.probes.marks[aid]]
     assert marks.count("model") == 6 and marks.count("settled") == 6
+
+
+def test_a_live_retry_chain_ends_at_its_settled_mark_and_a_cancelled_back_off_too() -> None:
+    failure = LlmFailure(message="overloaded", code="SERVER")
+    splice = AgentInboxSpliced(target="next-turn", start=0, inserted=(_MSG,))
+    log = _log(
+        (0, "agent/inbox/spliced", splice),
+        (1, "turn/start", TurnStart(turn=1, trigger=MessageTrigger())),
+        (2, "step/start", StepStart(turn=1, step=1)),
+        (12, "step/end", StepEnd(turn=1, step=1)),
+        (13, "llm/retry", LlmRetry(turn=1, attempt=1, delay_s=0.05, failure=failure)),
+        (14, "turn/end", TurnEnd(turn=1, reason=Errored(error=failure))),  # 5: the chain goes on
+        (15, "turn/start", TurnStart(turn=2, trigger=RetryTrigger(previous_turn=1))),
+        (40, "turn/end", TurnEnd(turn=2, reason=Errored(error=failure))),  # 7: cancelled back-off
+    )
+    (t,) = turn_times(log, [(7, 44, "settled")])
+    assert (t.turn, t.retries, t.ended_ms) == (2, 1, 44)
+    assert t.retry == 1 + 1 + 25 and t.commit == 4  # turn/end..settled: its last durable wait
+    assert t.parts_ms() == t.wall == 44
