@@ -6,13 +6,14 @@ stack as a factory string (``package.module:factory``, imported in the shard as
 ``corral bench --agent`` imports it), the model as a model string or the simulated
 model's settings, the prompts' texts (read once, by the driver). It runs
 :func:`runtime.load.run_bench` over ``<store>/shard-<k>/``: opens an ordinary
-``Runtime``, builds the stack, waits at a start gate until every shard is ready (Ray
-starts worker processes one after the other, ~1 s each here), runs its share of the
-agents, closes the runtime and checks its own sessions. The runs are merged into one
-:class:`~runtime.load.LoadReport` by :func:`runtime.load.merge_runs` (sums; the exact
-percentiles of every turn; a wall time from the first shard's first follow-up to the
-last shard's last settled turn, so shards that did not overlap count against the
-result, never for it).
+``Runtime``, builds the stack, spawns its share of the agents, waits at a start gate
+until every shard is ready (Ray starts worker processes one after the other, ~1 s each
+here, and a shard spawns its agents at its own speed), runs the load (so the shards'
+arrivals come together), closes the runtime and checks its own sessions. The runs are
+merged into one :class:`~runtime.load.LoadReport` by :func:`runtime.load.merge_runs`
+(sums; the exact percentiles of every turn; a wall time from the first shard's first
+follow-up to the last shard's last settled turn, so shards that did not overlap count
+against the result, never for it).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class ShardRun(msgspec.Struct, frozen=True):
     report: LoadReport
     samples: LoadSamples
     ended: float  # epoch seconds of the end of its load window
-    cpu_s: float = 0.0  # CPU seconds its process used over the load (spawns included)
+    cpu_s: float = 0.0  # CPU seconds its process used to the load's end (spawns included)
 
 
 class _Gate:
@@ -97,11 +98,10 @@ def run_shard_load(root: str, index: int, plan: ShardPlan, gate: Any) -> ShardRu
     prompts = None
     if plan.prompts:
         prompts = Prompts(plan.prompts, order=plan.prompt_order, seed=plan.spec.seed)
-    window: dict[str, float] = {}
+    window: dict[str, float] = {"cpu": time.process_time()}
 
-    def ready() -> None:  # every shard built its stack: the load starts together
+    def ready() -> None:  # every shard spawned its agents: the load starts together
         ray.get(gate.arrive.remote(600.0))
-        window["cpu"] = time.process_time()
 
     def phase(_what: str) -> None:  # the first phase after the load: it ended
         if "ended" not in window:

@@ -129,7 +129,7 @@ def run_bench(
     run's session logs. Returns the report and raw samples. ``on_phase`` hears what
     happens after the load ("closing the runtime", ...); ``hooks`` is a hook settings
     file every agent runs (``Runtime.open(hooks=...)``); ``ready`` is called once the
-    stack is built, right before the load (a shard waits there for the others). A
+    agents are spawned, right before the load (a shard waits there for the others). A
     Ctrl-C during the load ends it (``report.interrupted``); one while closing or
     checking propagates."""
     phase = on_phase or (lambda _what: None)
@@ -151,9 +151,7 @@ def run_bench(
             interval_s=interval_s,
             stop=stop,
         )
-        if ready is not None:
-            ready()
-        report = driver.run()
+        report = driver.run(ready=ready)
         phase("closing the runtime")
     finally:
         rt.close()

@@ -306,8 +306,10 @@ class LoadDriver:
                 state = self._states[agent.id] = _AgentState(agent)
                 self._idle.append(state)
 
-    def run(self) -> LoadReport:
-        """Spawn the agents, send the load, wait (at most ``spec.timeout_s``), report."""
+    def run(self, *, ready: Callable[[], None] | None = None) -> LoadReport:
+        """Spawn the agents, send the load, wait (at most ``spec.timeout_s``), report.
+        ``ready`` is called between the spawns and the load (runs that must start their
+        load together wait there for each other)."""
         spec, rt = self.spec, self.rt
         self._sample_rss()
         t0 = time.perf_counter()
@@ -317,6 +319,8 @@ class LoadDriver:
         try:
             self._spawn(deadline)
             spawn_s = time.perf_counter() - t0
+            if ready is not None:
+                ready()
             disposers.append(rt.on("agent/settled", self._on_settled))
             started = self._started = time.perf_counter()
             last = (started, 0)
