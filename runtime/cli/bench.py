@@ -3,7 +3,7 @@
 The load itself is :mod:`runtime.load` (:func:`~runtime.load.run_bench`,
 :func:`~runtime.load.run_sweep`); this module adds the flags and their checks (options
 of one model refused with another, a real model's cost confirmed), the ``--fresh``
-wipe, and the exit status; :mod:`.benchview` shows the progress and the tables,
+wipe (:mod:`.wipe`), and the exit status; :mod:`.benchview` shows the progress and the tables,
 :mod:`.benchplot` draws ``--plot``. docs/load.md is the user's guide.
 """
 
@@ -34,14 +34,13 @@ from runtime.load import (
     run_bench,
     run_sweep,
 )
-from storage import Durability, SchemaVersionError, StorageError, Store
+from storage import Durability
 
 from .benchoptions import DistType, RateType, SweepType, check_options, confirm_cost, given
 from .benchplot import PlotPath, check_plot_support, write_plot, write_sweep_plot
 from .benchview import Display, breakdown_table, failures_table, render_table, sweep_table
 from .errors import EXIT_INTERRUPTED, CliError, InvariantsError
 from .options import (
-    STORE_FILES,
     FiniteFloatRange,
     NewFilePath,
     durability_option,
@@ -51,37 +50,11 @@ from .options import (
     threads_option,
 )
 from .transcript import plural, shown
+from .wipe import wipe_sharded_store, wipe_store
 
-__all__ = ["EXIT_TURNS_FAILED", "bench", "wipe_sharded_store", "wipe_store"]
+__all__ = ["EXIT_TURNS_FAILED", "bench"]
 
 EXIT_TURNS_FAILED: Final = 4
-
-
-def wipe_store(path: Path) -> None:
-    """Delete the corral store at ``path`` (its files; the directory stays).
-
-    Refuses anything that is not clearly a corral store: a file, a directory holding other
-    files, an LMDB environment that is not a store, or a store another process has open
-    for writing. A missing or empty directory is left as it is."""
-    if not path.exists():
-        return
-    if not path.is_dir():
-        raise CliError(f"--fresh refuses to wipe {path}: it is not a directory")
-    names = {entry.name for entry in path.iterdir()}
-    if not names:
-        return
-    strangers = sorted(names - STORE_FILES)
-    if strangers or "data.mdb" not in names:
-        shown = ", ".join(strangers[:3]) or "no data.mdb"
-        raise CliError(f"--fresh refuses to wipe {path}: it is not a corral store ({shown})")
-    try:
-        Store.open(path, durability="none").close()  # takes the writer lock: nobody writes
-    except SchemaVersionError:
-        pass  # a corral store of another version, and nobody held its writer lock
-    except StorageError as err:
-        raise CliError(f"--fresh refuses to wipe {path}: {err}") from err
-    for name in names:
-        (path / name).unlink()
 
 
 def _resolve(model: str) -> Model:
@@ -521,31 +494,6 @@ def _sharded(shards: int, address: str | None, **plan: Any) -> Callable[..., Any
     from runtime.cluster.bench import sharded_bench_runner  # noqa: PLC0415 - optional extra
 
     return sharded_bench_runner(shards, address, **plan)
-
-
-def wipe_sharded_store(path: Path) -> None:
-    """Delete the sharded store at ``path`` (``corral bench --shards --fresh``): every
-    shard's store (each wiped as :func:`wipe_store` wipes one), its agent journal and
-    the layout file; a single store there is wiped as one (the shards then make theirs)."""
-    from runtime.cluster.layout import (  # noqa: PLC0415 - the sharded layout's reader
-        LAYOUT_FILE,
-        is_sharded,
-        journal_path,
-        layout_shards,
-        shard_path,
-    )
-
-    if not is_sharded(path):
-        wipe_store(path)
-        return
-    shards = layout_shards(path) or 0
-    for index in range(shards):
-        shard = shard_path(path, index)
-        wipe_store(shard)
-        if shard.is_dir():
-            shard.rmdir()
-        journal_path(path, index).unlink(missing_ok=True)
-    (path / LAYOUT_FILE).unlink()
 
 
 def _plain_console(*, stderr: bool = False) -> Console:

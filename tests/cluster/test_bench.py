@@ -137,7 +137,7 @@ def test_a_sweep_over_sharded_points_reports_each_point_merged(
 
 
 def test_fresh_wipes_a_sharded_store_shard_by_shard(tmp_path: Path) -> None:
-    from runtime.cli.bench import wipe_sharded_store
+    from runtime.cli.wipe import wipe_sharded_store
     from runtime.cluster.layout import claim_layout, shard_path
     from storage import Store
 
