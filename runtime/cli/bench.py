@@ -3,7 +3,7 @@
 The load itself is :mod:`runtime.load` (:func:`~runtime.load.run_bench`,
 :func:`~runtime.load.run_sweep`); this module adds the flags and their checks (options
 of one model refused with another, a real model's cost confirmed), the ``--fresh``
-wipe, and the exit status; :mod:`.benchview` shows the progress and the tables,
+wipe (:mod:`.wipe`), and the exit status; :mod:`.benchview` shows the progress and the tables,
 :mod:`.benchplot` draws ``--plot``. docs/load.md is the user's guide.
 """
 
@@ -20,7 +20,6 @@ from rich.text import Text
 
 from actors import Model
 from runtime.load import (
-    AgentStack,
     AgentStackError,
     LoadReport,
     LoadSpec,
@@ -30,19 +29,18 @@ from runtime.load import (
     SweepReport,
     Traffic,
     load_factory,
-    lookup_tool,
+    lookup_stack,
     read_prompts,
     run_bench,
     run_sweep,
 )
-from storage import Durability, SchemaVersionError, StorageError, Store
+from storage import Durability
 
 from .benchoptions import DistType, RateType, SweepType, check_options, confirm_cost, given
 from .benchplot import PlotPath, check_plot_support, write_plot, write_sweep_plot
 from .benchview import Display, breakdown_table, failures_table, render_table, sweep_table
 from .errors import EXIT_INTERRUPTED, CliError, InvariantsError
 from .options import (
-    STORE_FILES,
     FiniteFloatRange,
     NewFilePath,
     durability_option,
@@ -52,37 +50,11 @@ from .options import (
     threads_option,
 )
 from .transcript import plural, shown
+from .wipe import wipe_sharded_store, wipe_store
 
-__all__ = ["EXIT_TURNS_FAILED", "bench", "wipe_store"]
+__all__ = ["EXIT_TURNS_FAILED", "bench"]
 
 EXIT_TURNS_FAILED: Final = 4
-
-
-def wipe_store(path: Path) -> None:
-    """Delete the corral store at ``path`` (its files; the directory stays).
-
-    Refuses anything that is not clearly a corral store: a file, a directory holding other
-    files, an LMDB environment that is not a store, or a store another process has open
-    for writing. A missing or empty directory is left as it is."""
-    if not path.exists():
-        return
-    if not path.is_dir():
-        raise CliError(f"--fresh refuses to wipe {path}: it is not a directory")
-    names = {entry.name for entry in path.iterdir()}
-    if not names:
-        return
-    strangers = sorted(names - STORE_FILES)
-    if strangers or "data.mdb" not in names:
-        shown = ", ".join(strangers[:3]) or "no data.mdb"
-        raise CliError(f"--fresh refuses to wipe {path}: it is not a corral store ({shown})")
-    try:
-        Store.open(path, durability="none").close()  # takes the writer lock: nobody writes
-    except SchemaVersionError:
-        pass  # a corral store of another version, and nobody held its writer lock
-    except StorageError as err:
-        raise CliError(f"--fresh refuses to wipe {path}: {err}") from err
-    for name in names:
-        (path / name).unlink()
 
 
 def _resolve(model: str) -> Model:
@@ -112,11 +84,6 @@ def _simulated(p: dict[str, Any]) -> SimulatedModel:
         tool_probability=p["tool_probability"],
         seed=p["seed"],
     )
-
-
-def _with_lookup(_rt: object) -> AgentStack:
-    """The built-in stack of a simulated model that calls tools: the cheap lookup tool."""
-    return AgentStack(tools=[lookup_tool()])
 
 
 @click.command()
@@ -316,6 +283,7 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
     if p["agent_target"]:
         factory, factory_name = load_factory(p["agent_target"])
     model: Model | None = None
+    target = p["agent_target"]
     if p["model_spec"] and shards is not None:  # each shard resolves the string
         if not p["model_spec"].startswith("scripted:"):
             confirm_cost(p)
@@ -326,10 +294,14 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
     elif given(ctx, "ttft", "tokens_per_s", "reply_tokens", "tool_probability"):
         model = _simulated(p)
         if factory is None:
-            factory, factory_name = (_with_lookup if p["tool_probability"] else None), "simulated"
+            factory_name = "simulated"
+            if p["tool_probability"]:
+                target = "runtime.load.stack:lookup_stack"
+                factory = lookup_stack
+    texts = read_prompts(p["prompts"]) if p["prompts"] is not None else None
     prompts = None
-    if p["prompts"] is not None:
-        prompts = Prompts(read_prompts(p["prompts"]), order=p["prompt_order"], seed=p["seed"])
+    if texts is not None:
+        prompts = Prompts(texts, order=p["prompt_order"], seed=p["seed"])
     spec = LoadSpec(
         agents=p["agents"],
         turns=p["turns"],
@@ -350,8 +322,10 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
             shape=p["arrivals"],
             queue_limit=p["queue_limit"],
         )
-    if p["fresh"]:
+    if p["fresh"] and shards is None:
         wipe_store(store)
+    elif p["fresh"]:
+        wipe_sharded_store(store)
     out, err = _plain_console(), _plain_console(stderr=True)
     durability = cast(Durability, p["durability"])
     loop = _loop_text(spec, traffic, sweep)
@@ -366,6 +340,19 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
     }
     if p["hooks"] is not None:
         bench_args["hooks"] = p["hooks"]
+    runner = run_bench
+    if shards is not None:  # the stack, model and prompts go to the shards as data
+        runner = _sharded(
+            shards,
+            p["address"],
+            model=p["model_spec"],
+            simulated=model.settings if isinstance(model, SimulatedModel) else None,
+            factory=target,
+            factory_name=factory_name,
+            prompts=texts or (),
+            prompt_order=p["prompt_order"],
+        )
+        bench_args = {"durability": durability, "threads": p["threads"]}
     with Display(err, quiet=p["quiet"], title=title) as display:
         bench_args |= {
             "on_progress": display.update,
@@ -380,11 +367,11 @@ def _bench(ctx: click.Context, p: dict[str, Any]) -> None:
                 spec,
                 traffic=traffic,
                 on_point=lambda v: display.phase(f"sweep point {sweep[0]}={v:g}"),
+                runner=runner,
                 **bench_args,
             )
         else:
-            run = run_bench if shards is None else _sharded(shards, p["address"], p["model_spec"])
-            result, samples = run(store, spec, traffic=traffic, **bench_args)
+            result, samples = runner(store, spec, traffic=traffic, **bench_args)
     if isinstance(result, SweepReport):
         _print_sweep(out, result)
         reports = [point.report for point in result.points]
@@ -502,11 +489,11 @@ def _exit_status(report: LoadReport, max_error_rate: float) -> None:
         )
 
 
-def _sharded(shards: int, address: str | None, model: str | None) -> Callable[..., Any]:
+def _sharded(shards: int, address: str | None, **plan: Any) -> Callable[..., Any]:
     """``run_bench``'s twin that runs the load inside ``shards`` shards on Ray."""
     from runtime.cluster.bench import sharded_bench_runner  # noqa: PLC0415 - optional extra
 
-    return sharded_bench_runner(shards, address, model)
+    return sharded_bench_runner(shards, address, **plan)
 
 
 def _plain_console(*, stderr: bool = False) -> Console:

@@ -104,9 +104,13 @@ def check_options(ctx: click.Context, p: dict[str, Any]) -> None:
         refuse(ctx, given(ctx, "arrivals", "duration", "queue_limit"), "need --rate")
     if sweep is not None:
         refuse(ctx, given(ctx, sweep[0]), f"is what --sweep {sweep[0]}=... varies")
-    if p["shards"] is not None:  # a shard runs the built-in closed loop (runtime.cluster)
-        alone = given(ctx, "agent_target", "prompts", "rate", "sweep", *_SIMULATED)
-        refuse(ctx, [n.replace("agent-target", "agent") for n in alone], "do not go with --shards")
+    if p["shards"] is not None:
+        pools = list(sweep[1]) if sweep is not None and sweep[0] == "agents" else [p["agents"]]
+        if min(pools) < p["shards"]:
+            raise click.UsageError(
+                f"--shards {p['shards']} for {min(pools):g} agents: each shard hosts one at least",
+                ctx,
+            )
     if p["prompt_order"] != "cycle" and p["prompts"] is None:
         raise click.UsageError("--prompt-order needs --prompts", ctx)
 

@@ -189,9 +189,9 @@ def breakdown_table(b: Breakdown) -> Table:
         ("engine", b.engine),
         ("retry back-off", b.retry),
     ]
-    if b.commit is not None:
+    if b.commit is not None:  # a live run's: its turns end at agent/settled
         rows.append(("durable commit", b.commit))
-    rows.append(("turn (logged)", b.wall))
+    rows.append(("turn (to settled)" if b.commit is not None else "turn (logged)", b.wall))
     for name, s in rows:
         table.add_row(name, f"{s.p50:,.1f}", f"{s.p95:,.1f}", f"{s.p99:,.1f}", f"{s.mean:,.1f}")
     return table

@@ -1,12 +1,18 @@
-"""``corral bench --shards N``: the load driver run inside each of N shard processes.
+"""``corral bench --shards N``: the load run inside each of N shard processes.
 
-Each shard is a Ray task holding ``shard_cpus`` CPUs: it opens an ordinary ``Runtime``
-over ``<store>/shard-<k>/``, waits at a start gate until every shard is ready (Ray starts
-worker processes one after the other, ~1 s each here), runs :class:`runtime.load.LoadDriver`
-over its share of the agents, closes the runtime and checks its logs. The reports are
-merged into one :class:`~runtime.load.LoadReport`: sums of turns and events, the exact
-latency percentiles of every turn, and a wall time from the first shard's first
-follow-up to the last shard's last settled turn (so shards that did not overlap count
+Each shard is a Ray task holding ``shard_cpus`` CPUs. It gets a :class:`ShardPlan`, the
+run as data: the spec and traffic (its share: :meth:`runtime.load.Traffic.share`), the
+stack as a factory string (``package.module:factory``, imported in the shard as
+``corral bench --agent`` imports it), the model as a model string or the simulated
+model's settings, the prompts' texts (read once, by the driver). It runs
+:func:`runtime.load.run_bench` over ``<store>/shard-<k>/``: opens an ordinary
+``Runtime``, builds the stack, spawns its share of the agents, waits at a start gate
+until every shard is ready (Ray starts worker processes one after the other, ~1 s each
+here, and a shard spawns its agents at its own speed), runs the load (so the shards'
+arrivals come together), closes the runtime and checks its own sessions. The runs are
+merged into one :class:`~runtime.load.LoadReport` by :func:`runtime.load.merge_runs`
+(sums; the exact percentiles of every turn; a wall time from the first shard's first
+follow-up to the last shard's last settled turn, so shards that did not overlap count
 against the result, never for it).
 """
 
@@ -15,27 +21,40 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from runtime.load import (
-    FAST_RETRY,
-    LatencySummary,
-    LoadDriver,
     LoadReport,
     LoadSamples,
     LoadSpec,
-    check_store,
-    percentile,
-    store_bytes,
+    Part,
+    SimulatedSettings,
+    Traffic,
+    merge_runs,
 )
 
 from .layout import claim_layout, shard_path
 
-__all__ = ["ShardRun", "merge", "run_shard_load", "run_sharded_bench", "sharded_bench_runner"]
+__all__ = ["ShardPlan", "ShardRun", "run_shard_load", "run_sharded_bench", "sharded_bench_runner"]
+
+
+class ShardPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What one shard runs: data only (it crosses to the shard's process)."""
+
+    spec: LoadSpec  # the shard's share of the agents, its own seed
+    durability: str = "write-ahead"
+    threads: int | None = None
+    model: str | None = None  # a model string, resolved in the shard
+    simulated: SimulatedSettings | None = None  # else the simulated model's settings
+    factory: str | None = None  # "package.module:factory", imported in the shard
+    factory_name: str = "scripted"
+    prompts: tuple[str, ...] = ()
+    prompt_order: Literal["cycle", "sample"] = "cycle"
+    traffic: Traffic | None = None  # the shard's share of an open loop
 
 
 class ShardRun(msgspec.Struct, frozen=True):
@@ -43,9 +62,9 @@ class ShardRun(msgspec.Struct, frozen=True):
 
     index: int
     report: LoadReport
-    latencies_ms: list[float]
+    samples: LoadSamples
     ended: float  # epoch seconds of the end of its load window
-    cpu_s: float = 0.0  # CPU seconds its process used over the load (spawns included)
+    cpu_s: float = 0.0  # CPU seconds its process used to the load's end (spawns included)
 
 
 class _Gate:
@@ -63,92 +82,70 @@ class _Gate:
             return self._all.wait_for(lambda: self._arrived >= self._parties, timeout)
 
 
-def run_shard_load(
-    root: str,
-    index: int,
-    spec: LoadSpec,
-    durability: str,
-    threads: int | None,
-    model: str | None,
-    gate: Any,
-) -> ShardRun:
+def run_shard_load(root: str, index: int, plan: ShardPlan, gate: Any) -> ShardRun:
     """One shard's run (in its Ray worker): see the module doc."""
     import ray  # noqa: PLC0415 - the optional extra, present in a shard
 
-    from runtime import Runtime  # noqa: PLC0415
-    from storage import Store  # noqa: PLC0415
+    from runtime.load import Prompts, load_factory, run_bench  # noqa: PLC0415
+    from runtime.providers import resolve_model  # noqa: PLC0415 - vendor SDKs, loaded late
 
-    path = shard_path(root, index)
-    rt = Runtime.open(path, durability=durability, threads=threads, retry_policy=FAST_RETRY)  # type: ignore[arg-type]
-    try:
-        resolved = None
-        if model is not None:
-            from runtime.providers import resolve_model  # noqa: PLC0415
+    factory = load_factory(plan.factory)[0] if plan.factory is not None else None
+    model = None
+    if plan.model is not None:
+        model = resolve_model(plan.model)
+    elif plan.simulated is not None:
+        model = plan.simulated.build()
+    prompts = None
+    if plan.prompts:
+        prompts = Prompts(plan.prompts, order=plan.prompt_order, seed=plan.spec.seed)
+    window: dict[str, float] = {"cpu": time.process_time()}
 
-            resolved = resolve_model(model)
-        driver = LoadDriver(rt, spec, model=resolved)
+    def ready() -> None:  # every shard spawned its agents: the load starts together
         ray.get(gate.arrive.remote(600.0))
-        cpu = time.process_time()
-        report = driver.run()
-        ended = time.time()
-        cpu_s = time.process_time() - cpu
-    finally:
-        rt.close()
-    with Store.open(path, readonly=True) as store:
-        check = check_store(store)
-    report = msgspec.structs.replace(
-        report,
-        log_bytes=store_bytes(path),
-        sessions_checked=check.sessions,
-        invariants_ok=check.ok and not report.violations,
-        violations=[*report.violations, *check.lines(limit=50)],
+
+    def phase(_what: str) -> None:  # the first phase after the load: it ended
+        if "ended" not in window:
+            window["ended"] = time.time()
+            window["cpu_s"] = time.process_time() - window["cpu"]
+
+    report, samples = run_bench(
+        shard_path(root, index),
+        plan.spec,
+        durability=plan.durability,  # type: ignore[arg-type]
+        threads=plan.threads,
+        model=model,
+        factory=factory,
+        factory_name=plan.factory_name,
+        prompts=prompts,
+        traffic=plan.traffic,
+        on_phase=phase,
+        ready=ready,
     )
-    return ShardRun(index, report, list(driver.samples.latencies_ms), ended, round(cpu_s, 3))
+    return ShardRun(
+        index, report, samples, window.get("ended", time.time()), round(window.get("cpu_s", 0.0), 3)
+    )
 
 
-def merge(runs: list[ShardRun], spec: LoadSpec) -> LoadReport:
+def merge(runs: Sequence[ShardRun]) -> tuple[LoadReport, LoadSamples]:
     """One report of ``runs`` (see the module doc)."""
-    reports = [run.report for run in runs]
-    first_start = min(run.ended - run.report.wall_s for run in runs)
-    wall_s = max(run.ended for run in runs) - first_start
-    settled = sum(r.settled for r in reports)
-    events = sum(r.events for r in reports)
-    latencies = [ms for run in runs for ms in run.latencies_ms]
-    summary = LatencySummary(
-        p50=round(percentile(latencies, 50), 3),
-        p95=round(percentile(latencies, 95), 3),
-        p99=round(percentile(latencies, 99), 3),
-        mean=round(sum(latencies) / len(latencies), 3) if latencies else 0.0,
-        max=round(max(latencies), 3) if latencies else 0.0,
-    )
-    return LoadReport(
-        agents=spec.agents,
-        turns=spec.turns,
-        durability=reports[0].durability,
-        threads=reports[0].threads,
-        standby=reports[0].standby,
-        model=reports[0].model,
-        wall_s=round(wall_s, 4),
-        spawn_s=max(r.spawn_s for r in reports),
-        turns_per_s=round(settled / wall_s, 1) if wall_s > 0 else 0.0,
-        events=events,
-        events_per_s=round(events / wall_s, 1) if wall_s > 0 else 0.0,
-        latency_ms=summary,
-        settled=settled,
-        errored=sum(r.errored for r in reports),
-        retried=sum(r.retried for r in reports),
-        timed_out=any(r.timed_out for r in reports),
-        rss_peak_mb=max(r.rss_peak_mb for r in reports),
-        log_bytes=sum(r.log_bytes or 0 for r in reports),
-        sessions_checked=sum(r.sessions_checked or 0 for r in reports),
-        invariants_ok=all(r.invariants_ok for r in reports),
-        violations=[f"shard {run.index}: {v}" for run in runs for v in run.report.violations],
+    return merge_runs(
+        [Part(run.report, run.samples, run.ended) for run in runs],
+        labels=[f"shard {run.index}" for run in runs],
     )
 
 
-def _share(spec: LoadSpec, shards: int, index: int) -> LoadSpec:
+def _share(plan: ShardPlan, shards: int, index: int) -> ShardPlan:
+    spec = plan.spec
     agents = spec.agents // shards + (1 if index < spec.agents % shards else 0)
-    return msgspec.structs.replace(spec, agents=max(agents, 1), seed=spec.seed + index)
+    simulated = plan.simulated
+    if simulated is not None:
+        simulated = msgspec.structs.replace(simulated, seed=simulated.seed + index)
+    return msgspec.structs.replace(
+        plan,
+        spec=msgspec.structs.replace(spec, agents=max(agents, 1), seed=spec.seed + index),
+        simulated=simulated,
+        traffic=plan.traffic.share(shards, index) if plan.traffic is not None else None,
+    )
 
 
 def run_sharded_bench(
@@ -160,16 +157,36 @@ def run_sharded_bench(
     durability: str = "write-ahead",
     threads: int | None = None,
     model: str | None = None,
+    simulated: SimulatedSettings | None = None,
+    factory: str | None = None,
+    factory_name: str | None = None,
+    prompts: Sequence[str] = (),
+    prompt_order: Literal["cycle", "sample"] = "cycle",
+    traffic: Traffic | None = None,
     shard_cpus: float = 1.0,
     on_phase: Callable[[str], None] | None = None,
 ) -> tuple[LoadReport, LoadSamples, list[ShardRun]]:
-    """Run ``spec`` split over ``shards`` shard processes; the merged report, its
-    samples (latencies only) and every shard's own run."""
+    """Run ``spec`` (and ``traffic``: an open loop) split over ``shards`` shard
+    processes; the merged report, its samples and every shard's own run. ``factory``
+    is a ``package.module:factory`` string every shard can import (its directory on
+    their PYTHONPATH), ``model`` a model string."""
     from .cluster import _ray, start_local_ray  # noqa: PLC0415 - Ray is imported only here
 
     phase = on_phase or (lambda _what: None)
     if shards > spec.agents:
         raise ValueError(f"{shards} shards for {spec.agents} agents: give each shard one at least")
+    plan = ShardPlan(
+        spec=spec,
+        durability=durability,
+        threads=threads,
+        model=model,
+        simulated=simulated,
+        factory=factory,
+        factory_name=factory_name or factory or ("simulated" if simulated else "scripted"),
+        prompts=tuple(prompts),
+        prompt_order=prompt_order,
+        traffic=traffic,
+    )
     ray = _ray()
     root = os.path.abspath(os.fspath(path))
     claim_layout(Path(root), shards)
@@ -184,26 +201,25 @@ def run_sharded_bench(
         gate = ray.remote(_Gate).options(num_cpus=0, max_concurrency=shards + 1).remote(shards)
         task = ray.remote(run_shard_load).options(num_cpus=shard_cpus, max_retries=0)
         phase(f"running the load in {shards} shards")
-        refs = [
-            task.remote(root, k, _share(spec, shards, k), durability, threads, model, gate)
-            for k in range(shards)
-        ]
+        refs = [task.remote(root, k, _share(plan, shards, k), gate) for k in range(shards)]
         runs: list[ShardRun] = ray.get(refs)
         ray.kill(gate)
     finally:
         if owns_ray:
             ray.shutdown()
-    report = merge(runs, spec)
-    samples = LoadSamples(latencies_ms=[ms for run in runs for ms in run.latencies_ms])
+    report, samples = merge(runs)
     return report, samples, runs
 
 
 def sharded_bench_runner(
-    shards: int, address: str | None, model: str | None
+    shards: int, address: str | None, **plan: Any
 ) -> Callable[..., tuple[LoadReport, LoadSamples]]:
-    """A function called like :func:`runtime.load.run_bench` that runs the load in
-    ``shards`` shards (``corral bench --shards``): the model goes to the shards as its
-    string, progress is not reported live (each shard's runs in its own process)."""
+    """A function called like :func:`runtime.load.run_bench` (a sweep's ``runner``)
+    that runs the load in ``shards`` shards (``corral bench --shards``). ``plan``:
+    :func:`run_sharded_bench`'s model, simulated, factory, factory_name, prompts and
+    prompt_order, given as data (the live objects of ``run_bench``'s keywords, a Model,
+    a factory function, are refused: they cannot cross to a shard); progress is not
+    reported live (each shard runs in its own process)."""
 
     def run(
         path: str | os.PathLike[str],
@@ -211,8 +227,9 @@ def sharded_bench_runner(
         *,
         durability: str = "write-ahead",
         threads: int | None = None,
+        traffic: Traffic | None = None,
         on_phase: Callable[[str], None] | None = None,
-        **_live: object,  # model (given as a string instead), on_progress, interval_s
+        **_live: object,  # on_progress, interval_s, stop: a shard's own
     ) -> tuple[LoadReport, LoadSamples]:
         report, samples, _runs = run_sharded_bench(
             path,
@@ -221,8 +238,9 @@ def sharded_bench_runner(
             address=address,
             durability=durability,
             threads=threads,
-            model=model,
+            traffic=traffic,
             on_phase=on_phase,
+            **plan,
         )
         return report, samples
 

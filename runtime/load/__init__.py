@@ -29,6 +29,7 @@ from .breakdown import PARTS, TurnTimes, breakdown, latency_of, turn_times
 from .compare import Comparison, compare_reports, compare_sweeps, read_report
 from .driver import LoadDriver, run_load
 from .failures import FailureTally
+from .merge import Part, merge_runs
 from .report import (
     SCHEMA,
     Breakdown,
@@ -42,7 +43,7 @@ from .report import (
     SweepReport,
     percentile,
 )
-from .simulated import Dist, Draw, SimulatedModel
+from .simulated import Dist, Draw, SimulatedModel, SimulatedSettings
 from .spec import LoadSpec
 from .stack import (
     AgentStack,
@@ -51,6 +52,7 @@ from .stack import (
     PromptsError,
     build_stack,
     load_factory,
+    lookup_stack,
     lookup_tool,
     read_prompts,
     scripted_load_model,
@@ -76,10 +78,12 @@ __all__ = [
     "LoadSamples",
     "LoadSpec",
     "OpenLoop",
+    "Part",
     "Prompts",
     "PromptsError",
     "SessionViolations",
     "SimulatedModel",
+    "SimulatedSettings",
     "StoreCheck",
     "SweepPoint",
     "SweepReport",
@@ -94,7 +98,9 @@ __all__ = [
     "knee",
     "latency_of",
     "load_factory",
+    "lookup_stack",
     "lookup_tool",
+    "merge_runs",
     "percentile",
     "read_prompts",
     "read_report",

@@ -25,7 +25,7 @@ from ..runtime import Runtime
 from .driver import LoadDriver
 from .report import LoadProgress, LoadReport, LoadSamples, SweepPoint, SweepReport
 from .spec import LoadSpec
-from .stack import Factory, Prompts, build_stack
+from .stack import Factory, Prompts
 from .traffic import Traffic
 
 __all__ = [
@@ -122,13 +122,16 @@ def run_bench(
     interval_s: float = 0.5,
     stop: threading.Event | None = None,
     hooks: str | Path | None = None,
+    ready: Callable[[], None] | None = None,
 ) -> tuple[LoadReport, LoadSamples]:
     """Open a runtime over the store at ``path``, build the stack (``factory(rt)``),
     run the load, close the runtime, then reopen the store read-only and check this
     run's session logs. Returns the report and raw samples. ``on_phase`` hears what
     happens after the load ("closing the runtime", ...); ``hooks`` is a hook settings
-    file every agent runs (``Runtime.open(hooks=...)``). A Ctrl-C during the load ends
-    it (``report.interrupted``); one while closing or checking propagates."""
+    file every agent runs (``Runtime.open(hooks=...)``); ``ready`` is called once the
+    agents are spawned, right before the load (a shard waits there for the others). A
+    Ctrl-C during the load ends it (``report.interrupted``); one while closing or
+    checking propagates."""
     phase = on_phase or (lambda _what: None)
     before = store_bytes(path)
     rt = Runtime.open(
@@ -136,12 +139,11 @@ def run_bench(
     )
     try:
         earlier = len(rt.store.sessions())
-        stack = build_stack(factory, rt, factory_name) if factory is not None else None
         driver = LoadDriver(
             rt,
             spec,
             model=model,
-            stack=stack,
+            factory=factory,
             stack_name=factory_name,
             prompts=prompts,
             traffic=traffic,
@@ -149,7 +151,7 @@ def run_bench(
             interval_s=interval_s,
             stop=stop,
         )
-        report = driver.run()
+        report = driver.run(ready=ready)
         phase("closing the runtime")
     finally:
         rt.close()
@@ -194,11 +196,14 @@ def run_sweep(
     traffic: Traffic | None = None,
     on_point: Callable[[float], None] | None = None,
     stop: threading.Event | None = None,
+    runner: Callable[..., tuple[LoadReport, LoadSamples]] = run_bench,
     **bench: object,
 ) -> SweepReport:
     """One :func:`run_bench` per value of ``swept`` (agents, or an open loop's rate),
     on the same store, each reporting its own sessions; stops after an interrupted
-    point. ``bench``: :func:`run_bench`'s other keywords."""
+    point. ``bench``: :func:`run_bench`'s other keywords; ``runner``: what runs a
+    point, called as :func:`run_bench` is (``corral bench --shards``: the sharded
+    run)."""
     points: list[SweepPoint] = []
     for value in values:
         if on_point is not None:
@@ -210,12 +215,12 @@ def run_sweep(
             if traffic is None:
                 raise ValueError("a rate sweep needs an open loop's traffic (its duration)")
             point_traffic = msgspec.structs.replace(traffic, rate=float(value))
-        report, _samples = run_bench(
+        report, _samples = runner(
             path,
             point_spec,
             traffic=point_traffic,
             stop=stop,
-            **bench,  # type: ignore[arg-type]
+            **bench,
         )
         points.append(SweepPoint(float(value), report))
         if report.interrupted:

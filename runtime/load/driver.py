@@ -11,9 +11,10 @@ agent) for the next agent to settle, else is shed.
 A turn's latency runs from its arrival (closed loop: its ``followup`` call) to its
 ``agent/settled`` event, so an automatic retry chain counts as one (longer) turn.
 Failed requests are counted live by code by an observing ``agent/request-error``
-listener (with the first message of each code); retry turns, events and the per-turn breakdown
-(:mod:`runtime.load.breakdown`) are read from the agents' session logs afterwards, so
-the load adds no ``session/event`` listener to the hot path.
+listener (with the first message of each code); retry turns, events and the per-turn
+breakdown (:mod:`runtime.load.breakdown`) are read from the agents' session logs
+afterwards, with the run's live marks (:mod:`runtime.load.probes`: the durable waits,
+the listener chains), so the load adds no ``session/event`` listener to the hot path.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ import psutil  # type: ignore[import-untyped]
 from actors import AgentSettled, Model, RequestError
 from storage import Errored
 
+from ..checks import resolve_model
 from .breakdown import TurnTimes, breakdown, turn_times
 from .failures import FailureTally
+from .probes import Probes
 from .report import (
     LoadProgress,
     LoadReport,
@@ -40,7 +43,7 @@ from .report import (
     summary,
 )
 from .spec import LoadSpec
-from .stack import AgentStack, Prompts, lookup_tool
+from .stack import AgentStack, Factory, Prompts, build_stack, lookup_tool
 from .traffic import Traffic, arrival_times
 
 if TYPE_CHECKING:
@@ -67,7 +70,12 @@ class _AgentState:
 class LoadDriver:
     """One load run over ``rt``. Call :meth:`run` once; ``samples`` then holds the raw
     latencies and the progress timeline. ``stop`` set (or a ``KeyboardInterrupt`` in
-    :meth:`run`) ends the run early: nothing more is sent, what ran is reported."""
+    :meth:`run`) ends the run early: nothing more is sent, what ran is reported.
+
+    ``factory`` (instead of ``stack``) is called here, after the run's probes are
+    registered, so that its listeners' time can be told apart (see
+    :mod:`runtime.load.probes`); a ``stack`` built before has its listeners' time where
+    the log puts it."""
 
     def __init__(
         self,
@@ -76,6 +84,7 @@ class LoadDriver:
         *,
         model: Model | None = None,
         stack: AgentStack | None = None,
+        factory: Factory | None = None,
         stack_name: str = "scripted",
         prompts: Prompts | None = None,
         traffic: Traffic | None = None,
@@ -85,10 +94,21 @@ class LoadDriver:
     ) -> None:
         self.rt = rt
         self.spec = spec
+        self.probes = Probes(rt, durability=rt.durability)
+        self.probes.install()
+        try:
+            if factory is not None:
+                stack = build_stack(factory, rt, stack_name)
+            self.probes.trim()
+        except BaseException:
+            self.probes.close()
+            raise
         self.stack = stack or AgentStack()
         self.stack_name = stack_name
         chosen = model if model is not None else self.stack.model
-        self.model: Model | str = chosen if chosen is not None else spec.scripted_model()
+        resolved = resolve_model(chosen) if chosen is not None else spec.scripted_model()
+        self.model_name = f"{resolved.provider}:{resolved.name}"
+        self.model: Model = self.probes.wrap(resolved)
         self.prompts = prompts or Prompts(seed=spec.seed)
         self.traffic = traffic
         self.on_progress = on_progress
@@ -133,7 +153,7 @@ class LoadDriver:
             self._sent += 1
             state.busy = True
         try:
-            state.agent.followup(prompt)
+            state.agent.followup(prompt, id=self.probes.first_id(state.agent))
         except Exception as err:  # noqa: BLE001 - a refused send ends this agent's load
             with self._lock:
                 self._sent -= 1
@@ -286,8 +306,10 @@ class LoadDriver:
                 state = self._states[agent.id] = _AgentState(agent)
                 self._idle.append(state)
 
-    def run(self) -> LoadReport:
-        """Spawn the agents, send the load, wait (at most ``spec.timeout_s``), report."""
+    def run(self, *, ready: Callable[[], None] | None = None) -> LoadReport:
+        """Spawn the agents, send the load, wait (at most ``spec.timeout_s``), report.
+        ``ready`` is called between the spawns and the load (runs that must start their
+        load together wait there for each other)."""
         spec, rt = self.spec, self.rt
         self._sample_rss()
         t0 = time.perf_counter()
@@ -297,6 +319,8 @@ class LoadDriver:
         try:
             self._spawn(deadline)
             spawn_s = time.perf_counter() - t0
+            if ready is not None:
+                ready()
             disposers.append(rt.on("agent/settled", self._on_settled))
             started = self._started = time.perf_counter()
             last = (started, 0)
@@ -324,6 +348,7 @@ class LoadDriver:
         finally:
             for dispose in disposers:
                 dispose()
+            self.probes.close()
         if started:
             rt.flush()
             wall_s = time.perf_counter() - started
@@ -340,24 +365,18 @@ class LoadDriver:
             retried += sum(
                 1 for e in log if e.type == "turn/start" and e.data.trigger.kind == "retry"
             )
-            times.extend((agent.id, t) for t in turn_times(log))
+            marks = self.probes.marks.get(agent.id, [])
+            times.extend(
+                (agent.id, t) for t in turn_times(log, marks, tool_gate=self.probes.tool_gate)
+            )
         with self._lock:
             settled, errored = self._done, self._errored
             latencies = list(self.samples.latencies_ms)
             in_flight = self._sent - self._done
             failures = self._failures.counts()
-            records = list(self.turn_records)
-        ended = {(aid, t.turn): t.ended_ms for aid, t in times}
-        commit = [
-            max(0.0, settled_ms - ended[(aid, turn)])
-            for aid, turn, _lat, settled_ms in records
-            if (aid, turn) in ended
-        ]
-        model = (
-            self.model
-            if isinstance(self.model, str)
-            else (f"{self.model.provider}:{self.model.name}")
-        )
+            self.samples.queue_ms = list(self._queue_ms)
+            self.samples.lag_ms = list(self._lag_ms)
+        self.samples.turns = [t for _aid, t in times]
         dispatcher = self.rt.dispatcher.statistics()
         return LoadReport(
             agents=self.spec.agents,
@@ -365,7 +384,7 @@ class LoadDriver:
             durability=self.rt.durability,
             threads=dispatcher.workers - dispatcher.standby,
             standby=dispatcher.standby,
-            model=model,
+            model=self.model_name,
             wall_s=round(wall_s, 4),
             spawn_s=round(spawn_s, 4),
             turns_per_s=round(settled / wall_s, 1) if wall_s > 0 else 0.0,
@@ -385,7 +404,7 @@ class LoadDriver:
             in_flight=in_flight,
             interrupted=self._interrupted or self.stop.is_set(),
             failures=failures,
-            breakdown=breakdown([t for _aid, t in times], commit),
+            breakdown=breakdown(self.samples.turns, live=True),
             open_loop=self._open_loop(settled, wall_s),
         )
 

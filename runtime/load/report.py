@@ -25,6 +25,7 @@ __all__ = [
     "OpenLoop",
     "SweepPoint",
     "SweepReport",
+    "TurnTimes",
     "percentile",
     "summary",
 ]
@@ -161,6 +162,43 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     open_loop: OpenLoop | None = None
 
 
+class TurnTimes(msgspec.Struct, kw_only=True):
+    """One turn (a retry chain) of one session, in milliseconds."""
+
+    turn: int  # the chain's last turn number (agent/settled's ``turn``)
+    inserted_ms: int  # epoch ms
+    ended_ms: int  # epoch ms of the last turn/end (a live run's: of agent/settled)
+    queue: int = 0
+    hooks: int = 0
+    ttft: int = 0
+    stream: int = 0
+    tool: int = 0
+    engine: int = 0
+    retry: int = 0
+    commit: int = 0  # the durable waits (live runs only)
+    retries: int = 0
+
+    @property
+    def model(self) -> int:
+        return self.ttft + self.stream
+
+    @property
+    def wall(self) -> int:
+        return self.ended_ms - self.inserted_ms
+
+    def parts_ms(self) -> int:
+        """queue + hooks + model + tool + engine + retry + commit (== ``wall``)."""
+        return (
+            self.queue
+            + self.hooks
+            + self.model
+            + self.tool
+            + self.engine
+            + self.retry
+            + self.commit
+        )
+
+
 class LoadProgress(msgspec.Struct, frozen=True, kw_only=True):
     """A live snapshot, handed to ``on_progress`` about every ``interval_s``."""
 
@@ -179,12 +217,17 @@ class LoadProgress(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LoadSamples(msgspec.Struct):
-    """Raw samples of a run, for plots: every turn's latency and settle time (seconds
-    since the first follow-up, same order), and the progress timeline."""
+    """Raw samples of a run, for plots and for merging the runs of shards: every turn's
+    latency and settle time (seconds since the first follow-up, same order), the
+    progress timeline, an open loop's queue waits and pacer lags, and every turn's
+    breakdown."""
 
     latencies_ms: list[float] = msgspec.field(default_factory=list)
     settled_s: list[float] = msgspec.field(default_factory=list)
     timeline: list[tuple[float, int]] = msgspec.field(default_factory=list)  # (s, turns done)
+    queue_ms: list[float] = msgspec.field(default_factory=list)
+    lag_ms: list[float] = msgspec.field(default_factory=list)
+    turns: list[TurnTimes] = msgspec.field(default_factory=list)
 
 
 class SweepPoint(msgspec.Struct, frozen=True):

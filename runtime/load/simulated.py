@@ -41,7 +41,7 @@ from storage import (
     UserMessage,
 )
 
-__all__ = ["Dist", "Draw", "SimulatedModel", "placeholder_arguments"]
+__all__ = ["Dist", "Draw", "SimulatedModel", "SimulatedSettings", "placeholder_arguments"]
 
 _TEXT: Final = (
     "the agent looked at the task and found a short answer that reads like a reply of a "
@@ -129,6 +129,22 @@ def _prompt_tokens(messages: Sequence[Message]) -> int:
     return max(1, chars // 4)
 
 
+class SimulatedSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """What a :class:`SimulatedModel` is made with: data, so it crosses to a shard
+    (``SimulatedModel.settings``, :meth:`build`)."""
+
+    ttft_s: Dist = Dist(0.3, 0.1)
+    tokens_per_s: Dist = Dist(60.0, 20.0)
+    reply_tokens: Dist = Dist(120.0, 60.0)
+    tool_probability: float = 0.0
+    chunk_tokens: int = 4
+    seed: int = 0
+    name: str = "simulated"
+
+    def build(self) -> SimulatedModel:
+        return SimulatedModel(**msgspec.structs.asdict(self))
+
+
 class SimulatedModel:
     """A vendor-like model: see the module doc. ``requests`` counts the requests served."""
 
@@ -156,6 +172,15 @@ class SimulatedModel:
         self.reply_tokens = reply_tokens
         self.tool_probability = tool_probability
         self.chunk_tokens = chunk_tokens
+        self.settings = SimulatedSettings(
+            ttft_s=ttft_s,
+            tokens_per_s=tokens_per_s,
+            reply_tokens=reply_tokens,
+            tool_probability=tool_probability,
+            chunk_tokens=chunk_tokens,
+            seed=seed,
+            name=name,
+        )
         self._name = name
         self._rng = random.Random(seed)
         self._lock = threading.Lock()

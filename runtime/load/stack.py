@@ -38,6 +38,7 @@ __all__ = [
     "Prompts",
     "PromptsError",
     "load_factory",
+    "lookup_stack",
     "lookup_tool",
     "read_prompts",
     "scripted_load_model",
@@ -183,6 +184,12 @@ def lookup_tool() -> FunctionTool:
         return f"value-of-{key}"
 
     return lookup
+
+
+def lookup_stack(_rt: Runtime) -> AgentStack:
+    """The built-in stack of a simulated model that calls tools: the cheap ``lookup``
+    tool (a factory, ``runtime.load.stack:lookup_stack``, so that shards build it too)."""
+    return AgentStack(tools=[lookup_tool()])
 
 
 def scripted_load_model(

@@ -25,6 +25,7 @@ class Traffic(msgspec.Struct, frozen=True, kw_only=True):
     duration_s: float
     shape: Literal["poisson", "constant"] = "poisson"
     queue_limit: int | None = None  # arrivals waiting for a free agent; None: agents x 10
+    phase_s: float = 0.0  # constant arrivals: the first one's offset (a shard's share)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rate) and self.rate > 0):
@@ -35,6 +36,23 @@ class Traffic(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"shape is 'poisson' or 'constant', got {self.shape!r}")
         if self.queue_limit is not None and self.queue_limit < 0:
             raise ValueError(f"queue_limit must be >= 0, got {self.queue_limit}")
+        if not (math.isfinite(self.phase_s) and 0 <= self.phase_s < self.duration_s):
+            raise ValueError(f"phase_s must be in [0, duration_s), got {self.phase_s}")
+
+    def share(self, parts: int, index: int) -> Traffic:
+        """Part ``index`` of ``parts`` runs that together offer this traffic: each at
+        ``rate / parts`` (and its share of ``queue_limit``); constant arrivals are
+        interleaved (part k's offset by k arrivals of the whole), Poisson ones are
+        independent (a run's seed its own), whose sum is Poisson at ``rate``."""
+        if not 0 <= index < parts:
+            raise ValueError(f"part {index} of {parts}")
+        limit = self.queue_limit
+        if limit is not None:
+            limit = limit // parts + (1 if index < limit % parts else 0)
+        phase = self.phase_s + index / self.rate if self.shape == "constant" else 0.0
+        return msgspec.structs.replace(
+            self, rate=self.rate / parts, queue_limit=limit, phase_s=phase % self.duration_s
+        )
 
     @staticmethod
     def parse_rate(text: str) -> float:
@@ -57,8 +75,8 @@ def arrival_times(traffic: Traffic, seed: int = 0) -> list[float]:
     out: list[float] = []
     if traffic.shape == "constant":
         gap = 1.0 / traffic.rate
-        count = math.floor(traffic.duration_s * traffic.rate + 1e-9)
-        return [i * gap for i in range(count)]
+        count = math.floor((traffic.duration_s - traffic.phase_s) * traffic.rate - 1e-9) + 1
+        return [traffic.phase_s + i * gap for i in range(count)]
     rng = random.Random(seed)
     t = rng.expovariate(traffic.rate)
     while t < traffic.duration_s:

@@ -128,8 +128,8 @@ def test_options_of_the_scripted_or_simulated_model_are_refused_with_a_real_one(
         (["--sweep", "agents=1,2", "--agents", "3"], "--agents is what --sweep agents"),
         (["--sweep", "agents=5"], "at least two values"),
         (["--prompt-order", "sample"], "--prompt-order needs --prompts"),
-        (["--shards", "2", "--rate", "10"], "--rate do not go with --shards"),
-        (["--shards", "2", "--agent", "tests.load.stacks:factory"], "--agent do not go with"),
+        (["--shards", "3", "--agents", "2"], "--shards 3 for 2 agents"),
+        (["--shards", "2", "--sweep", "agents=1,4"], "--shards 2 for 1 agents"),
         (["--address", "127.0.0.1:1"], "--address goes with --shards"),
     ],
 )

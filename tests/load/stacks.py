@@ -57,3 +57,37 @@ def factory(rt: Runtime) -> AgentStack:
 
 def not_a_stack(rt: Runtime) -> dict[str, object]:
     return {"model": "scripted:echo"}
+
+
+REQUEST_WAIT_S = 0.03
+GATE_WAIT_S = 0.01
+CHECKPOINT_WAIT_S = 0.01
+
+
+def slow_hooks(rt: Runtime) -> AgentStack:
+    """A stack whose ``agent/request`` listener takes 30 ms, whose ``tools/pre-execute``
+    gate and ``session/flush`` checkpoint listener 10 ms each, over a model that answers its first chunk in 10 ms and calls the tool
+    on each turn's first step: the listeners' time must show under hooks, not in the
+    time to first chunk or the tools."""
+
+    def on_request(event: Any, next_: Callable[[], RequestConfig]) -> RequestConfig:
+        _pause.wait(REQUEST_WAIT_S)
+        return next_()
+
+    def gate(event: Any, next_: Callable[[], Any]) -> Any:
+        _pause.wait(GATE_WAIT_S)
+        return next_()
+
+    def checkpoint(event: Any) -> None:
+        _pause.wait(CHECKPOINT_WAIT_S)
+
+    rt.on("agent/request", on_request)
+    rt.on("tools/pre-execute", gate)
+    rt.on("session/flush", checkpoint)
+    model = SimulatedModel(
+        ttft_s=Dist(0.01, 0.0),
+        tokens_per_s=Dist(1000.0, 0.0),
+        reply_tokens=Dist(4.0, 0.0),
+        tool_probability=1.0,
+    )
+    return AgentStack(model=model, tools=[weather])
