@@ -53,6 +53,7 @@ def start_local_ray(shards: int, shard_cpus: float) -> None:
     ray = _ray()
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(
+        address="local",  # a new instance, even if another one runs on this machine
         num_cpus=max(1, round(shards * shard_cpus)),
         include_dashboard=False,
         log_to_driver=False,
