@@ -14,7 +14,6 @@ is the result. Which version starts first alternates.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import median, parser, print_table, write_json
-from benchmarks.ab_turns import ready, snapshot
+from benchmarks.ab_turns import run_together, snapshot
 
 _CHILD = r"""
 import json, resource, sys, tempfile, time
@@ -77,21 +76,7 @@ def _start(root: Path, n: int) -> subprocess.Popen[str]:
 
 
 def _pair(roots: dict[str, Path], order: list[str], n: int) -> dict[str, Any]:
-    children = {name: _start(roots[name], n) for name in order}
-    for name in order:
-        ready(children[name], name)
-    for name in order:  # the barrier: both go now
-        stdin = children[name].stdin
-        assert stdin is not None
-        stdin.write("go\n")
-        stdin.flush()
-    result: dict[str, Any] = {}
-    for name, child in children.items():
-        out, err = child.communicate(timeout=1800)
-        if child.returncode != 0:
-            raise SystemExit(f"{name} failed:\n{err}")
-        result[name] = json.loads(out.strip().splitlines()[-1])
-    return result
+    return run_together({name: _start(roots[name], n) for name in order}, timeout=1800)
 
 
 def main() -> None:

@@ -139,16 +139,22 @@ def pair(
     roots: dict[str, Path], order: list[str], n: int, turns: int, mode: str, tool: bool
 ) -> dict[str, Any]:
     children = {name: start(roots[name], n, turns, mode, tool) for name in order}
-    for name in order:
-        ready(children[name], name)
-    for name in order:  # the barrier: both go now
-        stdin = children[name].stdin
+    return run_together(children, timeout=900)
+
+
+def run_together(children: dict[str, subprocess.Popen[str]], timeout: float) -> dict[str, Any]:
+    """Wait until every child is ready, let them all go at once (the barrier), and
+    collect each one's last line of JSON."""
+    for name, child in children.items():
+        ready(child, name)
+    for child in children.values():  # the barrier: both go now
+        stdin = child.stdin
         assert stdin is not None
         stdin.write("go\n")
         stdin.flush()
     result: dict[str, Any] = {}
     for name, child in children.items():
-        out, err = child.communicate(timeout=900)
+        out, err = child.communicate(timeout=timeout)
         if child.returncode != 0:
             raise SystemExit(f"{name} failed:\n{err}")
         result[name] = json.loads(out.strip().splitlines()[-1])
