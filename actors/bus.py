@@ -14,6 +14,9 @@ caller (an actor) then runs ``deferred.run()`` on the I/O side, e.g. with
 ``IoSide.start_for``, and gets the result back as a message.
 
 With no listener for a name, all three cost one dict lookup.
+
+A little over 500 lines, one piece: the four ways of calling listeners share one
+registry (order, scope, ``last=``) and one way of containing a listener's failure.
 """
 
 from __future__ import annotations
