@@ -3,9 +3,10 @@
 The load itself is :mod:`runtime.load` (:func:`~runtime.load.run_bench`,
 :func:`~runtime.load.run_sweep`); this module adds the flags and their checks (options
 of one model refused with another, a real model's cost confirmed), the ``--fresh``
-wipe (:mod:`.wipe`), and the exit status; :mod:`.benchview` shows the progress and the tables,
-:mod:`.benchplot` draws ``--plot``. docs/load.md is the user's guide. A little over 500 lines, one piece:
-one command whose flags and the checks between them are read best side by side.
+wipe (:mod:`.wipe`), and the exit status; :mod:`.benchview` shows the progress and the
+tables, :mod:`.benchplot` draws ``--plot``. docs/load.md is the user's guide. A little
+over 500 lines, one piece: one command whose flags and the checks between them are read
+best side by side.
 """
 
 from __future__ import annotations
