@@ -31,30 +31,28 @@ STORE_FILES: Final = frozenset({"data.mdb", "lock.mdb", "writer.lock"})
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def store_option(fn: F) -> F:
-    return click.option(
-        "--store",
-        "store",
-        type=click.Path(path_type=Path, file_okay=True, dir_okay=True),
-        default=DEFAULT_STORE,
-        show_default=True,
-        envvar="CORRAL_STORE",
-        help="The store directory (also $CORRAL_STORE).",
-    )(fn)
+def _store_option(help: str) -> Callable[[F], F]:
+    def decorate(fn: F) -> F:
+        return click.option(
+            "--store",
+            "store",
+            type=click.Path(path_type=Path, file_okay=True, dir_okay=True),
+            default=DEFAULT_STORE,
+            show_default=True,
+            envvar="CORRAL_STORE",
+            help=help,
+        )(fn)
+
+    return decorate
 
 
-def group_store_option(fn: F) -> F:
-    """``--store`` of a command group (``corral log --store S ls``): its commands take it
-    unless they are given their own ``--store``."""
-    return click.option(
-        "--store",
-        "store",
-        type=click.Path(path_type=Path, file_okay=True, dir_okay=True),
-        default=DEFAULT_STORE,
-        show_default=True,
-        envvar="CORRAL_STORE",
-        help="The store directory of every command below (also $CORRAL_STORE).",
-    )(fn)
+store_option: Final = _store_option("The store directory (also $CORRAL_STORE).")
+
+group_store_option: Final = _store_option(
+    "The store directory of every command below (also $CORRAL_STORE)."
+)
+"""``--store`` of a command group (``corral log --store S ls``): its commands take it
+unless they are given their own ``--store``."""
 
 
 def _inherit_store(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from runtime import ManualClock, Runtime
+from runtime import ManualClock, RetryPolicy, Runtime
 from storage import assert_invariants
 from storage.lmdb.store import Store
 
@@ -139,6 +139,17 @@ def store_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def rt(store_path: Path) -> Iterator[Runtime]:
     runtime = Runtime.open(store_path)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+        check_store(store_path)
+
+
+@pytest.fixture
+def fast_rt(store_path: Path) -> Iterator[Runtime]:
+    """A runtime whose retries wait a millisecond or two."""
+    runtime = Runtime.open(store_path, retry_policy=RetryPolicy(base_s=0.001, cap_s=0.002))
     try:
         yield runtime
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,6 @@ from .conftest import WAIT, ScenarioClock, Timeline, check_store
 from .models import FailingThenOk, GateModel
 
 SERVER = LlmFailure(message="boom", code="SERVER", status=500)
-
-
-@pytest.fixture
-def fast_rt(store_path: Path) -> Iterator[Runtime]:
-    runtime = Runtime.open(store_path, retry_policy=RetryPolicy(base_s=0.001, cap_s=0.002))
-    try:
-        yield runtime
-    finally:
-        runtime.close()
-        check_store(store_path)
 
 
 def turn_events(agent: Any, kind: str) -> list[Any]:

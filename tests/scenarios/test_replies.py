@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +14,6 @@ from runtime import (
     LimitExceeded,
     LlmFailure,
     ReplyTimeoutError,
-    RetryPolicy,
     Runtime,
     ScriptedModel,
     TextBlock,
@@ -27,21 +24,11 @@ from runtime import (
     wait_all_idle,
 )
 
-from .conftest import WAIT, ScenarioClock, check_store
+from .conftest import WAIT, ScenarioClock
 from .models import GateModel
 
 SERVER = LlmFailure(message="boom", code="SERVER", status=500)
 AUTH = LlmFailure(message="bad key", code="AUTH", status=401)
-
-
-@pytest.fixture
-def fast_rt(store_path: Path) -> Iterator[Runtime]:
-    runtime = Runtime.open(store_path, retry_policy=RetryPolicy(base_s=0.001, cap_s=0.002))
-    try:
-        yield runtime
-    finally:
-        runtime.close()
-        check_store(store_path)
 
 
 def test_ask_returns_the_final_text_its_blocks_turns_and_usage(rt: Runtime) -> None:
