@@ -32,7 +32,7 @@ from .failures import StreamReportedError
 from .http import require_aiohttp
 from .limits import ProviderLimiter
 from .secrets import resolve_api_key
-from .sse import SseDecoder, SseEvent, drain, event_bound
+from .sse import EventChunks, SseEvent, event_bound
 
 __all__ = ["ANTHROPIC_URL", "ANTHROPIC_VERSION", "AnthropicModel"]
 
@@ -98,7 +98,7 @@ class AnthropicModel(HttpProvider):
     def _default_base(self) -> str:
         return ANTHROPIC_URL
 
-    async def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
+    def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
         """Deltas as they arrive (the chunks of one network read at a time), then usage,
         then one ``FinishChunk``.
 
@@ -110,53 +110,34 @@ class AnthropicModel(HttpProvider):
         ignoring ``stream: true``) is read as the stream of that message; one that is a
         JSON error fails as that error (see :mod:`.bodies`).
         """
-        params = message_params(
-            request, default_max_tokens=self._max_tokens, thinking=self._thinking
-        )
         mapper = EventMapper()
-        frames = self._stream_response(
+        return self._stream_response(
             "/v1/messages",
-            _ENCODER.encode(params),
-            lambda body: self._chunks(body, mapper, event_bound(request.max_reply_bytes)),
+            lambda: _ENCODER.encode(
+                message_params(
+                    request, default_max_tokens=self._max_tokens, thinking=self._thinking
+                )
+            ),
+            lambda: _Events(event_bound(request.max_reply_bytes), mapper),
             lambda body: _plain(body, mapper),
             mapper,
             lambda: None if mapper.stopped else "the stream ended before message_stop",
             request.max_reply_bytes,
         )
-        try:
-            async for batch in frames:
-                yield batch
-        finally:
-            await frames.aclose()  # closes the HTTP response at once on cancel
 
-    @staticmethod
-    async def _chunks(
-        body: AsyncIterator[bytes], mapper: EventMapper, bound: int
-    ) -> AsyncIterator[list[StreamChunk]]:
-        """Decode events until ``message_stop`` (then drain the body for reuse): the
-        chunks of each read at once; those before a failing event come first."""
-        decoder = SseDecoder(bound)
-        async for data in body:
-            out: list[StreamChunk] = []
-            try:
-                for event in decoder.feed(data):
-                    out += _map_event(event, mapper)
-                    if mapper.stopped:
-                        if out:
-                            yield out
-                        await drain(body)
-                        return
-            except Exception:
-                if out:
-                    yield out
-                raise
-            if out:
-                yield out
-        out = []
-        for event in decoder.finish():
-            out += _map_event(event, mapper)
-        if out:
-            yield out
+
+class _Events(EventChunks):
+    """Events until ``message_stop``, each mapped by the reply's :class:`EventMapper`."""
+
+    __slots__ = ("_mapper",)
+
+    def __init__(self, bound: int, mapper: EventMapper) -> None:
+        super().__init__(bound)
+        self._mapper = mapper
+
+    def take(self, event: SseEvent, out: list[StreamChunk]) -> bool:
+        out += _map_event(event, self._mapper)
+        return self._mapper.stopped
 
 
 _ENCODER: Final = msgspec.json.Encoder()

@@ -25,6 +25,7 @@ from .failures import empty_response, finished_with_error, request_id_from, to_m
 from .http import WireClient
 from .limits import LimiterStatistics, ProviderLimiter
 from .secrets import Secret
+from .sse import EventChunks, drain
 
 __all__ = ["HttpProvider"]
 
@@ -206,29 +207,30 @@ class HttpProvider:
     async def _stream_response(
         self,
         path: str,
-        body: bytes,
-        decode: Callable[[AsyncIterator[bytes]], AsyncIterator[list[StreamChunk]]],
+        body: Callable[[], bytes],
+        events: Callable[[], EventChunks],
         plain: Callable[[JsonBody], list[StreamChunk]],
         mapper: StreamMapper,
         unfinished: Callable[[], str | None],
         max_reply_bytes: int | None,
     ) -> AsyncGenerator[list[StreamChunk], None]:
         """The request/stream/finish frame both vendors share: take a limiter slot, POST
-        ``body`` (JSON) to ``path``, yield the batches ``decode`` maps from its bytes (one
-        a read; or what
+        ``body()`` (JSON, encoded on the first read of the stream) to ``path``, yield the
+        batches an ``events()`` decoder maps from its bytes (one a read; or what
         ``plain`` maps from a 200 whose body is JSON, see :mod:`.bodies`; read up to a
         bound derived from ``max_reply_bytes``, the log's event limit), turn every
         failure into a :class:`ModelError` (keeping the request id), refuse a stream that
         ``unfinished`` says ended early, that ended with a failed or unknown finish
         reason, or that produced nothing, then yield the mapper's closing chunks (usage,
         finish)."""
+        payload = body()
         request_id: str | None = None
         responded = False  # the response's headers came: a timeout now is a stalled stream
         failure: ModelError | None = None
         async with self._limiter.slot():
             client = self._client()
             try:
-                async with client.stream(path, body) as response:
+                async with client.stream(path, payload) as response:
                     request_id = request_id_from(response.headers)
                     responded = True
                     answer = await open_body(
@@ -241,9 +243,23 @@ class HttpProvider:
                         self._count(batch)
                         yield batch
                     else:
-                        async for batch in decode(answer):
-                            self._count(batch)
-                            yield batch
+                        # One loop from the socket's reads to the batches (see EventChunks).
+                        decoder = events()
+                        async for data in answer:
+                            batch = decoder.feed(data)
+                            if batch:
+                                self._count(batch)
+                                yield batch
+                            if decoder.failure is not None:
+                                raise decoder.failure  # noqa: TRY301 - a ModelError like any other, below
+                            if decoder.done:
+                                await drain(answer)  # for the connection's reuse
+                                break
+                        else:
+                            batch = decoder.finish()
+                            if batch:
+                                self._count(batch)
+                                yield batch
             except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
                 failure = self._error(err, request_id, responded=responded)
         if failure is not None:

@@ -31,7 +31,7 @@ from .http import require_aiohttp
 from .limits import ProviderLimiter
 from .openai_wire import ChunkMapper, MaxTokensField, WireChunk, chat_params, decode_chunk
 from .secrets import resolve_api_key
-from .sse import SseDecoder, SseEvent, drain, event_bound
+from .sse import EventChunks, SseEvent, event_bound
 
 __all__ = ["NO_KEY_PLACEHOLDER", "OpenAICompatModel"]
 
@@ -113,7 +113,7 @@ class OpenAICompatModel(HttpProvider):
     def _default_base(self) -> str:
         return OPENAI_URL
 
-    async def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
+    def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
         """Deltas as they arrive (the chunks of one network read at a time), then usage,
         then one ``FinishChunk``.
 
@@ -125,17 +125,18 @@ class OpenAICompatModel(HttpProvider):
         is read as a stream of that one reply; a 200 whose body is a JSON error fails as
         that error (see :mod:`.bodies`).
         """
-        params = chat_params(
-            request,
-            max_tokens_field=self._max_tokens_field,
-            send_reasoning=self._send_reasoning,
-            include_usage=self._include_usage,
-        )
         mapper = ChunkMapper()
-        frames = self._stream_response(
+        return self._stream_response(
             "/chat/completions",
-            _ENCODER.encode(params),
-            lambda body: self._chunks(body, mapper, event_bound(request.max_reply_bytes)),
+            lambda: _ENCODER.encode(
+                chat_params(
+                    request,
+                    max_tokens_field=self._max_tokens_field,
+                    send_reasoning=self._send_reasoning,
+                    include_usage=self._include_usage,
+                )
+            ),
+            lambda: _Events(event_bound(request.max_reply_bytes), mapper),
             lambda body: _plain(body, mapper),
             mapper,
             lambda: (
@@ -145,41 +146,22 @@ class OpenAICompatModel(HttpProvider):
             ),
             request.max_reply_bytes,
         )
-        try:
-            async for batch in frames:
-                yield batch
-        finally:
-            await frames.aclose()  # closes the HTTP response at once on cancel
 
-    @staticmethod
-    async def _chunks(
-        body: AsyncIterator[bytes], mapper: ChunkMapper, bound: int
-    ) -> AsyncIterator[list[StreamChunk]]:
-        """Decode events until ``[DONE]`` (then drain the body for connection reuse): the
-        chunks of each read at once; those before a failing event come first."""
-        decoder = SseDecoder(bound)
-        async for data in body:
-            out: list[StreamChunk] = []
-            try:
-                for event in decoder.feed(data):
-                    if event.data == b"[DONE]":
-                        if out:
-                            yield out
-                        await drain(body)
-                        return
-                    out += _map_event(event, mapper)
-            except Exception:
-                if out:
-                    yield out
-                raise
-            if out:
-                yield out
-        out = []
-        for event in decoder.finish():
-            if event.data != b"[DONE]":
-                out += _map_event(event, mapper)
-        if out:
-            yield out
+
+class _Events(EventChunks):
+    """Events until ``[DONE]``, each mapped by the reply's :class:`ChunkMapper`."""
+
+    __slots__ = ("_mapper",)
+
+    def __init__(self, bound: int, mapper: ChunkMapper) -> None:
+        super().__init__(bound)
+        self._mapper = mapper
+
+    def take(self, event: SseEvent, out: list[StreamChunk]) -> bool:
+        if event.data == b"[DONE]":
+            return True
+        out += _map_event(event, self._mapper)
+        return False
 
 
 _ENCODER: Final = msgspec.json.Encoder()
