@@ -24,8 +24,10 @@ runs ``--turns`` turns back to back; their first requests are spread evenly over
 ``--ramp`` seconds, as independent users' requests arrive (``--ramp 0`` sends them all at
 once, so that every stream's deltas come in the same server tick: a burst, not a
 load). For each N in ``--agents`` it reports the p50/p99 extra delay, the cores the
-client used, and whether p99 < ``--budget-ms``, beside a bare aiohttp + msgspec client on
-the same schedule (what any Python client sees on this machine at that moment).
+client and the server used, and whether p99 < ``--budget-ms``, for corral beside two
+clients on the same schedule: a bare aiohttp + msgspec client (no log, no actors) and the
+floor (a raw ``asyncio.Protocol`` that only finds the stamps in the bytes): what any
+Python client, and the least one, sees on this machine at that moment.
 
     python benchmarks/bench_streaming.py                       # 200 x 5 x 50, both wires
     python benchmarks/bench_streaming.py --wire openai --streams 200 --requests 5
@@ -56,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import median, parser, percentile, print_table, write_json
 
 CLIENTS = ("floor", "aiohttp", "sdk", "corral")
+PACED_CLIENTS = ("floor", "aiohttp", "corral")
 WIRES = ("openai", "anthropic")
 PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
 
@@ -358,6 +361,56 @@ def run_paced_aiohttp(
     return _paced_result(agents, agents * turns, 0, delays, cpu, wall)
 
 
+def run_paced_floor(port: int, wire: str, agents: int, turns: int, ramp: float) -> dict[str, Any]:
+    """The same schedule through the least a Python client can do: a raw
+    ``asyncio.Protocol`` per agent (one keep-alive connection, the request written out by
+    hand, each read's stamps found in its bytes; no HTTP library, no JSON decoding): how
+    late *any* Python client on this machine sees the chunks, whatever it does with them."""
+    body = _body(wire)
+    request = (
+        f"POST {PATHS[wire]} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    delays: list[float] = []
+
+    class Reader(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.pending = b""  # after the last complete event (a stamp may be split)
+            self.done: asyncio.Future[None] | None = None
+
+        def data_received(self, data: bytes) -> None:
+            now = time.time()
+            data = self.pending + data
+            end = data.rfind(b"\n\n")  # events end in a blank line
+            end = 0 if end < 0 else end + 2
+            delays.extend(now - float(m.group(1)) for m in STAMP_BYTES.finditer(data, 0, end))
+            self.pending = data[end:]
+            if self.pending.endswith(b"\r\n0\r\n\r\n") and self.done is not None:
+                self.pending = b""
+                self.done.set_result(None)  # the last chunk of chunked encoding
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def one(n: int) -> None:
+            await asyncio.sleep(ramp * n / agents)
+            transport, reader = await loop.create_connection(Reader, "127.0.0.1", port)
+            try:
+                for _ in range(turns):
+                    reader.done = loop.create_future()
+                    transport.write(request)
+                    await reader.done
+            finally:
+                transport.close()
+
+        await asyncio.gather(*(one(n) for n in range(agents)))
+
+    cpu0, wall0 = _cpu_s(), time.perf_counter()
+    asyncio.run(run())
+    cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+    return _paced_result(agents, agents * turns, 0, delays, cpu, wall)
+
+
 def _paced_result(
     agents: int, completed: int, failed: int, delays: list[float], cpu: float, wall: float
 ) -> dict[str, Any]:
@@ -377,8 +430,18 @@ def _paced_result(
 # --------------------------------------------------------------------------- driver
 
 
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def sse_server(chunks: int, *, ttft: float = 0.0, tps: float | None = None) -> Iterator[int]:
+def sse_server(
+    chunks: int, *, ttft: float = 0.0, tps: float | None = None, info: dict[str, Any] | None = None
+) -> Iterator[int]:
+    """The loopback server in its own process; yields its port. ``info``, if given, gets
+    ``cpu_s``: the server's CPU seconds while the block ran."""
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
         cmd = [sys.executable, str(ROOT / "benchmarks" / "_sse_server.py"),
@@ -392,7 +455,10 @@ def sse_server(chunks: int, *, ttft: float = 0.0, tps: float | None = None) -> I
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the SSE server did not start")
                 time.sleep(0.02)
+            cpu0 = _process_cpu_s(proc.pid)
             yield int(port_file.read_text())
+            if info is not None:
+                info["cpu_s"] = _process_cpu_s(proc.pid) - cpu0
         finally:
             proc.kill()
             proc.wait()
@@ -402,7 +468,7 @@ def _child(args: list[str]) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(
         [sys.executable, __file__, "--child", *args],
-        capture_output=True, text=True, env=env, check=False,
+        capture_output=True, text=True, env=env, check=False, timeout=1800,
     )
     if out.returncode != 0:
         raise RuntimeError(f"child {args} failed:\n{out.stderr[-4000:]}")
@@ -434,10 +500,11 @@ def main() -> None:
             port, wire, agents = int(rest[0]), rest[1], int(rest[2])
             turns, ramp = int(rest[3]), float(rest[4])
             print(json.dumps(run_paced(port, wire, agents, turns, ramp)))
-        elif kind == "paced-aiohttp":
+        elif kind in ("paced-aiohttp", "paced-floor"):
             port, wire, agents = int(rest[0]), rest[1], int(rest[2])
             turns, ramp = int(rest[3]), float(rest[4])
-            print(json.dumps(run_paced_aiohttp(port, wire, agents, turns, ramp)))
+            run = run_paced_aiohttp if kind == "paced-aiohttp" else run_paced_floor
+            print(json.dumps(run(port, wire, agents, turns, ramp)))
         else:
             port, wire, streams, requests = int(rest[0]), rest[1], int(rest[2]), int(rest[3])
             print(json.dumps(run_client(kind, port, wire, streams, requests)))
@@ -446,22 +513,27 @@ def main() -> None:
     wires = WIRES if args.wire == "both" else (args.wire,)
     record: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "json"}}
     if args.paced:
+        paced_clients = [c for c in args.clients.split(",") if c in PACED_CLIENTS]
+        if not paced_clients:
+            p.error(f"--paced runs the clients {', '.join(PACED_CLIENTS)}; --clients named none")
         rows, results = [], []
         for wire in wires:
             for agents in [int(n) for n in args.agents.split(",")]:
-                for client in ("aiohttp", "corral"):
-                    kind = "paced" if client == "corral" else "paced-aiohttp"
-                    with sse_server(args.chunks, ttft=args.ttft, tps=args.tps) as port:
+                for client in paced_clients:
+                    kind = "paced" if client == "corral" else f"paced-{client}"
+                    server: dict[str, Any] = {}
+                    with sse_server(args.chunks, ttft=args.ttft, tps=args.tps, info=server) as port:
                         r = _child([kind, str(port), wire, str(agents), str(args.turns),
                                     str(args.ramp)])
                     r["wire"], r["client"] = wire, client
+                    r["server_cpu_s"] = server["cpu_s"]
                     results.append(r)
                     ok = r["p99_ms"] < args.budget_ms and not r["failed"]
                     rows.append([wire, agents, client, r["chunks"], r["p50_ms"], r["p99_ms"],
                                  r["max_ms"], r["cpu_s"] / r["wall_s"],
-                                 ("yes" if ok else "no") if client == "corral" else "-"])
+                                 r["server_cpu_s"] / r["wall_s"], "yes" if ok else "no"])
         print_table(["wire", "agents", "client", "chunks", "p50 ms", "p99 ms", "max ms",
-                     "cores", f"p99 < {args.budget_ms:g} ms"], rows)
+                     "cores", "server cores", f"p99 < {args.budget_ms:g} ms"], rows)
         record["paced"] = results
     else:
         clients = [c for c in args.clients.split(",") if c]
