@@ -218,6 +218,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="dispatcher threads (0: default)")
     p.add_argument("--quick", action="store_true", help="100 and 1,000 agents, 3 turns")
     args = p.parse_args()
+    if args.baseline_turns < 1 or args.turns < 1:
+        p.error("--turns and --baseline-turns must be at least 1 (every ratio needs both)")
     sizes = [100, 1000] if args.quick else [int(s) for s in args.sizes.split(",")]
     turns = 3 if args.quick else args.turns
     rows: list[list[object]] = []
