@@ -475,6 +475,58 @@ def _child(args: list[str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _paced_case(args: argparse.Namespace, wire: str, client: str, agents: int) -> dict[str, Any]:
+    """One paced run of ``client`` with ``agents`` agents against a fresh server."""
+    kind = "paced" if client == "corral" else f"paced-{client}"
+    server: dict[str, Any] = {}
+    with sse_server(args.chunks, ttft=args.ttft, tps=args.tps, info=server) as port:
+        r = _child([kind, str(port), wire, str(agents), str(args.turns), str(args.ramp)])
+    r["wire"], r["client"] = wire, client
+    r["server_cpu_s"] = server["cpu_s"]
+    r["ok"] = r["p99_ms"] < args.budget_ms and not r["failed"]
+    return r
+
+
+def _find_largest(
+    run: Any, start: int = 250, low: int = 25, high: int = 4000, resolution: float = 1.1
+) -> tuple[int | None, list[dict[str, Any]]]:
+    """The largest N for which ``run(N)["ok"]``: doubling (or halving) from ``start``
+    to a bracket, then bisecting it to within ``resolution`` (one run a probe: a probe
+    near the boundary can go either way on a noisy machine, so the answer is +-1 step).
+    (None if not even ``low`` passes.)"""
+    probes: list[dict[str, Any]] = []
+
+    def ok(n: int) -> bool:
+        probes.append(run(n))
+        return bool(probes[-1]["ok"])
+
+    good: int | None = None
+    bad: int | None = None
+    n = start
+    while good is None or bad is None:
+        if ok(n):
+            good = n
+            if n >= high:
+                return good, probes
+            n = min(high, n * 2) if bad is None else n
+        else:
+            bad = n
+            if n <= low:
+                return None, probes
+            n = max(low, n // 2) if good is None else n
+        if good is not None and bad is not None:
+            break
+    while bad / good > resolution:
+        middle = (good + bad) // 2
+        if middle in (good, bad):
+            break
+        if ok(middle):
+            good = middle
+        else:
+            bad = middle
+    return good, probes
+
+
 def main() -> None:
     p = parser(__doc__.split("\n\n")[0], repeats=1)
     p.add_argument("--wire", choices=(*WIRES, "both"), default="both")
@@ -491,6 +543,9 @@ def main() -> None:
                    help="paced mode: seconds over which the agents' first requests are "
                         "spread (0: all at once, every stream in step)")
     p.add_argument("--budget-ms", type=float, default=50.0)
+    p.add_argument("--find", action="store_true",
+                   help="paced mode: search for each client's largest N with p99 under "
+                        "--budget-ms (doubling, then bisecting to within 10%%)")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
 
@@ -517,23 +572,32 @@ def main() -> None:
         if not paced_clients:
             p.error(f"--paced runs the clients {', '.join(PACED_CLIENTS)}; --clients named none")
         rows, results = [], []
-        for wire in wires:
+        if args.find:
+            found = []
+            for wire in wires:
+                for client in paced_clients:
+                    largest, probes = _find_largest(
+                        lambda n, w=wire, c=client: _paced_case(args, w, c, n)
+                    )
+                    results += probes
+                    found.append({"wire": wire, "client": client, "largest": largest})
+                    rows.append([wire, client, largest or "-",
+                                 ", ".join(f"{r['agents']}{'+' if r['ok'] else '-'}"
+                                           for r in probes)])
+            print_table(["wire", "client", f"largest N with p99 < {args.budget_ms:g} ms",
+                         "probes (+ met, - not)"], rows)
+            record["largest"] = found
+        for wire in wires if not args.find else ():
             for agents in [int(n) for n in args.agents.split(",")]:
                 for client in paced_clients:
-                    kind = "paced" if client == "corral" else f"paced-{client}"
-                    server: dict[str, Any] = {}
-                    with sse_server(args.chunks, ttft=args.ttft, tps=args.tps, info=server) as port:
-                        r = _child([kind, str(port), wire, str(agents), str(args.turns),
-                                    str(args.ramp)])
-                    r["wire"], r["client"] = wire, client
-                    r["server_cpu_s"] = server["cpu_s"]
+                    r = _paced_case(args, wire, client, agents)
                     results.append(r)
-                    ok = r["p99_ms"] < args.budget_ms and not r["failed"]
                     rows.append([wire, agents, client, r["chunks"], r["p50_ms"], r["p99_ms"],
                                  r["max_ms"], r["cpu_s"] / r["wall_s"],
-                                 r["server_cpu_s"] / r["wall_s"], "yes" if ok else "no"])
-        print_table(["wire", "agents", "client", "chunks", "p50 ms", "p99 ms", "max ms",
-                     "cores", "server cores", f"p99 < {args.budget_ms:g} ms"], rows)
+                                 r["server_cpu_s"] / r["wall_s"], "yes" if r["ok"] else "no"])
+        if not args.find:
+            print_table(["wire", "agents", "client", "chunks", "p50 ms", "p99 ms", "max ms",
+                         "cores", "server cores", f"p99 < {args.budget_ms:g} ms"], rows)
         record["paced"] = results
     else:
         clients = [c for c in args.clients.split(",") if c]
