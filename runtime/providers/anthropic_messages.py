@@ -126,18 +126,14 @@ class AnthropicModel(HttpProvider):
         )
 
 
-class _Events(EventChunks):
+class _Events(EventChunks[EventMapper]):
     """Events until ``message_stop``, each mapped by the reply's :class:`EventMapper`."""
 
-    __slots__ = ("_mapper",)
-
-    def __init__(self, bound: int, mapper: EventMapper) -> None:
-        super().__init__(bound)
-        self._mapper = mapper
+    __slots__ = ()
 
     def take(self, event: SseEvent, out: list[StreamChunk]) -> bool:
-        out += _map_event(event, self._mapper)
-        return self._mapper.stopped
+        out += _map_event(event, self.mapper)
+        return self.mapper.stopped
 
 
 _ENCODER: Final = msgspec.json.Encoder()

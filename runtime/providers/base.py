@@ -15,7 +15,7 @@ import asyncio
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 from actors import ModelError, ModelRequest
 from storage import FinishReason, StreamChunk, UsageChunk
@@ -208,7 +208,7 @@ class HttpProvider:
         self,
         path: str,
         body: Callable[[], bytes],
-        events: Callable[[], EventChunks],
+        events: Callable[[], EventChunks[Any]],
         plain: Callable[[JsonBody], list[StreamChunk]],
         mapper: StreamMapper,
         unfinished: Callable[[], str | None],

@@ -148,19 +148,15 @@ class OpenAICompatModel(HttpProvider):
         )
 
 
-class _Events(EventChunks):
+class _Events(EventChunks[ChunkMapper]):
     """Events until ``[DONE]``, each mapped by the reply's :class:`ChunkMapper`."""
 
-    __slots__ = ("_mapper",)
-
-    def __init__(self, bound: int, mapper: ChunkMapper) -> None:
-        super().__init__(bound)
-        self._mapper = mapper
+    __slots__ = ()
 
     def take(self, event: SseEvent, out: list[StreamChunk]) -> bool:
         if event.data == b"[DONE]":
             return True
-        out += _map_event(event, self._mapper)
+        out += _map_event(event, self.mapper)
         return False
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Final, NamedTuple
+from typing import Final, Generic, NamedTuple, TypeVar
 
 from storage import DEFAULT_MAX_EVENT_BYTES, StreamChunk
 
@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 DRAIN_TIMEOUT_S: Final = 0.1
+M = TypeVar("M")  # a vendor's chunk mapper
 _SLACK: Final = 64 * 1024  # an event's fields around the delta (ids, names, usage)
 
 
@@ -160,7 +161,7 @@ class SseDecoder:
             self._event = value.decode("utf-8", "replace")
 
 
-class EventChunks:
+class EventChunks(Generic[M]):
     """A reply's event stream turned into chunks read by read: :meth:`feed` gives the
     chunks one network read completes (a plain call per read, not a generator layer: at
     one event a read, each layer was a few percent of a streamed chunk's CPU).
@@ -170,10 +171,13 @@ class EventChunks:
     did not decode, the vendor reported an error): :meth:`feed` returned the chunks of
     the events before it, which come first; the caller raises it then."""
 
-    __slots__ = ("_sse", "done", "failure")
+    __slots__ = ("_sse", "done", "failure", "mapper")
 
-    def __init__(self, bound: int) -> None:
+    def __init__(self, bound: int, mapper: M) -> None:
+        """``bound``: an event's largest size (see :func:`event_bound`); ``mapper``: the
+        reply's vendor mapper, for :meth:`take`."""
         self._sse = SseDecoder(bound)
+        self.mapper = mapper
         self.done = False
         self.failure: Exception | None = None
 
