@@ -153,7 +153,9 @@ class ToolPhase:
                 "UNKNOWN_TOOL", f"there is no tool named {shown(call.name)} (tools: {known})"
             )
         try:
-            arguments = _ARGUMENTS.decode(call.arguments or "{}")
+            text = call.arguments
+            # No arguments (the usual call of a tool without parameters): no decoder run.
+            arguments = {} if not text or text == "{}" else _ARGUMENTS.decode(text)
         except ValueError as err:
             return _error("INVALID_ARGUMENTS", f"the arguments are not valid JSON: {err}")
         except RecursionError:

@@ -105,6 +105,8 @@ def _check_call(call: object, where: str) -> None:
         raise TypeError(
             f"{where}: arguments is a dict (a JSON object), got {type(call.arguments).__name__}"
         )
+    if not call.arguments:  # {}: encodes, and is lossless (the usual call of a load)
+        return
     try:
         _encoder.encode(call.arguments)
     except (TypeError, ValueError, OverflowError) as err:
@@ -222,8 +224,13 @@ class ScriptedModel:
         else:
             for index, call in enumerate(item):
                 raw = call.raw_arguments
-                args = raw if raw is not None else _encoder.encode(call.arguments).decode()
-                pieces = _split(args, self._chunks)
+                if raw is not None:
+                    args = raw
+                elif call.arguments:
+                    args = _encoder.encode(call.arguments).decode()
+                else:
+                    args = "{}"  # what the encoder writes for {}, without the call
+                pieces = [args] if self._chunks == 1 else _split(args, self._chunks)
                 out.append(
                     ToolCallDelta(
                         index=index,

@@ -267,6 +267,51 @@ def test_scripted_tool_call_arguments_that_are_not_lossless_json_are_refused(
     assert_alive(rt, agent)
 
 
+@pytest.mark.parametrize("chunks", [1, 2], ids=["one chunk", "two chunks"])
+@pytest.mark.parametrize("from_function", [False, True], ids=["script", "reply function"])
+def test_a_scripted_call_without_arguments_logs_an_empty_object_and_runs_the_tool(
+    rt: Runtime, chunks: int, from_function: bool
+) -> None:
+    # The scripted model and the tool phase take a short cut for {} (no encoding, no
+    # lossless walk, no JSON decoding): what is logged and run must not change.
+    calls = [ToolCall(name="probe"), ToolCall(name="probe", arguments={"x": "y"})]
+    script: list[Any] = [calls, "done"]
+    answers = iter(script)
+    model = ScriptedModel((lambda _request: next(answers)) if from_function else script)
+    agent = run_turn(rt, model, [probe])
+    model_chunks = ScriptedModel(script, chunks=chunks)
+    split = run_turn(rt, model_chunks, [probe])
+    for each in (agent, split):
+        assert [c.arguments for c in facts(each, "tool/call")] == ["{}", '{"x":"y"}']
+        results = facts(each, "tool/result")
+        assert [r.error for r in results] == [None, None]
+        assert [r.message.content[0].text for r in results] == ["ok", "ok"]
+        assert facts(each, "turn/end")[-1].reason.kind == "completed"
+
+
+@pytest.mark.parametrize("raw", ["", "{}"], ids=["empty", "empty object"])
+def test_raw_arguments_that_are_empty_run_a_tool_as_no_arguments(rt: Runtime, raw: str) -> None:
+    agent = run_turn(rt, ScriptedModel([[ToolCall(name="probe", raw_arguments=raw)], "x"]), [probe])
+    (call,) = facts(agent, "tool/call")
+    assert call.arguments == raw  # logged as the model sent it
+    (result,) = facts(agent, "tool/result")
+    assert result.error is None and result.message.content[0].text == "ok"
+
+
+@pytest.mark.parametrize(
+    "raw", ["{} x", " {}", "[]", "{"], ids=["trailing", "leading space", "array", "cut"]
+)
+def test_raw_arguments_close_to_an_empty_object_are_still_decoded_and_checked(
+    rt: Runtime, raw: str
+) -> None:
+    agent = run_turn(rt, ScriptedModel([[ToolCall(name="probe", raw_arguments=raw)], "x"]), [probe])
+    (result,) = facts(agent, "tool/result")
+    if raw == " {}":  # valid JSON for an empty object: the decoder runs, and agrees
+        assert result.error is None
+    else:
+        assert result.error is not None and result.error.code == "INVALID_ARGUMENTS"
+
+
 @pytest.mark.parametrize("size", [1_000, 5 << 20], ids=["1 KB", "5 MiB"])
 def test_a_model_failure_with_a_hostile_message_ends_the_turn_as_error(
     rt: Runtime, size: int
