@@ -72,6 +72,10 @@ def _checked_item(item: object, where: str) -> ScriptItem:
     fail deep inside the agent, or reach the log as a record it cannot read back)."""
     if type(item) is str:
         return item
+    if type(item) is list and item:  # a list of calls (no ABC check: the usual reply)
+        for index, call in enumerate(item):
+            _check_call(call, f"{where}[{index}]")
+        return item
     if isinstance(item, LlmFailure):
         problem = failure_problem(item)
         if problem is not None:
