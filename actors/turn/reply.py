@@ -36,7 +36,7 @@ from ..toolphase import ToolPhase, unanswerable
 from ..tools import described
 from .assembly import Assembler, HeldChunks
 
-__all__ = ["DONE", "FLUSH", "Exchange", "StepResult"]
+__all__ = ["DONE", "FLUSH", "MORE", "Exchange", "StepResult"]
 
 log = logging.getLogger("corral.turn")
 
@@ -52,6 +52,7 @@ class StepResult(msgspec.Struct, frozen=True):
 
 
 DONE: Final = StepResult()  # a step that ended normally, nothing more to do
+MORE: Final = StepResult(more=True)  # a step whose tool results the model is owed
 FLUSH: Final = Flush()  # stateless: one instance serves every wait
 
 
@@ -264,4 +265,4 @@ class Exchange:
             # Every call got a result (ToolPhase.run): the step closes, the turn ends error.
             failure = LlmFailure(message=f"the tool phase failed: {described(err)}")
             return StepResult(failure=failure, offer=False)
-        return StepResult(more=not concluded)
+        return DONE if concluded else MORE
