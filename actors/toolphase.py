@@ -142,10 +142,9 @@ class ToolPhase:
     async def _decide(self, name: str, event: Any, default: Callable[[], Any]) -> Any:
         return await outcome_of(name, self._waterfall(name, event, default))
 
-    async def _admit(
-        self, turn: int, step: int, call: ToolCallBlock, signal: TurnSignal
-    ) -> ToolPlan | ToolOutcome:
-        """Parse, validate and ask ``tools/pre-execute``; an outcome means "do not run"."""
+    def _prepare(self, call: ToolCallBlock) -> tuple[Tool, Any, Any] | ToolOutcome:
+        """Parse and validate ``call``: its tool, its prepared arguments and the read-only
+        arguments listeners see; an outcome means "do not run"."""
         tool = self._tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self._tools)) or "none"
@@ -175,6 +174,37 @@ class ToolPhase:
             shared = _read_only(arguments)  # what every listener sees
         except RecursionError:
             return _error("INVALID_ARGUMENTS", "the arguments are nested too deeply")
+        return tool, prepared, shared
+
+    def _admit_now(self, turn: int, step: int, call: ToolCallBlock) -> ToolPlan | ToolOutcome:
+        """:meth:`_admit` when no ``tools/pre-execute`` listener of any scope is there to
+        ask (the waterfall's default, ``Allow``): no coroutine, nothing awaited."""
+        prepared = self._prepare(call)
+        if isinstance(prepared, ToolOutcome):
+            return prepared
+        return self._plan(turn, step, call, *prepared)
+
+    def _plan(
+        self, turn: int, step: int, call: ToolCallBlock, tool: Tool, prepared: Any, shared: Any
+    ) -> ToolPlan:
+        execute = ToolExecute(
+            agent=self._agent,
+            turn=turn,
+            step=step,
+            call_id=call.call_id,
+            name=call.name,
+            arguments=shared,
+        )
+        return ToolPlan(tool=tool, prepared=prepared, event=execute)
+
+    async def _admit(
+        self, turn: int, step: int, call: ToolCallBlock, signal: TurnSignal
+    ) -> ToolPlan | ToolOutcome:
+        """Parse, validate and ask ``tools/pre-execute``; an outcome means "do not run"."""
+        checked = self._prepare(call)
+        if isinstance(checked, ToolOutcome):
+            return checked
+        tool, prepared, shared = checked
         if not self._listened("tools/pre-execute"):
             decision: Any = _ALLOW  # the waterfall's default, with no listener to ask
         else:
@@ -206,15 +236,7 @@ class ToolPhase:
                 "TOOL_DENIED",
                 f"tools/pre-execute must return Allow or Deny, got {shown(decision)}",
             )
-        execute = ToolExecute(
-            agent=self._agent,
-            turn=turn,
-            step=step,
-            call_id=call.call_id,
-            name=call.name,
-            arguments=shared,
-        )
-        return ToolPlan(tool=tool, prepared=prepared, event=execute)
+        return self._plan(turn, step, call, tool, prepared, shared)
 
     async def _finish(self, plan: ToolPlan, run: ToolRun) -> ToolOutcome:
         """Turn a body's run into an outcome, through ``tools/post-execute``."""
@@ -275,10 +297,15 @@ class ToolPhase:
                 )
                 committed += 1
 
+        listened = self._listened
+
         async def join_any() -> None:  # whichever in-flight call ends first
             handle, ran = await JoinTool(tuple(inflight))
             index = inflight.pop(handle)
-            outcomes[index] = await self._finish(plans[index], ran)
+            if ran.error is None and not ran.timed_out and not listened("tools/post-execute"):
+                outcomes[index] = outcome_from_output(ran.output)  # as _finish, not awaited
+            else:
+                outcomes[index] = await self._finish(plans[index], ran)
             commit_ready()
 
         try:
@@ -287,7 +314,10 @@ class ToolPhase:
                     outcomes[index] = _not_started()
                     commit_ready()
                     continue
-                admitted = await self._admit(turn, step, call, signal)
+                if listened("tools/pre-execute"):
+                    admitted = await self._admit(turn, step, call, signal)
+                else:
+                    admitted = self._admit_now(turn, step, call)
                 if isinstance(admitted, ToolOutcome):
                     outcomes[index] = admitted
                     commit_ready()
