@@ -349,7 +349,9 @@ class AgentActor(PooledActor):
         if self._mailbox.empty():
             return None, None  # nothing queued could change the outcome: go on
         token, pending = self._wait(effect)
-        self.actor_ref.tell(Resume(token=token))
+        # Told to itself, running: the mailbox's tell, without ActorRef.tell's liveness
+        # check (a Python call per checkpoint); after a stop it would be a dead letter.
+        self._mailbox.tell(Resume(token=token))
         return pending
 
     def _start_open_stream(self, effect: OpenStream) -> Any:
