@@ -37,22 +37,6 @@ class _PartialCall:
 class Assembler:
     """Accumulates chunks; knows the visible prefix and the complete calls."""
 
-    # One per step of every turn: slots make it quicker to build and to read.
-    __slots__ = (
-        "_calls",
-        "_digits",
-        "_next_power",
-        "_reasoning",
-        "_signature",
-        "_step",
-        "_text",
-        "_turn",
-        "chunk_seqs",
-        "cited",
-        "finish",
-        "streamed",
-        "usage",
-    )
 
     def __init__(self, turn: int, step: int) -> None:
         self._turn = turn
