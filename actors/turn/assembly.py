@@ -37,7 +37,6 @@ class _PartialCall:
 class Assembler:
     """Accumulates chunks; knows the visible prefix and the complete calls."""
 
-
     def __init__(self, turn: int, step: int) -> None:
         self._turn = turn
         self._step = step
