@@ -5,39 +5,26 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from tests.cli.conftest import corral
 
 
 def test_corral_bench_with_shards_runs_the_load_in_every_shard_and_merges_one_report(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
     store, record = tmp_path / "store", tmp_path / "report.json"
-    bench = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "runtime.cli",
-            "bench",
-            "--shards",
-            "2",
-            "--address",
-            ray_cluster.address,
-            "--agents",
-            "40",
-            "--turns",
-            "3",
-            "--store",
-            str(store),
-            "--json",
-            str(record),
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    bench = _bench(
+        ray_cluster.address,
+        "--agents",
+        "40",
+        "--turns",
+        "3",
+        "--store",
+        str(store),
+        "--json",
+        str(record),
     )
     assert bench.returncode == 0, bench.stdout + bench.stderr
     report = json.loads(record.read_text())
@@ -47,23 +34,13 @@ def test_corral_bench_with_shards_runs_the_load_in_every_shard_and_merges_one_re
     assert report["turns_per_s"] > 0
     assert (store / "shard-0" / "data.mdb").exists()
     assert (store / "shard-1" / "data.mdb").exists()
-    listed = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "log", "check", "--store", str(store)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    listed = corral("log", "check", "--store", store, timeout=120)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert "40 sessions OK" in listed.stdout
 
 
 def _bench(address: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "bench", "--shards", "2", "--address", address,
-         "-q", *args],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    return corral("bench", "--shards", "2", "--address", address, "-q", *args, timeout=300)
 
 
 def test_a_stack_of_your_own_with_prompts_runs_an_open_loop_split_over_the_shards(

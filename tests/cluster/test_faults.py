@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from runtime.cluster import Cluster, ClusterEvent
+from tests.cli.conftest import corral
 
 SLOW = "tests.cluster.stack:slower_echo_model"  # 100 ms a reply: work owed at the kill
 AGENTS = 24
@@ -73,21 +72,10 @@ def test_sigkill_of_a_shard_under_load_loses_no_acknowledged_send_and_resumes_ev
         assert sorted(every_id) == sorted(acknowledged)  # each acknowledged send once
         assert len(set(every_id)) == len(every_id)
 
-    check = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "log", "check", "--store", str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    check = corral("log", "check", "--store", root, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
     assert f"{AGENTS} sessions OK" in check.stdout
-    listed = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "log", "ls", "--store", str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    listed = corral("log", "ls", "--store", root, timeout=120)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
     assert f"{AGENTS} session(s)" in listed.stdout
     assert all(agent.id in listed.stdout for agent in agents)

@@ -20,6 +20,7 @@ from runtime.cluster.journal import Journal
 from runtime.cluster.layout import claim_layout, journal_path, shard_path, stores_for
 from runtime.cluster.reshard import reshard
 from storage import Store
+from tests.cli.conftest import corral
 
 ECHO = "tests.cluster.stack:echo_model"
 AGENTS = 30
@@ -179,31 +180,9 @@ def test_a_cluster_opened_with_another_count_refuses_or_reshards_and_its_agents_
         assert all(
             [e.data.turn for e in a.events() if e.type == "turn/start"] == [1, 2] for a in moved
         )
-    back = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "runtime.cli",
-            "log",
-            "reshard",
-            "--store",
-            str(root),
-            "--shards",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    back = corral("log", "reshard", "--store", root, "--shards", "2", timeout=120)
     assert back.returncode == 0, back.stdout + back.stderr
     assert "3 -> 2 shards" in back.stdout
-    check = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "log", "check", "--store", str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    check = corral("log", "check", "--store", root, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "12 sessions OK" in check.stdout
