@@ -14,7 +14,6 @@ is the result. Which version starts first alternates.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import median, parser, print_table, write_json
-from benchmarks.ab_turns import run_together, snapshot
+from benchmarks.ab_turns import run_together, snapshot, start_child
 
 _CHILD = r"""
 import json, resource, sys, tempfile, time
@@ -64,15 +63,7 @@ print(json.dumps(result))
 
 
 def _start(root: Path, n: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(n)],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_child(root, _CHILD, str(n))
 
 
 def _pair(roots: dict[str, Path], order: list[str], n: int) -> dict[str, Any]:

@@ -117,8 +117,14 @@ def snapshot(version: str, into: Path) -> Path:
 
 
 def start(root: Path, n: int, turns: int, mode: str, tool: bool) -> subprocess.Popen[str]:
+    return start_child(root, _CHILD, str(n), str(turns), mode, "1" if tool else "0")
+
+
+def start_child(root: Path, code: str, *args: str) -> subprocess.Popen[str]:
+    """``python -c code args...`` run against the version in ``root``, with pipes (the
+    barrier is on its stdin, its result on its stdout)."""
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(n), str(turns), mode, "1" if tool else "0"],
+        [sys.executable, "-c", code, *args],
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
         stdin=subprocess.PIPE,
