@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from itertools import count
-from typing import ClassVar, ParamSpec, Protocol, TypeVar
+from typing import Any, ClassVar, ParamSpec, Protocol, TypeVar
 
 from actors._deadletters import DeadLetters
 from actors.errors import DispatcherShutdownError
@@ -31,10 +31,12 @@ __all__ = [
     "Dispatcher",
     "DispatcherStatistics",
     "LendingLock",
+    "LoopHandoff",
     "Schedulable",
     "in_io_loop_thread",
     "in_nonblocking_thread",
     "in_runtime_thread",
+    "loop_handoff",
     "mark_thread_blocking_pool",
     "mark_thread_io_loop",
     "mark_thread_nonblocking",
@@ -63,10 +65,78 @@ def in_nonblocking_thread() -> bool:
     return getattr(_thread_role, "nonblocking", False)
 
 
-def mark_thread_io_loop() -> None:
-    """Mark the calling thread as an I/O side's event loop thread (nonblocking too)."""
+def mark_thread_io_loop(handoff: LoopHandoff | None = None) -> None:
+    """Mark the calling thread as an I/O side's event loop thread (nonblocking too);
+    ``handoff``: where :func:`loop_handoff` finds the loop's :class:`LoopHandoff`."""
     _thread_role.nonblocking = True
     _thread_role.io_loop = True
+    _thread_role.handoff = handoff
+
+
+def loop_handoff() -> LoopHandoff | None:
+    """The calling I/O loop thread's :class:`LoopHandoff` (None on any other thread)."""
+    return getattr(_thread_role, "handoff", None)
+
+
+class LoopHandoff:
+    """Run-queue puts made on an I/O loop thread, handed to their dispatchers together
+    just before the loop next waits for I/O (:meth:`flush`, called by the loop's
+    selector), one run-queue item a dispatcher.
+
+    At realistic streaming rates one pass of the loop reads a chunk from each of several
+    connections, and each chunk made an agent runnable: put one by one, each woke a
+    dispatcher worker, which took the GIL from the loop thread in the middle of its pass
+    (its next ``recv`` released it), so every read paid two GIL handoffs. Handed over at
+    the end of the pass, the worker wakes once and runs them all. Only the loop thread
+    touches it; what it holds is put before the loop sleeps, so nothing waits longer
+    than the rest of one pass."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Dispatcher, Schedulable]] = []
+
+    def schedule(self, dispatcher: Dispatcher, runnable: Schedulable) -> None:
+        self.pending.append((dispatcher, runnable))
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        if len(pending) == 1:
+            dispatcher, runnable = pending[0]
+            dispatcher._run_queue.put(runnable)
+            return
+        by_dispatcher: dict[Dispatcher, list[Schedulable]] = {}
+        for dispatcher, runnable in pending:
+            by_dispatcher.setdefault(dispatcher, []).append(runnable)
+        for dispatcher, runnables in by_dispatcher.items():
+            queue_ = dispatcher._run_queue
+            queue_.put(runnables[0] if len(runnables) == 1 else _Together(runnables, queue_))
+
+
+class _Together:
+    """Runnables handed over at once (see :class:`LoopHandoff`): one worker runs a batch
+    of each, in order; one with more to do goes back on the run queue on its own."""
+
+    __slots__ = ("queue", "runnables")
+
+    def __init__(self, runnables: list[Schedulable], queue_: queue.SimpleQueue[Any]) -> None:
+        self.runnables = runnables
+        self.queue = queue_
+
+    def run_batch(self, throughput: int) -> tuple[int, bool]:
+        handled = 0
+        for runnable in self.runnables:
+            try:
+                done, more = runnable.run_batch(throughput)
+            except Exception:
+                # A mailbox contains every actor failure itself; reaching here is a bug,
+                # and the others must run all the same.
+                logger.exception("internal error while running %r", runnable)
+                continue
+            handled += done
+            if more:
+                self.queue.put(runnable)
+        return handled, False
 
 
 def in_io_loop_thread() -> bool:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import selectors
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from pykka import ActorDeadError, ActorRef
 
 from actors._deadletters import DeadLetters
-from actors._dispatcher import mark_thread_io_loop
+from actors._dispatcher import LoopHandoff, mark_thread_io_loop
 from actors._pool import BlockingPool
 from actors.errors import IoSideClosedError, MailboxFullError
 from storage import start_thread
@@ -182,6 +184,28 @@ class IoStatistics:
     abandoned_blocking: int  # blocking calls still running that their callers gave up on
 
 
+class _HandoffSelector(selectors.DefaultSelector):
+    """The loop's selector, handing what the pass made runnable to the dispatchers before
+    it waits (see :class:`~actors._dispatcher.LoopHandoff`)."""
+
+    def __init__(self, handoff: LoopHandoff) -> None:
+        super().__init__()
+        self._handoff = handoff
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if self._handoff.pending:
+            self._handoff.flush()
+        return super().select(timeout)
+
+
+def _new_loop(handoff: LoopHandoff) -> asyncio.AbstractEventLoop:
+    """The I/O side's loop: a selector loop with the hand-off (the platform's default
+    loop where that is not a selector loop: Windows' proactor, with no hand-off)."""
+    if sys.platform == "win32":
+        return asyncio.new_event_loop()
+    return asyncio.SelectorEventLoop(_HandoffSelector(handoff))
+
+
 class IoSide:
     """One asyncio event loop in a daemon thread plus a bounded blocking pool.
 
@@ -199,7 +223,8 @@ class IoSide:
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
         self.blocking_workers = blocking_workers
         self.blocking_pool = BlockingPool(blocking_workers, f"{name}-pool")
-        self.loop = asyncio.new_event_loop()
+        self._handoff = LoopHandoff()
+        self.loop = _new_loop(self._handoff)
         self._ids = count(1)
         self._lock = threading.Lock()
         self._closed = False  # Invariant: once True under _lock, no effect is admitted
@@ -399,14 +424,19 @@ class IoSide:
     # -- internals -------------------------------------------------------------------
 
     def _run_loop(self, ready: threading.Event) -> None:
-        mark_thread_io_loop()
+        handoff = self._handoff if isinstance(self.loop._selector, _HandoffSelector) else None  # type: ignore[attr-defined]
+        mark_thread_io_loop(handoff)
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(ready.set)
         try:
             self.loop.run_forever()
         finally:
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
+            try:
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+                self.loop.close()
+            finally:
+                self._handoff.flush()  # what the last pass made runnable
+                mark_thread_io_loop(None)
 
     async def _drain_tasks(self) -> None:
         current = asyncio.current_task()

@@ -135,8 +135,10 @@ class AgentActor(PooledActor):
         # awaits one effect at a time) and the mailbox drops it once handled.
         self._flushed_envelope = Envelope(_FLUSHED)
 
-    def _stream_ready(self, stream: StreamHandle, upto: int) -> None:  # on the I/O loop
-        self._mailbox.put(Envelope(StreamReady(stream, upto)))
+    def _stream_ready(self, stream: StreamHandle, upto: int) -> None:
+        # On the I/O loop (handed over at the end of its pass), or on the agent's own
+        # worker when it announces chunks that came meanwhile.
+        self._mailbox.put_soon(Envelope(StreamReady(stream, upto)))
 
     def _flushed(self, error: BaseException | None) -> None:  # called by the flush group
         # (Methods, not closures made in __init__: two closures held ~400 bytes of every

@@ -357,13 +357,13 @@ def test_an_io_side_interrupted_while_starting_its_loop_stops_it(
         patched.Event = InterruptedEvent  # type: ignore[attr-defined]
         monkeypatch.setattr(_ioside, "threading", patched)
     loops: list[asyncio.AbstractEventLoop] = []
-    new_loop = asyncio.new_event_loop
+    new_loop = _ioside._new_loop
 
-    def recorded() -> asyncio.AbstractEventLoop:
-        loops.append(new_loop())
+    def recorded(handoff: Any) -> asyncio.AbstractEventLoop:
+        loops.append(new_loop(handoff))
         return loops[-1]
 
-    monkeypatch.setattr(asyncio, "new_event_loop", recorded)
+    monkeypatch.setattr(_ioside, "_new_loop", recorded)
     with pytest.raises(KeyboardInterrupt):
         IoSide(blocking_workers=2, name="test-io-interrupted")
     monkeypatch.undo()

@@ -353,3 +353,40 @@ def test_the_stopped_event_behaves_like_a_threading_event() -> None:
     assert late.wait(WAIT) is True
     late.clear()
     assert not late.is_set()
+
+
+def test_put_soon_on_the_io_loop_hands_the_pass_over_at_once_before_the_loop_waits(
+    dispatcher: Dispatcher, io: Any
+) -> None:
+    # Mail put_soon during one pass of the I/O loop reaches its actors when the pass
+    # ends (one run-queue item for the lot), not one wake of a worker each; and the loop
+    # then idling (nothing more to do) must not keep it back.
+    logs: list[list[tuple[str, Any]]] = [[] for _ in range(5)]
+    refs = [Log.start(dispatcher, log, f"a{n}") for n, log in enumerate(logs)]
+    for ref in refs:
+        assert ref.ask("ready", timeout=WAIT) == "ready"
+    done = threading.Event()
+    passes: list[tuple[list[bool], int]] = []
+
+    def one_pass() -> None:
+        for ref in refs:
+            mailbox(ref).put_soon(Envelope("soon"))
+        handed = [mailbox(ref).statistics().scheduled for ref in refs]
+        passes.append((handed, len(io._handoff.pending)))
+        done.set()
+
+    io.loop.call_soon_threadsafe(one_pass)
+    assert done.wait(WAIT)
+    for ref in refs:
+        assert ref.ask("after", timeout=WAIT) == "after"
+    assert [log[-2:] for log in logs] == [[(f"a{n}", "soon"), (f"a{n}", "after")] for n in range(5)]
+    ((handed, pending),) = passes
+    assert handed == [True] * 5 and pending == 5  # scheduled, handed over after the pass
+
+
+def test_put_soon_off_the_io_loop_is_put(dispatcher: Dispatcher) -> None:
+    log: list[tuple[str, Any]] = []
+    ref = Log.start(dispatcher, log)
+    mailbox(ref).put_soon(Envelope("now"))
+    assert ref.ask("after", timeout=WAIT) == "after"
+    assert log == [("a", "now"), ("a", "after")]
