@@ -12,7 +12,8 @@ A model that can answer without waiting for anything (a zero-latency scripted mo
 may also implement :class:`ImmediateModel`; the agent then takes the chunks inline
 instead of a round trip through the I/O side. A model that reads its reply in pieces
 (the HTTP providers) may also implement :class:`BatchStreamingModel`, handing over each
-piece's chunks at once.
+piece's chunks at once, or :class:`PushStreamingModel`, pushing them to a callback as they
+are read.
 
 What a model hands over is checked before anything of it is logged (msgspec does not
 check field types when a struct is built, and a record the log cannot read back would
@@ -27,7 +28,7 @@ message that is not a str) into an ``UNKNOWN`` one that says what was wrong.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from operator import attrgetter
 from typing import Final, Protocol, get_args, runtime_checkable
 
@@ -55,6 +56,7 @@ __all__ = [
     "ImmediateModel",
     "Model",
     "ModelRequest",
+    "PushStreamingModel",
     "checked_chunk",
     "checked_failure",
     "failure_problem",
@@ -121,6 +123,23 @@ class BatchStreamingModel(Model, Protocol):
 
     def stream_batches(self, request: ModelRequest) -> AsyncIterator[Sequence[StreamChunk]]:
         """Stream the reply as batches of chunks, in order, as :meth:`stream` would."""
+        ...
+
+
+@runtime_checkable
+class PushStreamingModel(Model, Protocol):
+    """A model that hands its reply to a callback as it arrives: ``push`` is called with
+    the chunks each network read completed, from the I/O loop's read callback, with no
+    task woken a read (at realistic rates a read is one chunk, and the wake was most of
+    what it cost). The agent prefers :meth:`stream_into` when a model has it; the
+    batches pushed, joined, are what :meth:`stream` yields (an empty batch is allowed)."""
+
+    async def stream_into(
+        self, request: ModelRequest, push: Callable[[list[StreamChunk]], None]
+    ) -> None:
+        """Push the reply's chunks in order, as :meth:`stream` would yield them; return
+        when the reply ended; raise :class:`ModelError` for a failure. Cancelling the task
+        awaiting it ends the request."""
         ...
 
 

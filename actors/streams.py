@@ -18,7 +18,14 @@ from storage import StreamChunk
 from ._ioside import EffectHandle, IoSide, Outcome
 from ._scheduler import Scheduler
 from .effects import StreamEnd
-from .model import BatchStreamingModel, ImmediateModel, Model, ModelRequest, checked_chunk
+from .model import (
+    BatchStreamingModel,
+    ImmediateModel,
+    Model,
+    ModelRequest,
+    PushStreamingModel,
+    checked_chunk,
+)
 from .protocols import implements
 from .toolphase import ToolPlan, ToolRun
 from .tools import ToolTimeout, run_execute_chain
@@ -88,8 +95,10 @@ class StreamHandle:
         self._append(item)
 
     def push_many(self, items: list[StreamChunk]) -> None:
-        """:meth:`push` of each of ``items`` (not empty), under one lock and at most one
-        notification."""
+        """:meth:`push` of each of ``items``, under one lock and at most one
+        notification (none for no items)."""
+        if not items:
+            return
         with self._lock:
             self._items += items
             if self._notified:
@@ -184,6 +193,24 @@ def open_stream(
             handle.prefill(items)
             return handle
 
+    if implements(model, PushStreamingModel):
+
+        async def pushed() -> None:
+            push = handle.push_many if checked else partial(_push_checked, handle)
+            try:
+                await model.stream_into(request, push)  # type: ignore[attr-defined]
+            except BaseException as err:
+                if isinstance(err, asyncio.CancelledError) and _cancelling():
+                    raise  # the turn's cancel (or a close), not the model's failure
+                handle.fail(_as_exception(err))
+                if isinstance(err, GeneratorExit):
+                    raise  # a coroutine being closed must not go on
+                return
+            handle.push(StreamEnd())
+
+        handle._effect = io.start(pushed, on_done=_ignore)
+        return handle
+
     async def pump() -> None:
         batches = implements(model, BatchStreamingModel)
         chunks: Any = model.stream_batches(request) if batches else model.stream(request)  # type: ignore[attr-defined]
@@ -221,6 +248,8 @@ _END = StreamEnd()  # stateless: the end of every inline answer
 def _push_checked(handle: StreamHandle, batch: Any) -> None:
     """Push ``batch`` checked chunk by chunk: those before a malformed one are pushed,
     then its :class:`ModelError` is raised (as a chunk-by-chunk stream would)."""
+    if not batch:
+        return
     items: list[StreamChunk] = []
     try:
         for chunk in batch:

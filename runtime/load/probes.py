@@ -181,18 +181,18 @@ class _Marked:
 
     def __getattr__(self, name: str) -> Any:
         """What else the model has (``aclose``, which the runtime's close calls;
-        ``stream_batches``, marked as :meth:`stream` is)."""
+        ``stream_batches`` and ``stream_into``, marked as :meth:`stream` is)."""
         if name == "inner":  # not set yet (a copy being made)
             raise AttributeError(name)
         value = getattr(self.inner, name)
-        if name == "stream_batches":  # a provider's stream, a network read a batch
+        if name in ("stream_batches", "stream_into"):  # a provider's streams
             called = self._called
 
-            def stream_batches(request: ModelRequest) -> Any:
+            def marked(request: ModelRequest, *rest: Any) -> Any:
                 called(request)
-                return value(request)
+                return value(request, *rest)
 
-            return stream_batches
+            return marked
         return value
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:

@@ -11,7 +11,6 @@ Credentials: ``api_key=``, else the variable named by ``api_key_env=``, else
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Final
 
 import msgspec
@@ -26,7 +25,7 @@ from .anthropic_wire import (
     message_params,
     plain_message_events,
 )
-from .base import HttpProvider
+from .base import HttpProvider, Reply
 from .bodies import JsonBody, plain_reply
 from .failures import StreamReportedError
 from .http import require_aiohttp
@@ -98,9 +97,10 @@ class AnthropicModel(HttpProvider):
     def _default_base(self) -> str:
         return ANTHROPIC_URL
 
-    def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
-        """Deltas as they arrive (the chunks of one network read at a time), then usage,
-        then one ``FinishChunk``.
+    def _reply(self, request: ModelRequest) -> Reply:
+        """The request, and how its answer is read (the streams of :class:`HttpProvider`
+        are made of it): deltas as they arrive (the chunks of one network read at a
+        time), then usage, then one ``FinishChunk``.
 
         Raises :class:`~actors.model.ModelError` for every failure, including an
         ``error`` event mid-stream (``overloaded_error`` → ``SERVER``) and a stream that
@@ -111,7 +111,7 @@ class AnthropicModel(HttpProvider):
         JSON error fails as that error (see :mod:`.bodies`).
         """
         mapper = EventMapper()
-        return self._stream_response(
+        return Reply(
             "/v1/messages",
             lambda: _ENCODER.encode(
                 message_params(

@@ -1,9 +1,10 @@
 """What every HTTP model provider shares: its name, key, limits and one pooled client.
 
-The HTTP client (:class:`.http.WireClient`, an ``aiohttp`` session and its connection
-pool) is created lazily on the loop that first streams, the runtime's single I/O loop, and
+The HTTP client (:func:`.h1.make_client`: corral's own :class:`.h1.H1Client`, or
+``aiohttp``'s :class:`.http.WireClient` behind a proxy; each with its connection pool) is
+created lazily on the loop that first streams, the runtime's single I/O loop, and
 reused by every request of that provider instance on that loop, so thousands of
-concurrent streams share its pool. A session is bound to the loop that made it, so a
+concurrent streams share its pool. A client is bound to the loop that made it, so a
 provider used from several loops (one instance shared by two runtimes, a test's second
 ``asyncio.run``) keeps one client per loop; :meth:`HttpProvider.aclose` closes the
 running loop's, and a client whose loop was closed is dropped.
@@ -12,16 +13,18 @@ running loop's, and a client whose loop was closed is dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, NamedTuple, Protocol, Self
 
 from actors import ModelError, ModelRequest
 from storage import FinishReason, StreamChunk, UsageChunk
 
 from .bodies import JsonBody, open_body
 from .failures import empty_response, finished_with_error, request_id_from, to_model_error
+from .h1 import Body, H1Client, make_client
 from .http import WireClient
 from .limits import LimiterStatistics, ProviderLimiter
 from .secrets import Secret
@@ -47,12 +50,30 @@ class StreamMapper(Protocol):
     def finish(self) -> list[StreamChunk]: ...
 
 
+class Reply(NamedTuple):
+    """A vendor's request and how its answer is read (see :meth:`HttpProvider._exchange`)."""
+
+    path: str
+    body: Callable[[], bytes]
+    events: Callable[[], EventChunks[Any]]
+    plain: Callable[[JsonBody], list[StreamChunk]]
+    mapper: StreamMapper
+    unfinished: Callable[[], str | None]
+    max_reply_bytes: int | None
+
+
+class _Ended(NamedTuple):
+    """The end of a pulled stream: None, or its failure."""
+
+    error: BaseException | None
+
+
 class HttpProvider:
     """Base of the vendor models: identity, credentials, limits, the loop-bound client.
 
     Subclasses implement ``_headers`` (what authenticates a request), ``_default_base``
-    and :meth:`stream_batches` (:meth:`stream` of :class:`actors.model.Model` is made of
-    it).
+    and :meth:`_reply` (the request and how its answer is read: :meth:`stream_into`,
+    :meth:`stream_batches` and :meth:`stream` are made of it).
     """
 
     def __init__(
@@ -81,7 +102,7 @@ class HttpProvider:
         self._default_headers = dict(default_headers or {})
         # ``_clients`` maps each loop to the client made on it (the lock guards its
         # changes; a lookup needs none).
-        self._clients: dict[asyncio.AbstractEventLoop, WireClient] = {}
+        self._clients: dict[asyncio.AbstractEventLoop, H1Client | WireClient] = {}
         self._clients_lock = threading.Lock()
 
     # ------------------------------------------------------------------ Model protocol
@@ -124,11 +145,11 @@ class HttpProvider:
     def _default_base(self) -> str:
         raise NotImplementedError
 
-    def _make_client(self) -> WireClient:
+    def _make_client(self) -> H1Client | WireClient:
         headers = {**self._headers(), **self._default_headers}
-        return WireClient(self._base_url or self._default_base(), headers, self._timeout)
+        return make_client(self._base_url or self._default_base(), headers, self._timeout)
 
-    def _client(self) -> WireClient:
+    def _client(self) -> H1Client | WireClient:
         """The client for the running loop, made on first use there."""
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
@@ -166,10 +187,51 @@ class HttpProvider:
     ) -> None:
         await self.aclose()
 
-    def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
-        """The reply in batches, one a network read (see
-        :class:`actors.model.BatchStreamingModel`); subclasses implement it."""
+    def _reply(self, request: ModelRequest) -> Reply:
+        """What a vendor's request is and how its answer is read; subclasses implement it."""
         raise NotImplementedError
+
+    async def stream_into(
+        self, request: ModelRequest, push: Callable[[list[StreamChunk]], None]
+    ) -> None:
+        """The reply pushed as it arrives (see :class:`actors.model.PushStreamingModel`):
+        ``push`` is called with the chunks of each network read (deltas, then usage, then
+        one ``FinishChunk``), from the I/O loop's read callback where the connection allows
+        it; returns when the reply ended. Raises :class:`~actors.model.ModelError` for
+        every failure; cancelling the task awaiting it closes the connection."""
+        await self._exchange(self._reply(request), push)
+
+    async def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
+        """The reply in batches, one a network read (see
+        :class:`actors.model.BatchStreamingModel`): :meth:`stream_into` pushing into a
+        queue, so both read the same frame. Leaving the iteration early (a cancel, a
+        ``break``) cancels the request and waits until its connection is closed."""
+        queue: asyncio.Queue[list[StreamChunk] | _Ended] = asyncio.Queue()
+
+        async def run() -> None:
+            try:
+                await self._exchange(self._reply(request), queue.put_nowait)
+            except BaseException as err:
+                queue.put_nowait(_Ended(err))
+                if not isinstance(err, Exception):
+                    raise
+            else:
+                queue.put_nowait(_Ended(None))
+
+        task = asyncio.ensure_future(run())
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, _Ended):
+                    if item.error is not None:
+                        raise item.error
+                    return
+                yield item
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         """Deltas as they arrive, then usage, then one ``FinishChunk``: the chunks of
@@ -204,62 +266,62 @@ class HttpProvider:
 
     # ------------------------------------------------------------------ streaming
 
-    async def _stream_response(
-        self,
-        path: str,
-        body: Callable[[], bytes],
-        events: Callable[[], EventChunks[Any]],
-        plain: Callable[[JsonBody], list[StreamChunk]],
-        mapper: StreamMapper,
-        unfinished: Callable[[], str | None],
-        max_reply_bytes: int | None,
-    ) -> AsyncGenerator[list[StreamChunk], None]:
+    async def _exchange(self, reply: Reply, push: Callable[[list[StreamChunk]], None]) -> None:
         """The request/stream/finish frame both vendors share: take a limiter slot, POST
-        ``body()`` (JSON, encoded on the first read of the stream) to ``path``, yield the
-        batches an ``events()`` decoder maps from its bytes (one a read; or what
-        ``plain`` maps from a 200 whose body is JSON, see :mod:`.bodies`; read up to a
-        bound derived from ``max_reply_bytes``, the log's event limit), turn every
+        ``reply.body()`` (JSON, encoded here) to ``reply.path``, push the batches a
+        ``reply.events()`` decoder maps from its bytes (one a read; or what
+        ``reply.plain`` maps from a 200 whose body is JSON, see :mod:`.bodies`; read up to
+        a bound derived from ``reply.max_reply_bytes``, the log's event limit), turn every
         failure into a :class:`ModelError` (keeping the request id), refuse a stream that
-        ``unfinished`` says ended early, that ended with a failed or unknown finish
-        reason, or that produced nothing, then yield the mapper's closing chunks (usage,
+        ``reply.unfinished`` says ended early, that ended with a failed or unknown finish
+        reason, or that produced nothing, then push the mapper's closing chunks (usage,
         finish)."""
-        payload = body()
+        payload = reply.body()
+        mapper = reply.mapper
         request_id: str | None = None
         responded = False  # the response's headers came: a timeout now is a stalled stream
         failure: ModelError | None = None
+        count = self._count
+
+        def emit(batch: list[StreamChunk]) -> None:
+            if batch:
+                count(batch)
+                push(batch)
+
         async with self._limiter.slot():
             client = self._client()
             try:
-                async with client.stream(path, payload) as response:
+                async with client.stream(reply.path, payload) as response:
                     request_id = request_id_from(response.headers)
                     responded = True
+                    body = response.aiter_bytes()
                     answer = await open_body(
-                        response.headers.get("content-type"),
-                        response.aiter_bytes(),
-                        max_reply_bytes,
+                        response.headers.get("content-type"), body, reply.max_reply_bytes
                     )
                     if isinstance(answer, JsonBody):
-                        batch = plain(answer)
-                        self._count(batch)
-                        yield batch
+                        emit(reply.plain(answer))
                     else:
-                        # One loop from the socket's reads to the batches (see EventChunks).
-                        decoder = events()
-                        async for data in answer:
-                            batch = decoder.feed(data)
-                            if batch:
-                                self._count(batch)
-                                yield batch
-                            if decoder.failure is not None:
-                                raise decoder.failure  # noqa: TRY301 - a ModelError like any other, below
-                            if decoder.done:
-                                await drain(answer)  # for the connection's reuse
-                                break
+                        decoder = reply.events()
+                        if answer is body and isinstance(body, Body):
+                            # Pushed from the read callback: no task woken a read.
+                            def sink(data: bytes) -> bool:
+                                emit(decoder.feed(data))
+                                return decoder.done or decoder.failure is not None
+
+                            ended = await body.push_into(sink)
                         else:
-                            batch = decoder.finish()
-                            if batch:
-                                self._count(batch)
-                                yield batch
+                            ended = True
+                            async for data in answer:
+                                emit(decoder.feed(data))
+                                if decoder.done or decoder.failure is not None:
+                                    ended = False
+                                    break
+                        if decoder.failure is not None:
+                            raise decoder.failure  # noqa: TRY301 - a ModelError like any other, below
+                        if ended:
+                            emit(decoder.finish())
+                        elif not isinstance(body, Body):  # (a pushed one drains itself)
+                            await drain(answer)  # for the connection's reuse
             except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
                 failure = self._error(err, request_id, responded=responded)
         if failure is not None:
@@ -270,7 +332,7 @@ class HttpProvider:
             # Raised here, not in the ``except``: the HTTP library's exception (which may
             # hold the request, and so the key) must not ride along as its ``__context__``.
             raise failure
-        problem = unfinished()
+        problem = reply.unfinished()
         if problem is not None:
             raise self._error(ConnectionError(problem), request_id)
         if mapper.final_reason() == "error":
@@ -279,9 +341,7 @@ class HttpProvider:
             )
         if mapper.final_reason() != "max-tokens" and not (mapper.saw_text or mapper.saw_tool_calls):
             raise empty_response(self._provider, request_id, self._secrets)
-        batch = mapper.finish()
-        self._count(batch)
-        yield batch
+        emit(mapper.finish())
 
     def _count(self, batch: list[StreamChunk]) -> None:
         """Count a reply's usage against the provider's tokens-per-minute budget."""

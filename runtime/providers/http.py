@@ -39,6 +39,7 @@ __all__ = [
     "ReadTimeout",
     "WireClient",
     "WireResponse",
+    "read_error_body",
     "require_aiohttp",
 ]
 
@@ -161,7 +162,8 @@ class WireClient:
         _small_reads(response)
         try:
             if response.status >= 400:
-                await _raise_status(response)
+                detail = await read_error_body(response.content.iter_any())
+                raise HttpStatusError(response.status, response.headers, detail)  # noqa: TRY301 - closes the response, below
             # aiohttp's own iterator, not a generator around it (one layer less a read):
             # its read timeout is translated here, as it leaves the block.
             yield WireResponse(response.headers, response.content.iter_any())
@@ -194,19 +196,18 @@ def _small_reads(response: Any) -> None:
         transport.max_size = READ_SIZE
 
 
-async def _raise_status(response: Any) -> None:
-    """Raise the :class:`HttpStatusError` of an error answer: its body (read up to
-    MAX_ERROR_BODY; a body cut short gives what came) parsed as JSON when it is JSON."""
+async def read_error_body(body: AsyncIterator[bytes]) -> object:
+    """An error answer's body (read up to MAX_ERROR_BODY; a body cut short gives what
+    came), parsed as JSON when it is JSON, else its text."""
     data = bytearray()
     with contextlib.suppress(Exception):  # a broken error body: what came is the detail
-        async for part in response.content.iter_any():
+        async for part in body:
             data += part
             if len(data) >= MAX_ERROR_BODY:
                 del data[MAX_ERROR_BODY:]
                 break
-    body: object
     try:
-        body = msgspec.json.decode(data)
+        parsed: object = msgspec.json.decode(data)
     except msgspec.DecodeError:
-        body = data.decode("utf-8", "replace")
-    raise HttpStatusError(response.status, response.headers, body)
+        return data.decode("utf-8", "replace")
+    return parsed

@@ -15,7 +15,6 @@ placeholder ``EMPTY``, as local servers expect.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -24,7 +23,7 @@ import msgspec
 from actors import ModelRequest
 from storage import StreamChunk
 
-from .base import HttpProvider
+from .base import HttpProvider, Reply
 from .bodies import JsonBody, plain_reply
 from .failures import StreamReportedError
 from .http import require_aiohttp
@@ -113,9 +112,10 @@ class OpenAICompatModel(HttpProvider):
     def _default_base(self) -> str:
         return OPENAI_URL
 
-    def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
-        """Deltas as they arrive (the chunks of one network read at a time), then usage,
-        then one ``FinishChunk``.
+    def _reply(self, request: ModelRequest) -> Reply:
+        """The request, and how its answer is read (the streams of :class:`HttpProvider`
+        are made of it): deltas as they arrive (the chunks of one network read at a
+        time), then usage, then one ``FinishChunk``.
 
         Raises :class:`~actors.model.ModelError` for every failure. Cancelling the task
         iterating this closes the HTTP response (and so its connection) before the
@@ -126,7 +126,7 @@ class OpenAICompatModel(HttpProvider):
         that error (see :mod:`.bodies`).
         """
         mapper = ChunkMapper()
-        return self._stream_response(
+        return Reply(
             "/chat/completions",
             lambda: _ENCODER.encode(
                 chat_params(

@@ -1,0 +1,743 @@
+"""corral's own HTTP/1.1 client for a provider's POST-and-stream: the body pushed to the
+reader from the socket's read callback, with no task woken per read.
+
+Why not ``aiohttp`` for this: at realistic rates (an agent streaming 50 tokens/s) every
+network read carries one chunk, so what a read costs is what a chunk costs. Through
+``aiohttp`` a read went the protocol's ``data_received``, its C parser, a ``StreamReader``,
+a future, a task step, the ``iter_any`` iterator and two generator layers before the
+chunk reached the agent; here it is ``buffer_updated`` (``recv_into`` one reused buffer:
+no 256 KiB allocation a read, see :func:`.http._small_reads`), a chunked-framing split and
+one call of the reader's ``sink``. ``benchmarks/bench_streaming.py`` measures both.
+
+What it does, and what it leaves to ``aiohttp`` (:class:`.http.WireClient`, chosen by
+:func:`make_client`): ``http://`` and ``https://`` (the loop's TLS, the system's
+certificates) straight to the server, keep-alive connections pooled per loop (LIFO, idle
+ones dropped after :data:`.http.KEEPALIVE_EXPIRY_S` or when the server closes them), TCP
+keep-alive probes, a connect timeout (at most 10 s) and a read timeout (no byte for
+``timeout`` seconds, headers or body), ``Content-Length``, chunked and close-delimited
+bodies, ``gzip``/``deflate`` content encodings, an error status raised as
+:class:`.http.HttpStatusError` with its body (read up to :data:`.http.MAX_ERROR_BODY`). A
+``307``/``308`` redirect to the same origin is followed (the body sent again), at most
+five times; any other redirect is an error status (a key must not follow a redirect to
+another host). A proxy from the environment: ``aiohttp``'s client instead. No hidden
+retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Final
+from urllib.parse import urljoin, urlsplit
+
+from ..errors import ConnectTimeout, ReadTimeout
+from .http import (
+    KEEPALIVE_EXPIRY_S,
+    READ_SIZE,
+    HttpStatusError,
+    WireClient,
+    _env_proxy,
+    read_error_body,
+)
+from .sse import DRAIN_TIMEOUT_S
+
+__all__ = ["Body", "H1Client", "HttpProtocolError", "ServerDisconnectedError", "make_client"]
+
+MAX_HEAD: Final = 64 * 1024  # the status line and headers of one response
+MAX_REDIRECTS: Final = 5
+_CONNECT_CAP_S: Final = 10.0
+_SIZE, _DATA_END, _TRAILER = -1, -2, -3  # the chunked decoder's states between chunks
+
+
+class HttpProtocolError(ConnectionError):
+    """The server's answer is not HTTP/1.1 that can be read (a transport failure)."""
+
+
+class ServerDisconnectedError(ConnectionError):
+    """The server closed the connection before the response was complete."""
+
+
+def make_client(
+    base_url: str, headers: Mapping[str, str], timeout: float
+) -> H1Client | WireClient:
+    """The client for ``base_url``: :class:`H1Client`, or ``aiohttp``'s
+    :class:`.http.WireClient` where the environment names a proxy for it."""
+    if _env_proxy(base_url) is not None:
+        return WireClient(base_url, headers, timeout)
+    return H1Client(base_url, headers, timeout)
+
+
+class _Headers(dict[str, str]):
+    """A response's headers, names lowercased; looked up in any case. Repeated headers
+    are joined with ``", "``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict.get(self, key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return dict.__getitem__(self, key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key.lower() if isinstance(key, str) else key)
+
+
+class _Origin:
+    """Where requests go: scheme, host, port and the base path, parsed once."""
+
+    __slots__ = ("base_path", "host", "host_header", "port", "tls", "url")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.tls else 80)
+        default = 443 if self.tls else 80
+        name = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = name if self.port == default else f"{name}:{self.port}"
+        self.base_path = parts.path.rstrip("/")
+        self.url = f"{parts.scheme}://{self.host_header}"
+
+    def same(self, other: _Origin) -> bool:
+        return (self.tls, self.host, self.port) == (other.tls, other.host, other.port)
+
+
+class H1Client:
+    """POSTs JSON to ``base_url + path`` and streams the answer; one per event loop (the
+    interface of :class:`.http.WireClient`, plus :meth:`Body.push_into`)."""
+
+    def __init__(self, base_url: str, headers: Mapping[str, str], timeout: float) -> None:
+        self._origin = _Origin(base_url)
+        self._timeout = timeout
+        self._connect_timeout = min(timeout, _CONNECT_CAP_S)
+        lines = [f"Host: {self._origin.host_header}"]
+        fields = {"content-type": "application/json", **headers}
+        fields.setdefault("user-agent", "corral")
+        fields.setdefault("accept-encoding", "gzip, deflate")
+        for name, value in fields.items():
+            if any(c in f"{name}{value}" for c in "\r\n\0"):
+                raise ValueError(f"header {name!r}: a name or value with a line break")
+            lines.append(f"{name}: {value}")
+        self._fields = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
+        self._idle: dict[tuple[bool, str, int], list[_Connection]] = {}
+        self._open: set[_Connection] = set()  # every connection not closed yet
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
+
+    @asynccontextmanager
+    async def stream(self, path: str, body: bytes) -> AsyncIterator[_Response]:
+        """The response to ``POST path`` with ``body``; raises :class:`HttpStatusError`
+        for an error status. Leaving the block before the body ended (a cancel, a
+        failure) closes the connection; after it ended (or while it drains, briefly),
+        the connection goes back to the pool."""
+        origin = self._origin
+        target = origin.base_path + path
+        hops = 0
+        while True:
+            connection = await self._connection()
+            mine = 0  # this request's generation on the connection, once it was answered
+            try:
+                try:
+                    response = await connection.request(self._head(target, len(body)), body)
+                except ServerDisconnectedError:
+                    if not connection.stale():
+                        raise
+                    # A pooled connection the server closed as it was taken (its idle
+                    # timeout): the request never reached it; once more on a new one.
+                    connection = await self._connection(fresh=True)
+                    response = await connection.request(self._head(target, len(body)), body)
+                mine = connection.generation  # release/abandon only this request's
+                status = response.status
+                moved = _redirect(response, origin, target) if hops < MAX_REDIRECTS else None
+                if moved is not None:
+                    await response.body.drain()
+                    connection.release(mine)
+                    target, hops = moved, hops + 1
+                    continue
+                if status >= 300:  # an error, or a redirect not followed
+                    detail = await read_error_body(response.body)
+                    connection.release(mine)  # read to its end: reusable (a 429 storm)
+                    raise HttpStatusError(status, response.headers, detail)  # noqa: TRY301 - closes the connection, below
+                yield response
+            except BaseException:
+                # Never back to the pool half read (before an answer it is ours still).
+                connection.abandon(mine or connection.generation)
+                raise
+            connection.release(mine)
+            return
+
+    def _head(self, target: str, length: int) -> bytes:
+        start = f"POST {target} HTTP/1.1\r\n".encode()
+        return b"".join((start, self._fields, str(length).encode(), b"\r\n\r\n"))
+
+    async def _connection(self, *, fresh: bool = False) -> _Connection:
+        """An idle pooled connection (unless ``fresh``), or a new one."""
+        if self._closed:
+            raise RuntimeError("the HTTP client is closed")
+        origin = self._origin
+        key = (origin.tls, origin.host, origin.port)
+        idle = None if fresh else self._idle.get(key)
+        loop = asyncio.get_running_loop()
+        if idle:
+            now = loop.time()
+            while idle:
+                connection = idle.pop()
+                if connection.usable(now):
+                    return connection
+                connection.close()
+        context = None
+        if origin.tls:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            context = self._ssl
+        pool = self._idle.setdefault(key, [])
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, protocol = await loop.create_connection(
+                    lambda: _Connection(loop, self._timeout, pool, self._open),
+                    origin.host,
+                    origin.port,
+                    ssl=context,
+                    server_hostname=origin.host if context is not None else None,
+                )
+        except TimeoutError as err:
+            raise ConnectTimeout(
+                f"no connection to {origin.host}:{origin.port} in {self._connect_timeout} s"
+            ) from err
+        return protocol
+
+    async def close(self) -> None:
+        """Close every connection, pooled, draining or in use; the sockets are closed
+        when this returns."""
+        self._closed = True
+        for idle in self._idle.values():
+            idle.clear()
+        lost = [connection.closed for connection in self._open]
+        for connection in list(self._open):
+            connection.close()
+        if lost:
+            await asyncio.wait(lost, timeout=1.0)
+
+
+def _redirect(response: _Response, origin: _Origin, target: str) -> str | None:
+    """The target a ``307``/``308`` (a redirect that keeps the method and body) moves the
+    request to, if it stays on ``origin`` (a key never follows to another host)."""
+    location = response.headers.get("location")
+    if response.status not in (307, 308) or not location:
+        return None
+    moved = urljoin(origin.url + target, location)
+    try:
+        if not _Origin(moved).same(origin):
+            return None
+    except ValueError:  # not http(s) at all
+        return None
+    parts = urlsplit(moved)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+class _Response:
+    """A response's status and headers, and its :class:`Body`."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: _Headers, body: Body) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def aiter_bytes(self) -> Body:
+        return self.body
+
+
+
+Sink = Callable[[bytes], bool]
+"""A push reader: called with each piece of the body as it arrives; True to stop."""
+
+
+class Body:
+    """A response body: pieces pulled (``async for``) or pushed (:meth:`push_into`)."""
+
+    __slots__ = ("_connection", "_done", "_ended", "_error", "_pieces", "_sink", "_waiter")
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+        self._pieces: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._sink: Sink | None = None
+        self._done: asyncio.Future[bool] | None = None  # push_into's: True, the body ended
+        self._ended = False
+        self._error: BaseException | None = None
+
+    # the connection's side
+    def put(self, piece: bytes) -> None:
+        sink = self._sink
+        if sink is not None:
+            try:
+                stop = sink(piece)
+            except Exception as err:  # noqa: BLE001 - raised by push_into
+                self._stop(err)
+                return
+            if stop:
+                self._stop(False)
+            return
+        self._pieces.append(piece)
+        self._wake()
+
+    def end(self, error: BaseException | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._error = error
+        if self._sink is not None:
+            self._stop(error if error is not None else True)
+        else:
+            self._wake()
+
+    def _stop(self, outcome: bool | BaseException) -> None:
+        """End :meth:`push_into`: the body ended (True), the sink stopped (False) or
+        raised, or the transport failed."""
+        self._sink = None
+        done = self._done
+        if done is not None and not done.done():
+            if isinstance(outcome, BaseException):
+                done.set_exception(outcome)
+            else:
+                done.set_result(outcome)
+        if outcome is False and not self._ended:
+            self._connection.drain_quietly()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # the reader's side
+    def __aiter__(self) -> Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._pieces:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            self._connection.resume()
+            await self._waiter
+        piece = self._pieces.popleft()
+        if not self._pieces:
+            self._connection.resume()
+        return piece
+
+    async def push_into(self, sink: Sink) -> bool:
+        """Call ``sink`` with every piece of the body from now on (those already read
+        first), from the connection's read callback, until it returns True (then the rest
+        of the body is drained quietly, for the connection's reuse) or the body ends.
+        True if the body ended; raises what ``sink`` raised, or the transport's failure."""
+        while self._pieces:
+            try:
+                if sink(self._pieces.popleft()):
+                    self._pieces.clear()
+                    self._connection.drain_quietly()
+                    return False
+            except BaseException:
+                self._pieces.clear()
+                raise
+        if self._ended:
+            if self._error is not None:
+                raise self._error
+            return True
+        self._done = asyncio.get_running_loop().create_future()
+        self._sink = sink
+        self._connection.resume()
+        try:
+            return await self._done
+        finally:
+            self._sink = None
+            self._done = None
+
+    async def drain(self) -> None:
+        async for _ in self:
+            pass
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One keep-alive connection: a request at a time, its response parsed as it is read."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        timeout: float,
+        pool: list[_Connection],
+        open_: set[_Connection],
+    ) -> None:
+        self._loop = loop
+        self._timeout = timeout
+        self._pool = pool
+        self._open = open_
+        self.closed: asyncio.Future[None] = loop.create_future()  # done: the socket closed
+        self._buffer = memoryview(bytearray(READ_SIZE))
+        self._transport: asyncio.Transport | None = None
+        self._lost = False
+        self._head = bytearray()
+        self._reading_head = False
+        self._response: asyncio.Future[_Response] | None = None
+        self._body: Body | None = None
+        self._mode = ""  # "length", "chunked", "close": how the body ends
+        self._left = 0  # length: bytes still to come; chunked: of the chunk, or a state
+        self._pending = b""  # chunked: the start of a size or trailer line
+        self._decoder: Any = None  # a zlib decompressor for an encoded body
+        self._reusable = False
+        self._last_read = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._paused = False
+        self._idle_since = 0.0
+        self._released = True  # no request of its own: idle, or in the pool
+        self._served = 0  # requests answered before the current one
+        self.generation = 0  # the current request's number on this connection
+        self._answered = False  # a byte of the current request's answer came
+        self._draining: asyncio.TimerHandle | None = None  # the reader left early
+
+    # ------------------------------------------------------------------ asyncio
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._open.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 60), ("TCP_KEEPCNT", 5)):
+                const = getattr(socket, name, None)
+                if const is not None:
+                    sock.setsockopt(socket.IPPROTO_TCP, const, value)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = bytes(self._buffer[:nbytes])
+        self._last_read = self._loop.time()
+        self._answered = True
+        if self._reading_head:
+            self._read_head(data)
+        elif self._body is not None:
+            self._read_body(data)
+        else:  # bytes with no request: the connection cannot be trusted
+            self.close()
+
+    def eof_received(self) -> bool:
+        self._ended_by_peer()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._open.discard(self)
+        self._ended_by_peer(exc)
+        self._cancel_timers()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _ended_by_peer(self, exc: Exception | None = None) -> None:
+        self._reusable = False
+        if self._reading_head:
+            self._fail(ServerDisconnectedError("the server closed the connection before answering"))
+        elif self._body is not None:
+            if self._mode == "close":
+                self._finish_body()
+            else:
+                self._fail(
+                    ServerDisconnectedError("the server closed the connection mid-body")
+                    if exc is None
+                    else exc
+                )
+
+    # ------------------------------------------------------------------ requests
+
+    def usable(self, now: float) -> bool:
+        return not self._lost and now - self._idle_since < KEEPALIVE_EXPIRY_S
+
+    def stale(self) -> bool:
+        """The connection was reused and closed without a byte of the answer: the server
+        closed it idle (no request is read from a connection it is closing)."""
+        return self._served > 0 and not self._answered
+
+    async def request(self, head: bytes, body: bytes) -> _Response:
+        """Send the request; the response once its headers came."""
+        assert self._transport is not None
+        self._response = self._loop.create_future()
+        self.generation += 1
+        self._released = False
+        self._answered = False
+        self._reading_head = True
+        self._head.clear()
+        self._body = None
+        self._last_read = self._loop.time()
+        self._arm()
+        self._transport.write(head + body)
+        try:
+            return await self._response
+        finally:
+            self._response = None
+
+    def _read_head(self, data: bytes) -> None:
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._head) > MAX_HEAD:
+                self._fail(HttpProtocolError(f"response headers over {MAX_HEAD} bytes"))
+            return
+        head, rest = bytes(self._head[:end]), bytes(self._head[end + 4 :])
+        self._head.clear()
+        try:
+            status, headers, version = _parse_head(head)
+        except (ValueError, UnicodeDecodeError) as err:
+            self._fail(HttpProtocolError(f"not an HTTP response: {err}"))
+            return
+        if 100 <= status < 200:  # 100 Continue and friends: the answer follows
+            if rest:
+                self._read_head(rest)
+            return
+        self._reading_head = False
+        connection = headers.get("connection", "").lower()
+        self._reusable = (version == "HTTP/1.1" and "close" not in connection) or (
+            "keep-alive" in connection
+        )
+        encoding = headers.get("transfer-encoding", "").lower()
+        if status in (204, 304):
+            self._mode, self._left = "length", 0
+        elif "chunked" in encoding:
+            self._mode, self._left, self._pending = "chunked", _SIZE, b""
+        elif "content-length" in headers:
+            try:
+                self._mode, self._left = "length", int(headers["content-length"])
+            except ValueError:
+                self._fail(HttpProtocolError("a Content-Length that is not a number"))
+                return
+        else:
+            self._mode, self._reusable = "close", False
+        coding = headers.get("content-encoding", "").lower()
+        self._decoder = (
+            zlib.decompressobj(31) if coding == "gzip"
+            else zlib.decompressobj() if coding == "deflate"
+            else None
+        )
+        body = self._body = Body(self)
+        response = self._response
+        if response is not None and not response.done():
+            response.set_result(_Response(status, headers, body))
+        if self._mode == "length" and self._left == 0:
+            self._finish_body()
+        elif rest:
+            self._read_body(rest)
+
+    def _read_body(self, data: bytes) -> None:
+        if self._mode == "chunked":
+            self._read_chunked(data)
+        elif self._mode == "length":
+            if len(data) >= self._left:
+                piece, self._left = data[: self._left], 0
+                self._deliver(piece)
+                self._finish_body()
+            else:
+                self._left -= len(data)
+                self._deliver(data)
+        else:
+            self._deliver(data)
+
+    def _read_chunked(self, data: bytes) -> None:
+        if self._pending:
+            data, self._pending = self._pending + data, b""
+        pos, size = 0, len(data)
+        out: list[bytes] = []
+        while pos < size:
+            left = self._left
+            if left > 0:
+                take = min(left, size - pos)
+                out.append(data[pos : pos + take])
+                pos += take
+                self._left = left - take or _DATA_END
+            elif left == _DATA_END:
+                if size - pos < 2:
+                    self._pending = data[pos:]
+                    break
+                if data[pos : pos + 2] != b"\r\n":
+                    self._fail(HttpProtocolError("a chunk not followed by CRLF"))
+                    return
+                pos += 2
+                self._left = _SIZE
+            else:  # a size line, or a trailer line after the last chunk
+                end = data.find(b"\r\n", pos)
+                if end < 0:
+                    self._pending = data[pos:]
+                    if len(self._pending) > MAX_HEAD:
+                        self._fail(HttpProtocolError("a chunk size line without an end"))
+                    break
+                line = data[pos:end]
+                pos = end + 2
+                if left == _TRAILER:
+                    if not line:  # the body's end
+                        if out:
+                            self._deliver(b"".join(out))
+                        self._finish_body()
+                        return
+                    continue
+                try:
+                    chunk = int(line.partition(b";")[0].strip(), 16)
+                except ValueError:
+                    self._fail(HttpProtocolError(f"a chunk size that is not one: {line[:40]!r}"))
+                    return
+                self._left = chunk if chunk > 0 else _TRAILER
+        if out:
+            self._deliver(out[0] if len(out) == 1 else b"".join(out))
+
+    def _deliver(self, piece: bytes) -> None:
+        if self._decoder is not None:
+            try:
+                piece = self._decoder.decompress(piece)
+            except zlib.error as err:
+                self._fail(HttpProtocolError(f"a body that does not decompress: {err}"))
+                return
+            if not piece:
+                return
+        body = self._body
+        if body is None:
+            return
+        body.put(piece)
+        if body._sink is None and len(body._pieces) > 64 and not self._paused:
+            self._paused = True  # a pull reader behind: stop reading until it catches up
+            if self._transport is not None:
+                self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if self._transport is not None and not self._lost:
+                self._transport.resume_reading()
+
+    def _finish_body(self) -> None:
+        if self._decoder is not None:
+            rest = self._decoder.flush()
+            self._decoder = None
+            if rest and self._body is not None:
+                self._body.put(rest)
+        body = self._body
+        self._body = None
+        draining = self._draining is not None
+        self._cancel_timers()
+        if body is not None:
+            body.end()
+        if draining:  # the reader left: back to the pool from here
+            self.release()
+
+    def _fail(self, error: BaseException) -> None:
+        self._reusable = False
+        response = self._response
+        if response is not None and not response.done():
+            response.set_exception(error)
+        body = self._body
+        self._body = None
+        self._reading_head = False
+        if body is not None:
+            body.end(error)
+        self.close()
+
+    # ------------------------------------------------------------------ timeouts
+
+    def _arm(self) -> None:
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._last_read + self._timeout, self._check)
+
+    def _check(self) -> None:
+        """The read timeout: one timer per request, moved on when bytes came meanwhile
+        (not reset on every read)."""
+        self._timer = None
+        if not (self._reading_head or self._body is not None):
+            return
+        idle = self._loop.time() - self._last_read
+        if idle >= self._timeout:
+            self._fail(ReadTimeout(f"no data from the server for {self._timeout} s"))
+        else:
+            self._arm()
+
+    def _cancel_timers(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._draining is not None:
+            self._draining.cancel()
+            self._draining = None
+
+    # ------------------------------------------------------------------ lifetime
+
+    def drain_quietly(self) -> None:
+        """The reader is done before the body ended: read the rest unseen for a moment
+        (the final chunk usually follows at once), then back to the pool; else closed."""
+        if self._body is None:
+            return
+        self._body._sink = _discard
+        self._body._pieces.clear()
+        self.resume()
+        self._draining = self._loop.call_later(DRAIN_TIMEOUT_S, self.close)
+
+    def release(self, generation: int | None = None) -> None:
+        """Request ``generation`` (None: the current one) is over: the connection back to
+        the pool if it can be reused. Once per request: the drain's end and the caller's
+        block may both call it, and the caller's may come after the connection went back
+        to the pool and on to another request, which it must leave alone."""
+        if generation is not None and generation != self.generation:
+            return
+        if self._released or self._draining is not None:
+            return  # done already, or still draining: it returns (or closes) when that ends
+        self._released = True
+        if self._body is not None or self._reading_head:
+            self.close()
+        elif self._reusable and not self._lost:
+            self._idle_since = self._loop.time()
+            self._served += 1
+            self._pool.append(self)
+        else:
+            self.close()
+
+    def abandon(self, generation: int) -> None:
+        """The caller of request ``generation`` failed mid-request: closed, unless it
+        already went back to the pool (its body ended while draining), where another
+        request may be using it."""
+        if generation == self.generation and not self._released:
+            self._released = True
+            self.close()
+
+    def close(self) -> None:
+        self._reusable = False
+        self._cancel_timers()
+        if self._transport is not None and not self._lost:
+            self._transport.abort()
+        self._lost = True
+
+
+def _discard(_piece: bytes) -> bool:
+    return False
+
+
+def _parse_head(head: bytes) -> tuple[int, _Headers, str]:
+    """The status, headers and version of a response head (without its blank line)."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"status line {lines[0][:80]!r}")
+    status = int(rest[:3])
+    headers = _Headers()
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise ValueError(f"header line {line[:80]!r}")
+        name, value = name.strip().lower(), value.strip()
+        dict.__setitem__(headers, name, f"{headers[name]}, {value}" if name in headers else value)
+    return status, headers, version
