@@ -1,4 +1,4 @@
-"""The providers' HTTP client: one ``aiohttp`` session per loop, requests encoded once.
+"""The providers' HTTP client behind a proxy (``aiohttp``), and what both clients share.
 
 Measured on this 2-core machine (``benchmarks/bench_streaming.py``, 200 concurrent
 streams x 5 requests x 50 chunks against a pre-rendered loopback server), a streamed
@@ -6,8 +6,10 @@ chunk cost its client 6.7 us of CPU through ``aiohttp`` + ``msgspec`` against 14
 through the official ``openai`` SDK's stream loop; most of the SDK's cost is per request
 (its typed-dict parameter transform, ``httpx2``'s pool bookkeeping and pure-Python
 HTTP parsing), not per byte. So corral's providers build the request body themselves
-(a dict encoded by ``msgspec``), send it through ``aiohttp`` (C-accelerated HTTP parsing,
-a pool with no per-request scan) and decode the event stream with :mod:`.sse`.
+(a dict encoded by ``msgspec``), send it through corral's own HTTP/1.1 client
+(:mod:`.h1`, which pushes each read to the agent with no task woken), or through
+``aiohttp`` here where the environment names a proxy, and decode the event stream with
+:mod:`.sse`.
 
 What the SDKs did that this keeps: keep-alive connections pooled per loop, TCP
 keep-alive probes on long streams, ``timeout`` on connecting (at most 10 s) and on every

@@ -367,3 +367,57 @@ def test_a_request_that_left_early_never_touches_the_next_request_on_its_connect
         assert len(peers) == 1  # B ran on A's connection, and nothing reconnected
 
     run(body)
+
+
+class _Transport(asyncio.Transport):
+    """Where a parser test's connection writes (nothing reads it): the bytes of the
+    answer are fed to the protocol as asyncio would, through its buffer."""
+
+    def write(self, data: Any) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+def test_a_chunked_answer_reads_the_same_however_its_bytes_are_split_into_reads() -> None:
+    from runtime.providers.h1 import _Connection  # noqa: PLC0415 - the parser itself
+
+    pieces = [b"data: one\n\n", b"data: t", b"wo\n\n", b"x" * 300]
+    raw = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces[:2])
+        + b"%x;name=value\r\n%s\r\n" % (len(pieces[2]), pieces[2])  # an extension
+        + b"%X\r\n%s\r\n" % (len(pieces[3]), pieces[3])
+        + b"0\r\nx-trailer: 1\r\n\r\n"
+    )
+
+    async def read(reads: list[bytes]) -> bytes:
+        loop = asyncio.get_running_loop()
+        connection = _Connection(loop, 10, [], set())
+        connection.connection_made(_Transport())
+        answer = asyncio.ensure_future(connection.request(b"", b""))
+        await asyncio.sleep(0)  # the request is sent: the answer may come
+        for data in reads:
+            connection._buffer[: len(data)] = data
+            connection.buffer_updated(len(data))
+        response = await answer
+        return b"".join([piece async for piece in response.body])
+
+    async def body() -> None:
+        whole = b"".join(pieces)
+        assert await read([raw]) == whole
+        assert await read([raw[i : i + 1] for i in range(len(raw))]) == whole
+        for cut in range(1, len(raw)):
+            assert await read([raw[:cut], raw[cut:]]) == whole, cut
+
+    run(body)
