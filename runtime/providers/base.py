@@ -320,8 +320,10 @@ class HttpProvider:
                             raise decoder.failure  # noqa: TRY301 - a ModelError like any other, below
                         if ended:
                             emit(decoder.finish())
-                        elif not isinstance(body, Body):  # (a pushed one drains itself)
-                            await drain(answer)  # for the connection's reuse
+                        elif isinstance(body, Body):  # the rest, for the connection's reuse
+                            await body.drained()
+                        else:
+                            await drain(answer)
             except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
                 failure = self._error(err, request_id, responded=responded)
         if failure is not None:

@@ -263,7 +263,16 @@ Sink = Callable[[bytes], bool]
 class Body:
     """A response body: pieces pulled (``async for``) or pushed (:meth:`push_into`)."""
 
-    __slots__ = ("_connection", "_done", "_ended", "_error", "_pieces", "_sink", "_waiter")
+    __slots__ = (
+        "_connection",
+        "_done",
+        "_ended",
+        "_ending",
+        "_error",
+        "_pieces",
+        "_sink",
+        "_waiter",
+    )
 
     def __init__(self, connection: _Connection) -> None:
         self._connection = connection
@@ -272,6 +281,7 @@ class Body:
         self._sink: Sink | None = None
         self._done: asyncio.Future[bool] | None = None  # push_into's: True, the body ended
         self._ended = False
+        self._ending: asyncio.Future[None] | None = None  # drained()'s
         self._error: BaseException | None = None
 
     # the connection's side
@@ -294,6 +304,9 @@ class Body:
             return
         self._ended = True
         self._error = error
+        ending = self._ending
+        if ending is not None and not ending.done():
+            ending.set_result(None)
         if self._sink is not None:
             self._stop(error if error is not None else True)
         else:
@@ -367,6 +380,15 @@ class Body:
     async def drain(self) -> None:
         async for _ in self:
             pass
+
+    async def drained(self) -> None:
+        """Wait until the rest of a body :meth:`push_into` stopped reading has been read
+        (usually the next read: its final chunk) or given up (the connection is closed
+        :data:`~.sse.DRAIN_TIMEOUT_S` after the stop), so that the connection is back in
+        the pool for the next request of the same caller."""
+        if not self._ended:
+            self._ending = asyncio.get_running_loop().create_future()
+            await self._ending
 
 
 class _Connection(asyncio.BufferedProtocol):

@@ -390,7 +390,7 @@ class _Transport(asyncio.Transport):
 
 
 def test_a_chunked_answer_reads_the_same_however_its_bytes_are_split_into_reads() -> None:
-    from runtime.providers.h1 import _Connection  # noqa: PLC0415 - the parser itself
+    from runtime.providers.h1 import _Connection
 
     pieces = [b"data: one\n\n", b"data: t", b"wo\n\n", b"x" * 300]
     raw = (
