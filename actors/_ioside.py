@@ -305,6 +305,28 @@ class IoSide:
         """Run a blocking callable in the pool; see :meth:`start`."""
         return self.start(BlockingWork(fn), on_done=on_done)
 
+    def call_blocking(self, fn: Callable[..., object], /, *args: object) -> None:
+        """Run ``fn(*args)`` in the blocking pool with no :class:`EffectHandle`: ``fn``
+        reports its own outcome (what it returns is dropped, what it raises is logged).
+        For the hottest blocking work (a sync tool body with no ``tools/execute``
+        listener and no timeout), whose handle, outcome and completion callback cost
+        more than the body. What a handle gives :meth:`close` is ``fn``'s to do: once
+        :attr:`closed` (read it on the pool thread before the work starts), work not
+        started yet must not start. Such work is not counted in
+        :attr:`IoStatistics.in_flight`; :meth:`close` waits for it as for every
+        pool callable. Raises ``IoSideClosedError`` after close."""
+        if self._closed:
+            raise IoSideClosedError
+        try:
+            self.blocking_pool.call(fn, *args)
+        except RuntimeError as error:  # the pool shut down under us
+            raise IoSideClosedError from error
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has begun (no effect is admitted any more)."""
+        return self._closed
+
     def start_for(self, actor_ref: ActorRef[Any], work: Work[T], *, tag: str) -> EffectHandle[T]:
         """Start ``work`` and ``tell`` its :class:`EffectCompleted` to ``actor_ref``.
 

@@ -305,21 +305,16 @@ def start_tool(
     listeners = bus.listeners("tools/execute", scope=scope)
     timeout = tool.timeout_s
 
+    if not listeners and not tool.is_async and timeout is None:
+        # The usual sync tool: the body straight on a pool thread (no effect handle,
+        # outcome or callback between it and its completion message).
+        io.call_blocking(_run_sync_tool, io, handle, tool, plan.prepared, notify)
+        return handle
+
     def finish(outcome: Outcome[Any]) -> None:
-        if outcome.cancelled and outcome.error is None and outcome.value is None:
-            handle.run = ToolRun(error=RuntimeError("the tool run was cancelled by shutdown"))
-        elif isinstance(outcome.error, ToolTimeout):
-            handle.run = ToolRun(timed_out=True)
-        elif outcome.error is not None:
-            handle.run = ToolRun(error=outcome.error)
-        else:
-            handle.run = ToolRun(output=outcome.value)
+        handle.run = _tool_run(outcome.value, outcome.error, cancelled=outcome.cancelled)
         handle.done = True
         notify(handle)
-
-    if not listeners and not tool.is_async and timeout is None:
-        io.start_blocking(lambda: tool.run(plan.prepared), on_done=finish)
-        return handle
 
     async def chain() -> Any:
         return await run_execute_chain(
@@ -334,3 +329,33 @@ def start_tool(
 
     io.start(chain, on_done=finish)
     return handle
+
+
+def _tool_run(value: Any, error: BaseException | None, *, cancelled: bool) -> ToolRun:
+    """How a tool execution ended, from what its effect reported."""
+    if cancelled and error is None and value is None:
+        return ToolRun(error=RuntimeError("the tool run was cancelled by shutdown"))
+    if isinstance(error, ToolTimeout):
+        return ToolRun(timed_out=True)
+    if error is not None:
+        return ToolRun(error=error)
+    return ToolRun(output=value)
+
+
+def _run_sync_tool(
+    io: IoSide, handle: ToolHandle, tool: Any, prepared: Any, notify: Callable[[ToolHandle], None]
+) -> None:
+    """A sync tool's body on a pool thread (:meth:`IoSide.call_blocking`), reporting as
+    its blocking effect would: once the I/O side is closing, a body not started yet does
+    not start (as a cancelled effect, it ends "cancelled by shutdown"), and one that
+    returned None while it closed ends so too."""
+    value: Any = None
+    error: BaseException | None = None
+    if not io.closed:
+        try:
+            value = tool.run(prepared)
+        except BaseException as err:  # noqa: BLE001 - reported, never lost in the pool
+            error = err
+    handle.run = _tool_run(value, error, cancelled=io.closed)
+    handle.done = True
+    notify(handle)
