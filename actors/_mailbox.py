@@ -24,7 +24,7 @@ from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
 from actors._deadletters import DeadLetters
-from actors._dispatcher import Dispatcher, in_nonblocking_thread, loop_handoff
+from actors._dispatcher import Dispatcher, LoopHandoff, in_nonblocking_thread, loop_handoff
 from actors.errors import DispatcherShutdownError, MailboxFullError
 
 __all__ = [
@@ -169,6 +169,15 @@ class Mailbox:
     # -- pykka's ActorInbox protocol -------------------------------------------------
 
     def put(self, envelope: Envelope[Any], /) -> None:
+        self._put(envelope, None)
+
+    def put_soon(self, envelope: Envelope[Any], /) -> None:
+        """:meth:`put`, but on an I/O loop thread the actor is made runnable at the end
+        of the loop's pass, with the others made runnable in it (see
+        :class:`~actors._dispatcher.LoopHandoff`); elsewhere exactly :meth:`put`."""
+        self._put(envelope, loop_handoff())
+
+    def _put(self, envelope: Envelope[Any], handoff: LoopHandoff | None) -> None:
         # `with`, not a bare acquire(): any thread sends, the main thread too, where a
         # Ctrl-C may raise inside the section (see storage.locks).
         with self._lock:
@@ -179,25 +188,10 @@ class Mailbox:
                     self._scheduled = True
                     # Dispatcher.schedule, its closed check done above; under the lock so
                     # that an exception cannot leave the mailbox scheduled but not queued.
-                    bound._run_queue.put(self)
-                return
-        self._put_checked(envelope)
-
-    def put_soon(self, envelope: Envelope[Any], /) -> None:
-        """:meth:`put`, but on an I/O loop thread the actor is made runnable at the end
-        of the loop's pass, with the others made runnable in it (see
-        :class:`~actors._dispatcher.LoopHandoff`); elsewhere exactly :meth:`put`."""
-        handoff = loop_handoff()
-        if handoff is None:
-            self.put(envelope)
-            return
-        with self._lock:
-            bound = self._dispatcher
-            if not (self._closed or self._limit is not None or bound is None or bound._closed):
-                self._in.append(envelope)
-                if not self._scheduled:
-                    self._scheduled = True
-                    handoff.schedule(bound, self)
+                    if handoff is None:
+                        bound._run_queue.put(self)
+                    else:
+                        handoff.schedule(bound, self)
                 return
         self._put_checked(envelope)
 

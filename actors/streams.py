@@ -199,12 +199,8 @@ def open_stream(
             push = handle.push_many if checked else partial(_push_checked, handle)
             try:
                 await model.stream_into(request, push)  # type: ignore[attr-defined]
-            except BaseException as err:
-                if isinstance(err, asyncio.CancelledError) and _cancelling():
-                    raise  # the turn's cancel (or a close), not the model's failure
-                handle.fail(_as_exception(err))
-                if isinstance(err, GeneratorExit):
-                    raise  # a coroutine being closed must not go on
+            except BaseException as err:  # noqa: BLE001 - _failed raises on what is not the model's
+                _failed(handle, err)
                 return
             handle.push(StreamEnd())
 
@@ -225,12 +221,8 @@ def open_stream(
             else:
                 async for chunk in chunks:
                     handle.push(chunk if checked else checked_chunk(chunk))
-        except BaseException as err:
-            if isinstance(err, asyncio.CancelledError) and _cancelling():
-                raise  # the turn's cancel (or a close), not the model's failure
-            handle.fail(_as_exception(err))
-            if isinstance(err, GeneratorExit):
-                raise  # a coroutine being closed must not go on
+        except BaseException as err:  # noqa: BLE001 - _failed raises on what is not the model's
+            _failed(handle, err)
             return
         finally:
             aclose = getattr(chunks, "aclose", None)
@@ -257,6 +249,17 @@ def _push_checked(handle: StreamHandle, batch: Any) -> None:
     finally:
         if items:
             handle.push_many(items)
+
+
+def _failed(handle: StreamHandle, err: BaseException) -> None:
+    """What the model's call raised, handed to the turn as its failure; raised on (from
+    the ``except`` calling this) where it is not the model's: the turn's cancel (or a
+    close), or a coroutine being closed (it must not go on)."""
+    if isinstance(err, asyncio.CancelledError) and _cancelling():
+        raise err
+    handle.fail(_as_exception(err))
+    if isinstance(err, GeneratorExit):
+        raise err
 
 
 def _cancelling() -> bool:

@@ -70,6 +70,17 @@ def port_of(server: asyncio.Server) -> int:
     return int(server.sockets[0].getsockname()[1])
 
 
+async def reply_from(handler: Handler) -> list[Any]:
+    """The chunks of one OpenAI request answered by ``handler`` (its ModelError raised)."""
+    server = await serve(handler)
+    try:
+        url = f"http://127.0.0.1:{port_of(server)}/v1"
+        async with OpenAICompatModel("m", base_url=url) as model:
+            return await collect(model, request())
+    finally:
+        server.close()
+
+
 async def body_of(client: H1Client, path: str = "/x") -> tuple[int, bytes]:
     async with client.stream(path, b"{}") as response:
         return response.status, b"".join([piece async for piece in response.aiter_bytes()])
@@ -154,13 +165,7 @@ def test_a_gzip_encoded_event_stream_is_decoded() -> None:
         await reader.read()
 
     async def body() -> None:
-        server = await serve(handler)
-        url = f"http://127.0.0.1:{port_of(server)}/v1"
-        try:
-            async with OpenAICompatModel("m", base_url=url) as model:
-                assert text_of(await collect(model, request())) == "squeezed"
-        finally:
-            server.close()
+        assert text_of(await reply_from(handler)) == "squeezed"
 
     run(body)
 
@@ -229,15 +234,9 @@ def test_a_malformed_answer_is_a_transport_failure(answer: bytes) -> None:
         await reader.read()
 
     async def body() -> None:
-        server = await serve(handler)
-        url = f"http://127.0.0.1:{port_of(server)}/v1"
-        try:
-            async with OpenAICompatModel("m", base_url=url) as model:
-                with pytest.raises(ModelError) as raised:
-                    await collect(model, request())
-            assert raised.value.failure.code == "TRANSPORT"
-        finally:
-            server.close()
+        with pytest.raises(ModelError) as raised:
+            await reply_from(handler)
+        assert raised.value.failure.code == "TRANSPORT"
 
     run(body)
 
