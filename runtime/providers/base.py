@@ -302,13 +302,14 @@ class HttpProvider:
                         emit(reply.plain(answer))
                     else:
                         decoder = reply.events()
-                        if answer is body and isinstance(body, Body):
+                        pushed = body if answer is body and isinstance(body, Body) else None
+                        if pushed is not None:
                             # Pushed from the read callback: no task woken a read.
                             def sink(data: bytes) -> bool:
                                 emit(decoder.feed(data))
                                 return decoder.done or decoder.failure is not None
 
-                            ended = await body.push_into(sink)
+                            ended = await pushed.push_into(sink)
                         else:
                             ended = True
                             async for data in answer:
@@ -320,9 +321,9 @@ class HttpProvider:
                             raise decoder.failure  # noqa: TRY301 - a ModelError like any other, below
                         if ended:
                             emit(decoder.finish())
-                        elif isinstance(body, Body):  # the rest, for the connection's reuse
-                            await body.drained()
-                        else:
+                        elif pushed is not None:  # the rest, for the connection's reuse
+                            await pushed.drained()
+                        else:  # (pulled, a pushed body's drain would wait unbounded)
                             await drain(answer)
             except Exception as err:  # noqa: BLE001 - every failure becomes a ModelError
                 failure = self._error(err, request_id, responded=responded)

@@ -420,3 +420,30 @@ def test_a_chunked_answer_reads_the_same_however_its_bytes_are_split_into_reads(
             assert await read([raw[:cut], raw[cut:]]) == whole, cut
 
     run(body)
+
+
+def test_a_mislabelled_stream_that_stalls_after_its_last_event_ends_at_that_event() -> None:
+    # A stream sent as text/plain is read pulled (its first bytes told what it is); after
+    # its [DONE] the rest is drained briefly, as always: a server that then sends
+    # nothing more (no final chunk) does not hold the reply until the read timeout.
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        stream = sse_stream("labelled wrong")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"%x\r\n%s\r\n" % (len(stream), stream)
+        )
+        await writer.drain()
+        await reader.read()  # no final chunk: it stalls until the client leaves
+
+    async def body() -> None:
+        server = await serve(handler)
+        url = f"http://127.0.0.1:{port_of(server)}/v1"
+        try:
+            async with OpenAICompatModel("m", base_url=url, timeout=60) as model:
+                chunks = await asyncio.wait_for(collect(model, request()), 10)
+            assert text_of(chunks) == "labelled wrong"
+        finally:
+            server.close()
+
+    run(body)
