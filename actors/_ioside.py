@@ -198,10 +198,10 @@ class _HandoffSelector(selectors.DefaultSelector):
         return super().select(timeout)
 
 
-def _new_loop(handoff: LoopHandoff) -> asyncio.AbstractEventLoop:
-    """The I/O side's loop: a selector loop with the hand-off (the platform's default
-    loop where that is not a selector loop: Windows' proactor, with no hand-off)."""
-    if sys.platform == "win32":
+def _new_loop(handoff: LoopHandoff | None) -> asyncio.AbstractEventLoop:
+    """The I/O side's loop: a selector loop with the hand-off (None: the platform's
+    default loop, Windows' proactor, which has no selector to hand off before)."""
+    if handoff is None:
         return asyncio.new_event_loop()
     return asyncio.SelectorEventLoop(_HandoffSelector(handoff))
 
@@ -223,7 +223,7 @@ class IoSide:
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
         self.blocking_workers = blocking_workers
         self.blocking_pool = BlockingPool(blocking_workers, f"{name}-pool")
-        self._handoff = LoopHandoff()
+        self._handoff = None if sys.platform == "win32" else LoopHandoff()
         self.loop = _new_loop(self._handoff)
         self._ids = count(1)
         self._lock = threading.Lock()
@@ -446,8 +446,7 @@ class IoSide:
     # -- internals -------------------------------------------------------------------
 
     def _run_loop(self, ready: threading.Event) -> None:
-        handoff = self._handoff if isinstance(self.loop._selector, _HandoffSelector) else None  # type: ignore[attr-defined]
-        mark_thread_io_loop(handoff)
+        mark_thread_io_loop(self._handoff)
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(ready.set)
         try:
@@ -457,7 +456,8 @@ class IoSide:
                 self.loop.run_until_complete(self.loop.shutdown_asyncgens())
                 self.loop.close()
             finally:
-                self._handoff.flush()  # what the last pass made runnable
+                if self._handoff is not None:
+                    self._handoff.flush()  # what the last pass made runnable
                 mark_thread_io_loop(None)
 
     async def _drain_tasks(self) -> None:

@@ -26,7 +26,6 @@ retry.
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 import zlib
 from collections import deque
@@ -37,12 +36,14 @@ from urllib.parse import urljoin, urlsplit
 
 from ..errors import ConnectTimeout, ReadTimeout
 from .http import (
+    CONNECT_CAP_S,
     KEEPALIVE_EXPIRY_S,
     READ_SIZE,
     HttpStatusError,
     WireClient,
     _env_proxy,
     read_error_body,
+    set_keepalive,
 )
 from .sse import DRAIN_TIMEOUT_S
 
@@ -50,7 +51,6 @@ __all__ = ["Body", "H1Client", "HttpProtocolError", "ServerDisconnectedError", "
 
 MAX_HEAD: Final = 64 * 1024  # the status line and headers of one response
 MAX_REDIRECTS: Final = 5
-_CONNECT_CAP_S: Final = 10.0
 _SIZE, _DATA_END, _TRAILER = -1, -2, -3  # the chunked decoder's states between chunks
 
 
@@ -115,7 +115,7 @@ class H1Client:
     def __init__(self, base_url: str, headers: Mapping[str, str], timeout: float) -> None:
         self._origin = _Origin(base_url)
         self._timeout = timeout
-        self._connect_timeout = min(timeout, _CONNECT_CAP_S)
+        self._connect_timeout = min(timeout, CONNECT_CAP_S)
         lines = [f"Host: {self._origin.host_header}"]
         fields = {"content-type": "application/json", **headers}
         fields.setdefault("user-agent", "corral")
@@ -434,12 +434,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._transport = transport  # type: ignore[assignment]
         self._open.add(self)
         sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 60), ("TCP_KEEPCNT", 5)):
-                const = getattr(socket, name, None)
-                if const is not None:
-                    sock.setsockopt(socket.IPPROTO_TCP, const, value)
+        if sock is not None:
+            set_keepalive(sock)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._buffer

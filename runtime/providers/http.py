@@ -47,7 +47,7 @@ __all__ = [
 
 MAX_ERROR_BODY: Final = 64 * 1024
 KEEPALIVE_EXPIRY_S: Final = 20.0
-_CONNECT_CAP_S: Final = 10.0
+CONNECT_CAP_S: Final = 10.0
 READ_SIZE: Final = 64 * 1024
 """The most one socket read takes (see :func:`_small_reads`)."""
 
@@ -105,16 +105,22 @@ def _env_proxy(url: str) -> str | None:
     return proxy
 
 
-def _keepalive_socket(addr_info: Any) -> socket.socket:
-    """A socket with TCP keep-alive probes, so a silently dead peer is noticed."""
-    family, type_, proto, _, _ = addr_info
-    sock = socket.socket(family=family, type=type_, proto=proto)
+def set_keepalive(sock: Any) -> None:
+    """TCP keep-alive probes on ``sock`` (a socket, or asyncio's view of one), so a
+    silently dead peer is noticed."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    if family in (socket.AF_INET, socket.AF_INET6):
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
         for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 60), ("TCP_KEEPCNT", 5)):
             const = getattr(socket, name, None)
             if const is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, const, value)
+
+
+def _keepalive_socket(addr_info: Any) -> socket.socket:
+    """A socket with TCP keep-alive probes (aiohttp's socket factory)."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    set_keepalive(sock)
     return sock
 
 
@@ -131,7 +137,7 @@ class WireClient:
         self._base = base_url.rstrip("/")
         self._headers = {"content-type": "application/json", **headers}
         self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=min(timeout, _CONNECT_CAP_S), sock_read=timeout
+            total=None, sock_connect=min(timeout, CONNECT_CAP_S), sock_read=timeout
         )
         connector = aiohttp.TCPConnector(
             limit=0,  # the provider's limiter bounds requests in flight
