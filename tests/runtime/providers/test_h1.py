@@ -389,7 +389,7 @@ class _Transport(asyncio.Transport):
 
 
 def test_a_chunked_answer_reads_the_same_however_its_bytes_are_split_into_reads() -> None:
-    from runtime.providers.h1 import _Connection
+    from runtime.providers.h1_connection import Connection
 
     pieces = [b"data: one\n\n", b"data: t", b"wo\n\n", b"x" * 300]
     raw = (
@@ -402,7 +402,7 @@ def test_a_chunked_answer_reads_the_same_however_its_bytes_are_split_into_reads(
 
     async def read(reads: list[bytes]) -> bytes:
         loop = asyncio.get_running_loop()
-        connection = _Connection(loop, 10, [], set())
+        connection = Connection(loop, 10, [], set())
         connection.connection_made(_Transport())
         answer = asyncio.ensure_future(connection.request(b"", b""))
         await asyncio.sleep(0)  # the request is sent: the answer may come
