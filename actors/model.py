@@ -27,10 +27,12 @@ message that is not a str) into an ``UNKNOWN`` one that says what was wrong.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from operator import attrgetter
-from typing import Final, Protocol, get_args, runtime_checkable
+from typing import Final, NamedTuple, Protocol, get_args, runtime_checkable
 
 import msgspec
 
@@ -57,8 +59,10 @@ __all__ = [
     "Model",
     "ModelRequest",
     "PushStreamingModel",
+    "batches_pushed",
     "checked_chunk",
     "checked_failure",
+    "chunks_of",
     "failure_problem",
 ]
 
@@ -141,6 +145,59 @@ class PushStreamingModel(Model, Protocol):
         when the reply ended; raise :class:`ModelError` for a failure. Cancelling the task
         awaiting it ends the request."""
         ...
+
+
+class _Ended(NamedTuple):
+    """The end of a pushed reply read as batches: None, or its failure."""
+
+    error: BaseException | None
+
+
+async def batches_pushed(
+    stream_into: Callable[[ModelRequest, Callable[[list[StreamChunk]], None]], Awaitable[None]],
+    request: ModelRequest,
+) -> AsyncIterator[list[StreamChunk]]:
+    """A :class:`PushStreamingModel`'s ``stream_into`` read as
+    :meth:`BatchStreamingModel.stream_batches` (each push one batch), through a queue: a
+    model that pushes need not write its reply twice. Leaving the iteration early (a
+    cancel, a ``break``) cancels the request and waits until it ended."""
+    queue: asyncio.Queue[list[StreamChunk] | _Ended] = asyncio.Queue()
+
+    async def run() -> None:
+        try:
+            await stream_into(request, queue.put_nowait)
+        except BaseException as err:
+            queue.put_nowait(_Ended(err))
+            if not isinstance(err, Exception):
+                raise
+        else:
+            queue.put_nowait(_Ended(None))
+
+    task = asyncio.ensure_future(run())
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, _Ended):
+                if item.error is not None:
+                    raise item.error
+                return
+            yield item
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def chunks_of(batches: AsyncIterator[Sequence[StreamChunk]]) -> AsyncIterator[StreamChunk]:
+    """:meth:`Model.stream` made of ``batches`` (an async generator of batches, closed
+    when this one is, so a cancel reaches it before the ``CancelledError`` leaves)."""
+    try:
+        async for batch in batches:
+            for chunk in batch:
+                yield chunk
+    finally:
+        await batches.aclose()  # type: ignore[attr-defined]
 
 
 _KEPT_AS_IS: Final = (bytes, bytearray, memoryview)

@@ -13,13 +13,13 @@ running loop's, and a client whose loop was closed is dropped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol, Self
 
 from actors import ModelError, ModelRequest
+from actors.model import batches_pushed, chunks_of
 from storage import FinishReason, StreamChunk, UsageChunk
 
 from .bodies import JsonBody, open_body
@@ -60,12 +60,6 @@ class Reply(NamedTuple):
     mapper: StreamMapper
     unfinished: Callable[[], str | None]
     max_reply_bytes: int | None
-
-
-class _Ended(NamedTuple):
-    """The end of a pulled stream: None, or its failure."""
-
-    error: BaseException | None
 
 
 class HttpProvider:
@@ -201,50 +195,19 @@ class HttpProvider:
         every failure; cancelling the task awaiting it closes the connection."""
         await self._exchange(self._reply(request), push)
 
-    async def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
+    def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
         """The reply in batches, one a network read (see
         :class:`actors.model.BatchStreamingModel`): :meth:`stream_into` pushing into a
         queue, so both read the same frame. Leaving the iteration early (a cancel, a
         ``break``) cancels the request and waits until its connection is closed."""
-        queue: asyncio.Queue[list[StreamChunk] | _Ended] = asyncio.Queue()
+        return batches_pushed(self.stream_into, request)
 
-        async def run() -> None:
-            try:
-                await self._exchange(self._reply(request), queue.put_nowait)
-            except BaseException as err:
-                queue.put_nowait(_Ended(err))
-                if not isinstance(err, Exception):
-                    raise
-            else:
-                queue.put_nowait(_Ended(None))
-
-        task = asyncio.ensure_future(run())
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, _Ended):
-                    if item.error is not None:
-                        raise item.error
-                    return
-                yield item
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         """Deltas as they arrive, then usage, then one ``FinishChunk``: the chunks of
         :meth:`stream_batches` one by one (see there). Cancelling the task iterating
         this closes the HTTP response (and so its connection) before the
         ``CancelledError`` leaves."""
-        batches = self.stream_batches(request)
-        try:
-            async for batch in batches:
-                for chunk in batch:
-                    yield chunk
-        finally:
-            await batches.aclose()  # type: ignore[attr-defined]
+        return chunks_of(self.stream_batches(request))
 
     # ------------------------------------------------------------------ failures
 
