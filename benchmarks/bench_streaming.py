@@ -57,8 +57,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import median, parser, percentile, print_table, write_json
 
-CLIENTS = ("floor", "aiohttp", "sdk", "corral")
-PACED_CLIENTS = ("floor", "aiohttp", "corral")
+# corral-proc: corral with its model in a process of its own (runtime.providers.ProcessModel);
+# its CPU is both processes'.
+CLIENTS = ("floor", "aiohttp", "sdk", "corral", "corral-proc")
+PACED_CLIENTS = ("floor", "aiohttp", "corral", "corral-proc")
 WIRES = ("openai", "anthropic")
 PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
 
@@ -205,14 +207,35 @@ async def _sdk(port: int, wire: str, streams: int, requests: int) -> int:
         await client.close()
 
 
-def _corral_model(wire: str, port: int) -> Any:
-    from runtime.providers import AnthropicModel, OpenAICompatModel
+def _corral_model(wire: str, port: int, process: bool = False) -> Any:
+    from runtime.providers import AnthropicModel, OpenAICompatModel, ProcessModel
 
     if wire == "openai":
-        return OpenAICompatModel("bench", base_url=f"http://127.0.0.1:{port}/v1", timeout=300)
-    return AnthropicModel(
-        "bench", base_url=f"http://127.0.0.1:{port}", api_key="bench", timeout=300
-    )
+        factory, kwargs = OpenAICompatModel, {"base_url": f"http://127.0.0.1:{port}/v1"}
+    else:
+        factory, kwargs = AnthropicModel, {"base_url": f"http://127.0.0.1:{port}", "api_key": "bench"}
+    if process:
+        return ProcessModel(factory, "bench", timeout=300, **kwargs)
+    return factory("bench", timeout=300, **kwargs)
+
+
+class _ModelCpu:
+    """CPU seconds of a ProcessModel's child (0 for a model in this process): started
+    (its imports done) before the measured part, as this process's own are."""
+
+    def __init__(self, rt: Any, model: Any) -> None:
+        self.model = model
+        self.start = 0.0
+        if hasattr(model, "pids"):
+            asyncio.run_coroutine_threadsafe(model.start(), rt.io.loop).result(60)
+            self.start = self.now()
+
+    def now(self) -> float:
+        pids = getattr(self.model, "pids", [])
+        return sum(_process_cpu_s(pid) for pid in pids)
+
+    def used(self) -> float:
+        return self.now() - self.start
 
 
 def _drive(
@@ -253,16 +276,19 @@ def _drive(
     return tally["completed"], tally["failed"]
 
 
-def _corral(port: int, wire: str, streams: int, requests: int, store: Path) -> tuple[int, float, float, int]:
+def _corral(
+    port: int, wire: str, streams: int, requests: int, store: Path, process: bool = False
+) -> tuple[int, float, float, int]:
     from runtime import Runtime
 
-    model = _corral_model(wire, port)
+    model = _corral_model(wire, port, process)
     rt = Runtime.open(store, durability="write-ahead")
     try:
+        model_cpu = _ModelCpu(rt, model)
         cpu0, wall0 = _cpu_s(), time.perf_counter()
         completed, failed = _drive(rt, model, streams, requests, timeout=900)
         rt.flush()
-        cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+        cpu, wall = _cpu_s() - cpu0 + model_cpu.used(), time.perf_counter() - wall0
         chunks = sum(
             1
             for agent in rt.agents()
@@ -280,9 +306,11 @@ def _corral(port: int, wire: str, streams: int, requests: int, store: Path) -> t
 
 
 def run_client(client: str, port: int, wire: str, streams: int, requests: int) -> dict[str, Any]:
-    if client == "corral":
+    if client in ("corral", "corral-proc"):
         with tempfile.TemporaryDirectory() as tmp:
-            chunks, cpu, wall, _ = _corral(port, wire, streams, requests, Path(tmp) / "store")
+            chunks, cpu, wall, _ = _corral(
+                port, wire, streams, requests, Path(tmp) / "store", client == "corral-proc"
+            )
     else:
         fn = {"floor": _floor, "aiohttp": _aiohttp, "sdk": _sdk}[client]
         cpu0, wall0 = _cpu_s(), time.perf_counter()
@@ -297,12 +325,14 @@ STAMP = re.compile(r"@(\d+\.\d+)")
 STAMP_BYTES = re.compile(rb"@(\d+\.\d+)")
 
 
-def run_paced(port: int, wire: str, agents: int, turns: int, ramp: float) -> dict[str, Any]:
+def run_paced(
+    port: int, wire: str, agents: int, turns: int, ramp: float, process: bool = False
+) -> dict[str, Any]:
     """N agents, ``turns`` turns each, the first requests spread over ``ramp`` seconds,
     against the paced server: the delay of every chunk."""
     from runtime import Runtime
 
-    model = _corral_model(wire, port)
+    model = _corral_model(wire, port, process)
     delays: list[float] = []
 
     def seen(event: Any) -> None:
@@ -316,9 +346,10 @@ def run_paced(port: int, wire: str, agents: int, turns: int, ramp: float) -> dic
         rt = Runtime.open(Path(tmp) / "store", durability="write-ahead")
         try:
             rt.on("session/event", seen)
+            model_cpu = _ModelCpu(rt, model)
             cpu0, wall0 = _cpu_s(), time.perf_counter()
             completed, failed = _drive(rt, model, agents, turns, timeout=900, ramp=ramp)
-            cpu, wall = _cpu_s() - cpu0, time.perf_counter() - wall0
+            cpu, wall = _cpu_s() - cpu0 + model_cpu.used(), time.perf_counter() - wall0
         finally:
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(model.aclose(), rt.io.loop).result(30)
@@ -477,7 +508,7 @@ def _child(args: list[str]) -> dict[str, Any]:
 
 def _paced_case(args: argparse.Namespace, wire: str, client: str, agents: int) -> dict[str, Any]:
     """One paced run of ``client`` with ``agents`` agents against a fresh server."""
-    kind = "paced" if client == "corral" else f"paced-{client}"
+    kind = f"paced-{client}"
     server: dict[str, Any] = {}
     with sse_server(args.chunks, ttft=args.ttft, tps=args.tps, info=server) as port:
         r = _child([kind, str(port), wire, str(agents), str(args.turns), str(args.ramp)])
@@ -551,10 +582,10 @@ def main() -> None:
 
     if args.child:
         kind, *rest = args.child
-        if kind == "paced":
+        if kind in ("paced-corral", "paced-corral-proc"):
             port, wire, agents = int(rest[0]), rest[1], int(rest[2])
             turns, ramp = int(rest[3]), float(rest[4])
-            print(json.dumps(run_paced(port, wire, agents, turns, ramp)))
+            print(json.dumps(run_paced(port, wire, agents, turns, ramp, kind == "paced-corral-proc")))
         elif kind in ("paced-aiohttp", "paced-floor"):
             port, wire, agents = int(rest[0]), rest[1], int(rest[2])
             turns, ramp = int(rest[3]), float(rest[4])

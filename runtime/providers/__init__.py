@@ -11,6 +11,7 @@ from .base import HttpProvider
 from .failures import classify, retry_after_seconds
 from .limits import FairSemaphore, LimiterStatistics, ProviderLimiter, RateBucket, TokenBudget
 from .openai_compat import OpenAICompatModel
+from .process import ProcessModel
 from .resolve import KNOWN_SCHEMES, UnknownModelError, resolve_model
 from .secrets import MissingCredentialsError, Secret, scrub
 
@@ -22,6 +23,7 @@ __all__ = [
     "LimiterStatistics",
     "MissingCredentialsError",
     "OpenAICompatModel",
+    "ProcessModel",
     "ProviderLimiter",
     "RateBucket",
     "Secret",
