@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
-from storage import StreamChunk
-
 from .model import ModelRequest
 
 __all__ = [
@@ -125,15 +123,22 @@ class OpenStream(Effect[Any]):
         self.request = request
 
 
-class NextBatch(Effect[Sequence["StreamChunk | StreamEnd"]]):
+class NextBatch(Effect[Any]):
     """The chunks that arrived since the last batch (``StreamEnd`` last); raises the
-    model's error."""
+    model's error.
 
-    __slots__ = ("stream",)
+    With ``consume``, the stepper hands each batch to ``consume(batch)`` itself, in
+    mailbox order, and resumes the turn only with the first answer that is not None (or
+    the model's error, or what ``consume`` raised): a stream's chunks, one batch a
+    notification at realistic rates, are logged without a resume of the turn's
+    coroutine each (five frames deep) and a new effect each."""
+
+    __slots__ = ("consume", "stream")
     abortable = True
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, consume: Callable[[Any], Any] | None = None) -> None:
         self.stream = stream
+        self.consume = consume
 
 
 class StartTool(Effect[Any]):

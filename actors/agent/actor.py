@@ -324,8 +324,18 @@ class AgentActor(PooledActor):
     def _start_next_batch(self, effect: NextBatch) -> Any:
         stream: StreamHandle = effect.stream
         items, error = stream.take()
-        if items or error is not None:
-            return items, error
+        if error is not None:
+            return None, error
+        if items:
+            consume = effect.consume
+            if consume is None:
+                return items, None
+            try:
+                answer = consume(items)
+            except Exception as err:  # noqa: BLE001 - raised into the turn, as if there
+                return None, err
+            if answer is not None:
+                return answer, None
         return self._wait(effect, stream.cancel)[1]
 
     def _start_flush(self, effect: Flush) -> Any:
@@ -415,10 +425,22 @@ class AgentActor(PooledActor):
     def _on_stream_ready(self, stream: StreamHandle, upto: int) -> None:
         stream.announce(upto)
         waiting = self._waiting
-        if isinstance(waiting, NextBatch) and waiting.stream is stream:
+        if waiting.__class__ is NextBatch and waiting.stream is stream:
             items, error = stream.take()
-            if items or error is not None:
-                self._advance(items, error)
+            if error is not None:
+                self._advance(None, error)
+            elif items:
+                consume = waiting.consume
+                if consume is None:
+                    self._advance(items)
+                    return
+                try:
+                    answer = consume(items)  # the turn's logging, without resuming it
+                except Exception as err:  # noqa: BLE001 - raised into the turn, as if there
+                    self._advance(None, err)
+                    return
+                if answer is not None:
+                    self._advance(answer)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -155,29 +155,39 @@ class Exchange:
         held: HeldChunks | None = None  # made once deltas are gathered
         stream: Any = None
         done = False
+
+        def consume(batch: Sequence[Any]) -> StepResult | bool | None:
+            """Log one batch: True at the stream's end, a StepResult if the reply is too
+            large to log (the call stops), None for more (see ``NextBatch.consume``: the
+            stepper calls this for each batch, and resumes the turn only with an answer)."""
+            nonlocal held
+            for item in batch:
+                if isinstance(item, StreamEnd):
+                    return True
+                if assembler.cited < direct:
+                    event = append(AssistantChunk(turn=turn, step=step, chunk=item))
+                    assembler.add(item, event.seq)
+                else:  # a reply of very many deltas: they are logged gathered
+                    if held is None:
+                        held = HeldChunks()
+                    assembler.take(item)
+                    held.hold(item)
+                    if held.chars >= _gather_size(assembler, limit):
+                        self._log_held(held, assembler, turn, step)
+                if assembler.streamed + assembler.cited > limit:  # could never be logged
+                    self._log_held_quietly(held, assembler, turn, step)
+                    return _too_large(assembler, limit)  # and the call stops
+            return None
+
         try:
             stream = await OpenStream(request)
             while not done:
                 batch = _announced(stream)
-                if batch is None:
-                    batch = await NextBatch(stream)
-                for item in batch:
-                    if isinstance(item, StreamEnd):
-                        done = True
-                        break
-                    if assembler.cited < direct:
-                        event = append(AssistantChunk(turn=turn, step=step, chunk=item))
-                        assembler.add(item, event.seq)
-                    else:  # a reply of very many deltas: they are logged gathered
-                        if held is None:
-                            held = HeldChunks()
-                        assembler.take(item)
-                        held.hold(item)
-                        if held.chars >= _gather_size(assembler, limit):
-                            self._log_held(held, assembler, turn, step)
-                    if assembler.streamed + assembler.cited > limit:  # could never be logged
-                        self._log_held_quietly(held, assembler, turn, step)
-                        return _too_large(assembler, limit)  # and the call stops
+                answer = consume(batch) if batch is not None else await NextBatch(stream, consume)
+                if answer is True:
+                    done = True
+                elif answer is not None:
+                    return answer  # type: ignore[return-value]  # a StepResult
             if held:
                 self._log_held(held, assembler, turn, step)
         except TurnAborted:
