@@ -333,14 +333,12 @@ def run_paced(
     from runtime import Runtime
 
     model = _corral_model(wire, port, process)
-    delays: list[float] = []
+    seen_at: list[tuple[float, Any]] = []  # (when, chunk): the stamps are read after the run
 
     def seen(event: Any) -> None:
         fact = event.event
-        if fact.type == "assistant/chunk" and getattr(fact.data.chunk, "kind", None) == "text":
-            match = STAMP.search(fact.data.chunk.text)
-            if match:
-                delays.append(time.time() - float(match.group(1)))
+        if fact.type == "assistant/chunk":
+            seen_at.append((time.time(), fact.data.chunk))
 
     with tempfile.TemporaryDirectory() as tmp:
         rt = Runtime.open(Path(tmp) / "store", durability="write-ahead")
@@ -354,6 +352,11 @@ def run_paced(
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(model.aclose(), rt.io.loop).result(30)
             rt.close()
+    delays = []
+    for when, chunk in seen_at:
+        match = STAMP.search(chunk.text) if getattr(chunk, "kind", None) == "text" else None
+        if match:
+            delays.append(when - float(match.group(1)))
     return _paced_result(agents, completed, failed, delays, cpu, wall)
 
 

@@ -29,6 +29,7 @@ import struct
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from itertools import count
 from typing import Any, Final
 
@@ -436,7 +437,7 @@ class _Child:
         self.finished = finished
         self.model: Any = None
         self.frames: _Frames | None = None
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.tasks: dict[int, asyncio.Task[LlmFailure | None]] = {}
         self.pending: dict[int, _Out] = {}
 
     def frame(self, view: memoryview) -> None:
@@ -445,11 +446,15 @@ class _Child:
             return
         message = _DECODE_IN(view)
         if isinstance(message, _Open):
-            self.tasks[message.rid] = self.loop.create_task(self._run(message.rid, message.request))
+            rid = message.rid
+            task = self.tasks[rid] = self.loop.create_task(self._run(rid, message.request))
+            # The end is sent when the task is done, however it ended: one cancelled
+            # before it started (its open and cancel in one read) never runs its body.
+            task.add_done_callback(partial(self._ended, rid))
         else:
-            task = self.tasks.get(message.rid)
-            if task is not None:
-                task.cancel()
+            running = self.tasks.get(message.rid)
+            if running is not None:
+                running.cancel()
 
     def _build(self, spec: bytes) -> None:
         try:
@@ -462,9 +467,9 @@ class _Child:
             return
         self._send(_Out(0, end=True))
 
-    async def _run(self, rid: int, request: ModelRequest) -> None:
+    async def _run(self, rid: int, request: ModelRequest) -> LlmFailure | None:
+        """Stream ``request``, its chunks pushed into this pass's frame; its failure."""
         model = self.model
-        failure: LlmFailure | None = None
 
         def push(chunks: list[StreamChunk]) -> None:
             if chunks:
@@ -479,17 +484,17 @@ class _Child:
             else:
                 async for chunk in model.stream(request):
                     push([chunk])
-        except asyncio.CancelledError:
-            pass  # the parent cancelled: its end
         except ModelError as err:
-            failure = err.failure
+            return err.failure
         except Exception as err:  # noqa: BLE001 - as the agent normalizes it in-process
-            failure = LlmFailure(message=repr(err), code="UNKNOWN")
-        finally:
-            del self.tasks[rid]
+            return LlmFailure(message=repr(err), code="UNKNOWN")
+        return None
+
+    def _ended(self, rid: int, task: asyncio.Task[LlmFailure | None]) -> None:
+        del self.tasks[rid]
         out = self._out(rid)
-        out.end = True
-        out.failure = failure
+        out.end = True  # a cancelled one's end has no failure: the parent asked for it
+        out.failure = None if task.cancelled() else task.result()
 
     def _out(self, rid: int) -> _Out:
         out = self.pending.get(rid)
