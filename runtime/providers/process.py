@@ -52,6 +52,7 @@ __all__ = ["ProcessModel"]
 _HEADER: Final = struct.Struct("<I")
 _CANCEL_WAIT_S: Final = 10.0  # a cancelled request: how long to wait for the child's end
 _CLOSE_WAIT_S: Final = 10.0  # aclose: how long the child may take to exit before a kill
+_LOST_WAIT_S: Final = 2.0  # the socket closed: how long the child may take to exit, likewise
 
 
 class _Open(msgspec.Struct, tag=0, array_like=True):
@@ -265,9 +266,16 @@ class _Channel:
         process = self._process
         code = None
         if process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()  # the socket closed: the child is gone or must go
-            code = await process.wait()
+            # The socket closed: the child died, or it ends itself (it reads the close). Not
+            # killed at once: a kill polls the process first, and that poll could reap a
+            # dead child under the event loop's child watcher, which then logs an unknown
+            # child and reports its exit code as 255.
+            try:
+                code = await asyncio.wait_for(process.wait(), _LOST_WAIT_S)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                code = await process.wait()
         self._fail_all(self._broken or _ended(f"while the request streamed (exit code {code})"))
 
     async def close(self) -> None:
