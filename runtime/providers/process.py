@@ -403,11 +403,13 @@ class ProcessModel:
         channel = await self._started()
         rid, done = channel.open(request, push)
         try:
-            await done
+            # Shielded: a cancel of this task would cancel the future it awaits, and the
+            # wait below for the child's end would then end at once.
+            await asyncio.shield(done)
         except asyncio.CancelledError:
             channel.cancel(rid)
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(done), _CANCEL_WAIT_S)
+                await asyncio.wait_for(done, _CANCEL_WAIT_S)
             raise
 
     def stream_batches(self, request: ModelRequest) -> AsyncIterator[list[StreamChunk]]:
