@@ -258,9 +258,9 @@ class _Channel:
 
     def _lost(self) -> None:
         self._gone = True
-        self._on_gone(self)
         if not self._closing:  # (close() waits for the child itself)
             self._reaping = asyncio.ensure_future(self._reap())
+        self._on_gone(self)
 
     async def _reap(self) -> None:
         process = self._process
@@ -337,6 +337,8 @@ class ProcessModel:
         self._name: str = inner.name
         self.chunks_checked: bool = getattr(inner, "chunks_checked", False) is True
         self._channels: dict[asyncio.AbstractEventLoop, _Channel] = {}
+        # Children whose socket closed on their own, still being reaped (aclose waits).
+        self._reaping: set[asyncio.Future[None]] = set()
         self._lock = threading.Lock()
 
     @property
@@ -371,6 +373,10 @@ class ProcessModel:
             for loop, known in list(self._channels.items()):
                 if known is channel:
                     del self._channels[loop]
+            reaping = channel._reaping
+            if reaping is not None and not reaping.done():
+                self._reaping.add(reaping)
+                reaping.add_done_callback(self._reaping.discard)
 
     async def start(self) -> None:
         """Start the running loop's child now and wait until it has built its model (else
@@ -423,8 +429,11 @@ class ProcessModel:
         loop = asyncio.get_running_loop()
         with self._lock:
             channel = self._channels.pop(loop, None)
+            reaping = [f for f in self._reaping if f.get_loop() is loop]
         if channel is not None:
             await channel.close()
+        if reaping:  # a child that died on its own: its reap ends before this returns
+            await asyncio.gather(*reaping, return_exceptions=True)
 
 
 def _build(factory: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
