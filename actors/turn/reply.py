@@ -60,6 +60,7 @@ def not_durable(err: DiskFullError) -> LlmFailure:
     """The failure a turn ends with when its write-ahead flush finds the disk full."""
     return LlmFailure(message=f"the session log could not be made durable: {err}")
 
+
 # A reply's chunks are logged one per delta, then gathered (:class:`HeldChunks`): see
 # the citation shares in storage.budget.
 
