@@ -7,15 +7,21 @@
 ``ollama:llama3.2[@http://host:11434/v1]`` a local Ollama server (no key)
 ``anthropic:claude-sonnet-4-6``            Anthropic (``$ANTHROPIC_API_KEY``)
 ``scripted:echo``                          ``runtime.ScriptedModel.echo()`` (tests, load)
+``process:openai:gpt-4.1-mini``            any of these in a process of its own
 =========================================  ===========================================
 
 ``openai:``, ``deepseek:`` and ``anthropic:`` accept ``@base_url`` too. Keyword options
 go to the provider's constructor (``max_concurrency=``, ``timeout=``, ``api_key_env=``).
+``process:`` makes a :class:`~.process.ProcessModel` of the string after it, one per
+string and options in this process (every agent spawned with it shares its child); its
+limiter runs in the child, on the child's clock, not on a runtime's scheduler.
 """
 
 from __future__ import annotations
 
 import importlib
+import pickle
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -87,7 +93,33 @@ _SCHEMES: Final[dict[str, _Factory]] = {
     "anthropic": _anthropic,
     "scripted": _scripted,
 }
-KNOWN_SCHEMES: Final = tuple(_SCHEMES)
+KNOWN_SCHEMES: Final = (*_SCHEMES, "process")
+
+_PROCESS_MODELS: dict[bytes, Model] = {}  # one ProcessModel a string and options
+_PROCESS_LOCK = threading.Lock()
+
+
+def _in_a_process(spec: str, inner: str, options: dict[str, Any]) -> Model:
+    """``process:INNER``: the one ProcessModel of ``INNER`` and ``options``."""
+    from .process import ProcessModel  # noqa: PLC0415 - process.py resolves its strings here
+
+    if not inner:
+        raise UnknownModelError(
+            spec,
+            KNOWN_SCHEMES,
+            "'process:' needs a model string after it, e.g. process:openai:gpt-4.1-mini",
+        )
+    if inner.partition(":")[0].strip().lower() == "process":
+        raise UnknownModelError(spec, KNOWN_SCHEMES, "a process model cannot run another one")
+    try:
+        key = pickle.dumps((inner, sorted(options.items())))
+    except Exception:  # noqa: BLE001 - what cannot pickle: ProcessModel says why, below
+        return ProcessModel(inner, **options)
+    with _PROCESS_LOCK:
+        model = _PROCESS_MODELS.get(key)
+        if model is None:
+            model = _PROCESS_MODELS[key] = ProcessModel(inner, **options)
+    return model
 
 
 def resolve_model(
@@ -106,6 +138,8 @@ def resolve_model(
     scheme, sep, rest = spec.partition(":")
     if not sep:
         raise UnknownModelError(spec, KNOWN_SCHEMES, "expected 'scheme:model'")
+    if scheme.strip().lower() == "process":
+        return _in_a_process(spec, rest.strip(), options)
     factory = _SCHEMES.get(scheme.strip().lower())
     if factory is None:
         raise UnknownModelError(spec, KNOWN_SCHEMES, f"unknown scheme {scheme!r}")

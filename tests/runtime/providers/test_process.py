@@ -29,6 +29,7 @@ from runtime.providers import (
     ProcessModel,
     Secret,
     UnknownModelError,
+    resolve_model,
 )
 from storage.events import LlmFailure, StreamChunk, TextDelta
 
@@ -520,3 +521,62 @@ def test_two_event_loops_sharing_one_model_have_a_child_each(wire: WireServer) -
     assert all(gone(pid) for pid in pids_a)
     assert model.pids == []
     assert len({r.peer for r in wire.requests[1:]}) == 2  # a connection of each child's own
+
+
+def test_a_process_model_string_is_one_child_for_every_agent_spawned_with_it(
+    tmp_path: Path, wire: WireServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)  # the child inherits the environment
+    pieces = ["Hel", "lo"]
+    chunks = [openai_chunk({"content": p}) for p in pieces]
+    chunks += [openai_chunk({}, finish="stop"), openai_chunk(usage={"prompt_tokens": 1})]
+    wire.default = Sse(openai_frames(chunks))
+    spec = f"process:openai:m@{wire.url}/v1"
+    model = resolve_model(spec)
+    assert isinstance(model, ProcessModel)
+    assert (model.provider, model.name) == ("openai", "m")
+    assert resolve_model(spec) is model  # one a string (and options) in a process
+    assert resolve_model(spec, timeout=5.0) is not model
+    rt = Runtime.open(tmp_path / "store", durability="write-ahead")
+    try:
+        settled: list[object] = []
+        both = threading.Event()
+
+        def on_settled(event: object) -> None:
+            settled.append(event)
+            if len(settled) == 2:
+                both.set()
+
+        rt.on("agent/settled", on_settled)
+        agents = [rt.spawn(model=spec) for _ in range(2)]
+        for agent in agents:
+            agent.followup("hi")
+        assert both.wait(20), "the two turns did not settle"
+        pids = model.pids
+        for agent in agents:
+            texts = [
+                e.data.chunk.text
+                for e in agent.session.events()
+                if e.type == "assistant/chunk" and isinstance(e.data.chunk, TextDelta)
+            ]
+            assert texts == pieces
+    finally:
+        asyncio.run_coroutine_threadsafe(model.aclose(), rt.io.loop).result(30)
+        rt.close()
+    assert len(pids) == 1  # both agents' requests went to the one child
+    assert pids[0] != os.getpid()
+    assert gone(pids[0])
+    assert len(wire.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("process:", "needs a model string after it"),
+        ("process:process:openai:m", "cannot run another one"),
+        ("process:nope:m", "unknown scheme 'nope'"),
+    ],
+)
+def test_a_malformed_process_model_string_is_refused(spec: str, says: str) -> None:
+    with pytest.raises(UnknownModelError, match=says):
+        resolve_model(spec)
