@@ -45,8 +45,6 @@ from actors.model import (
 from actors.protocols import implements
 from storage import LlmFailure, StreamChunk
 
-from .resolve import resolve_model
-
 __all__ = ["ProcessModel"]
 
 _HEADER: Final = struct.Struct("<I")
@@ -308,10 +306,11 @@ def _ended(when: str) -> LlmFailure:
 
 class ProcessModel:
     """A model run in a child process: ``ProcessModel(factory, *args, **kwargs)`` builds
-    ``factory(*args, **kwargs)`` there (a model string such as ``"openai:gpt-4o"`` is
-    resolved there, with ``kwargs`` as its options), on the first request of each event
-    loop that uses it. It is a :class:`~actors.model.PushStreamingModel`: the agents see
-    the same chunks, failures and log as with the model in their own process.
+    ``factory(*args, **kwargs)`` there, on the first request of each event loop that uses
+    it (for a model string, the string ``process:openai:gpt-4o`` where model strings go,
+    or ``ProcessModel(resolve_model, "openai:gpt-4o")``). It is a
+    :class:`~actors.model.PushStreamingModel`: the agents see the same chunks, failures
+    and log as with the model in their own process.
 
     The factory and its arguments must pickle; the model is also built once here, at
     once, for its ``provider`` and ``name`` and so that bad arguments fail where they
@@ -324,7 +323,13 @@ class ProcessModel:
     running loop's child.
     """
 
-    def __init__(self, factory: Callable[..., Any] | str, /, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, factory: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+        if isinstance(factory, str):
+            raise TypeError(
+                f"ProcessModel takes a factory, not the model string {factory!r}: write "
+                f"'process:{factory}' where a model string goes (resolve_model), or "
+                f"ProcessModel(resolve_model, {factory!r})"
+            )
         try:
             self._spec = pickle.dumps((factory, args, kwargs))
         except Exception as err:
@@ -436,11 +441,7 @@ class ProcessModel:
             await asyncio.gather(*reaping, return_exceptions=True)
 
 
-def _build(factory: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if isinstance(factory, str):
-        if args:
-            raise TypeError("a model string takes options as keyword arguments only")
-        return resolve_model(factory, **kwargs)
+def _build(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return factory(*args, **kwargs)
 
 

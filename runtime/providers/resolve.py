@@ -114,11 +114,11 @@ def _in_a_process(spec: str, inner: str, options: dict[str, Any]) -> Model:
     try:
         key = pickle.dumps((inner, sorted(options.items())))
     except Exception:  # noqa: BLE001 - what cannot pickle: ProcessModel says why, below
-        return ProcessModel(inner, **options)
+        return ProcessModel(resolve_model, inner, **options)
     with _PROCESS_LOCK:
         model = _PROCESS_MODELS.get(key)
         if model is None:
-            model = _PROCESS_MODELS[key] = ProcessModel(inner, **options)
+            model = _PROCESS_MODELS[key] = ProcessModel(resolve_model, inner, **options)
     return model
 
 

@@ -405,11 +405,11 @@ def test_what_cannot_be_sent_to_the_child_or_built_raises_at_construction(
         ProcessModel(OpenAICompatModel, "m", base_url=url, api_key=KEY, bogus=1)
     with pytest.raises(MissingCredentialsError):
         ProcessModel(AnthropicModel, "claude-sonnet-4-6", base_url=wire.url)  # no key at all
-    with pytest.raises(TypeError, match="keyword arguments only"):
-        ProcessModel("openai:m", url)
+    with pytest.raises(TypeError, match="process:openai:m"):
+        ProcessModel("openai:m")  # a string is not a factory: the error says what to write
     with pytest.raises(UnknownModelError):
-        ProcessModel("nope:m")
-    model = ProcessModel(f"openai:m@{url}", api_key=KEY)  # resolved here too
+        ProcessModel(resolve_model, "nope:m")
+    model = ProcessModel(resolve_model, f"openai:m@{url}", api_key=KEY)  # resolved here too
     assert (model.provider, model.name, model.pids) == ("openai", "m", [])
     assert wire.requests == []
 
