@@ -31,6 +31,7 @@ from ..errors import UnknownModelError
 from .anthropic_messages import AnthropicModel
 from .limits import ProviderLimiter
 from .openai_compat import OpenAICompatModel
+from .process import ProcessModel
 
 __all__ = ["KNOWN_SCHEMES", "UnknownModelError", "resolve_model"]
 
@@ -101,8 +102,6 @@ _PROCESS_LOCK = threading.Lock()
 
 def _in_a_process(spec: str, inner: str, options: dict[str, Any]) -> Model:
     """``process:INNER``: the one ProcessModel of ``INNER`` and ``options``."""
-    from .process import ProcessModel  # noqa: PLC0415 - process.py resolves its strings here
-
     if not inner:
         raise UnknownModelError(
             spec,
