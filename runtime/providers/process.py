@@ -40,6 +40,7 @@ from actors.model import (
     BatchStreamingModel,
     PushStreamingModel,
     batches_pushed,
+    checked_chunk,
     chunks_of,
 )
 from actors.protocols import implements
@@ -268,12 +269,7 @@ class _Channel:
             # killed at once: a kill polls the process first, and that poll could reap a
             # dead child under the event loop's child watcher, which then logs an unknown
             # child and reports its exit code as 255.
-            try:
-                code = await asyncio.wait_for(process.wait(), _LOST_WAIT_S)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                code = await process.wait()
+            code = await _exit_of(process, _LOST_WAIT_S)
         self._fail_all(self._broken or _ended(f"while the request streamed (exit code {code})"))
 
     async def close(self) -> None:
@@ -286,13 +282,18 @@ class _Channel:
         if frames is not None and frames.transport is not None:
             frames.transport.close()  # the child reads its end and exits
         if process is not None:
-            try:
-                await asyncio.wait_for(process.wait(), _CLOSE_WAIT_S)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+            await _exit_of(process, _CLOSE_WAIT_S)
         self._fail_all(_ended("because the model was closed"))
+
+
+async def _exit_of(process: asyncio.subprocess.Process, within: float) -> int:
+    """The child's exit code once it ended, killed if it has not ended ``within`` s."""
+    try:
+        return await asyncio.wait_for(process.wait(), within)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        return await process.wait()
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:
@@ -340,7 +341,9 @@ class ProcessModel:
         inner = _build(factory, args, kwargs)
         self._provider: str = inner.provider
         self._name: str = inner.name
-        self.chunks_checked: bool = getattr(inner, "chunks_checked", False) is True
+        # The child checks the chunks of a model that does not vouch for its own (as the
+        # agent would, chunk by chunk): what reaches this process is well formed.
+        self.chunks_checked = True
         self._channels: dict[asyncio.AbstractEventLoop, _Channel] = {}
         # Children whose socket closed on their own, still being reaped (aclose waits).
         self._reaping: set[asyncio.Future[None]] = set()
@@ -490,10 +493,17 @@ class _Child:
     async def _run(self, rid: int, request: ModelRequest) -> LlmFailure | None:
         """Stream ``request``, its chunks pushed into this pass's frame; its failure."""
         model = self.model
+        checked = getattr(model, "chunks_checked", False) is True
 
         def push(chunks: list[StreamChunk]) -> None:
-            if chunks:
-                self._out(rid).chunks.extend(chunks)
+            if not chunks:
+                return
+            out = self._out(rid).chunks
+            if checked:
+                out.extend(chunks)
+                return
+            for chunk in chunks:  # those before a malformed one are sent, then it fails
+                out.append(checked_chunk(chunk))
 
         try:
             if implements(model, PushStreamingModel):

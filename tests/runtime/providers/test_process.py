@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from actors import ModelError, ModelRequest
+from actors.model import batches_pushed, checked_chunk, chunks_of
 from runtime import Runtime
 from runtime.providers import (
     AnthropicModel,
@@ -406,7 +407,7 @@ def test_what_cannot_be_sent_to_the_child_or_built_raises_at_construction(
     with pytest.raises(MissingCredentialsError):
         ProcessModel(AnthropicModel, "claude-sonnet-4-6", base_url=wire.url)  # no key at all
     with pytest.raises(TypeError, match="process:openai:m"):
-        ProcessModel("openai:m")  # a string is not a factory: the error says what to write
+        ProcessModel("openai:m")  # type: ignore[arg-type]  # a string is not a factory: the error says what to write
     with pytest.raises(UnknownModelError):
         ProcessModel(resolve_model, "nope:m")
     model = ProcessModel(resolve_model, f"openai:m@{url}", api_key=KEY)  # resolved here too
@@ -580,3 +581,38 @@ def test_a_process_model_string_is_one_child_for_every_agent_spawned_with_it(
 def test_a_malformed_process_model_string_is_refused(spec: str, says: str) -> None:
     with pytest.raises(UnknownModelError, match=says):
         resolve_model(spec)
+
+
+class Malformed:
+    """A model that does not vouch for its chunks, and streams one that is malformed."""
+
+    provider = "test"
+    name = "malformed"
+
+    async def stream_into(self, request: ModelRequest, push: Callable[[list[Any]], None]) -> None:
+        push([TextDelta(text="fine")])
+        push([TextDelta(text=5)])  # type: ignore[arg-type]  # msgspec does not check it here
+        push([TextDelta(text="never")])
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        return chunks_of(batches_pushed(self.stream_into, request))
+
+
+def test_a_malformed_chunk_fails_the_request_in_the_child_as_the_agent_would() -> None:
+    with pytest.raises(ModelError) as in_process:
+        checked_chunk(TextDelta(text=5))  # type: ignore[arg-type]  # what the agent checks
+    model = ProcessModel(Malformed)
+    assert model.chunks_checked  # the child checks them: what arrives is well formed
+
+    async def body() -> tuple[list[Any], LlmFailure]:
+        pushed: list[Any] = []
+        try:
+            with pytest.raises(ModelError) as failed:
+                await model.stream_into(request(), pushed.extend)
+        finally:
+            await model.aclose()
+        return pushed, failed.value.failure
+
+    pushed, failure = run(body)
+    assert pushed == [TextDelta(text="fine")]  # the chunks before the malformed one
+    assert failure == in_process.value.failure
