@@ -19,6 +19,9 @@ the listener chains), so the load adds no ``session/event`` listener to the hot 
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -53,6 +56,8 @@ if TYPE_CHECKING:
 __all__ = ["LoadDriver", "run_load"]
 
 _RECENT: Final = 2000  # latencies the live p99 looks at
+log = logging.getLogger("corral.load")
+
 _SPAWN_STEP: Final = 1_000  # agents per rt.spawn_many call (a stop or the timeout checked between)
 
 
@@ -107,6 +112,7 @@ class LoadDriver:
         self.stack_name = stack_name
         chosen = model if model is not None else self.stack.model
         resolved = resolve_model(chosen) if chosen is not None else spec.scripted_model()
+        self._unwrapped = resolved
         self.model_name = f"{resolved.provider}:{resolved.name}"
         self.model: Model = self.probes.wrap(resolved)
         self.prompts = prompts or Prompts(seed=spec.seed)
@@ -306,6 +312,20 @@ class LoadDriver:
                 state = self._states[agent.id] = _AgentState(agent)
                 self._idle.append(state)
 
+    def _warm(self, deadline: float) -> None:
+        """A model in a process of its own (``ProcessModel``) started before the load, so
+        that its child's start (its imports, a few hundred ms) is not in the first turns'
+        latency. (Only if that module is loaded: else the model cannot be one.)"""
+        process = sys.modules.get("runtime.providers.process")
+        if process is None or not isinstance(self._unwrapped, process.ProcessModel):
+            return
+        starting = asyncio.run_coroutine_threadsafe(self._unwrapped.start(), self.rt.io.loop)
+        try:
+            starting.result(max(0.0, deadline - time.perf_counter()))
+        except Exception:  # its requests fail then, and the report counts them
+            starting.cancel()
+            log.warning("the model's process did not start; its requests will fail", exc_info=True)
+
     def run(self, *, ready: Callable[[], None] | None = None) -> LoadReport:
         """Spawn the agents, send the load, wait (at most ``spec.timeout_s``), report.
         ``ready`` is called between the spawns and the load (runs that must start their
@@ -319,6 +339,7 @@ class LoadDriver:
         try:
             self._spawn(deadline)
             spawn_s = time.perf_counter() - t0
+            self._warm(deadline)
             if ready is not None:
                 ready()
             disposers.append(rt.on("agent/settled", self._on_settled))

@@ -23,6 +23,8 @@ import pytest
 from actors import ModelError, ModelRequest
 from actors.model import batches_pushed, checked_chunk, chunks_of
 from runtime import Runtime
+from runtime.load import LoadSpec
+from runtime.load.driver import LoadDriver
 from runtime.providers import (
     AnthropicModel,
     MissingCredentialsError,
@@ -616,3 +618,25 @@ def test_a_malformed_chunk_fails_the_request_in_the_child_as_the_agent_would() -
     pushed, failure = run(body)
     assert pushed == [TextDelta(text="fine")]  # the chunks before the malformed one
     assert failure == in_process.value.failure
+
+
+def test_a_load_run_starts_a_process_models_child_before_its_load(
+    tmp_path: Path, wire: WireServer
+) -> None:
+    chunks = [openai_chunk({"content": "hi"}), openai_chunk({}, finish="stop")]
+    wire.default = Sse(openai_frames(chunks))
+    model = OPENAI.there(wire.url)
+    at_ready: dict[str, Any] = {}
+
+    def ready() -> None:  # between the spawns and the load
+        at_ready.update(pids=model.pids, requests=len(wire.requests))
+
+    rt = Runtime.open(tmp_path / "store", durability="write-ahead")
+    try:
+        report = LoadDriver(rt, LoadSpec(agents=2, turns=1), model=model).run(ready=ready)
+    finally:
+        rt.close()  # closes the models its agents used: the child ends
+    assert len(at_ready["pids"]) == 1  # up (and built) before the first request
+    assert at_ready["requests"] == 0
+    assert (report.settled, report.errored) == (2, 0)
+    assert gone(at_ready["pids"][0])
