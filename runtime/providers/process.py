@@ -49,6 +49,8 @@ from storage import LlmFailure, StreamChunk
 __all__ = ["ProcessModel"]
 
 _HEADER: Final = struct.Struct("<I")
+_BUFFER: Final = 1 << 16  # a frame reader's buffer, grown for a larger frame
+_SHRINK_ABOVE: Final = 1 << 20  # ... and given back once it is empty, if above this
 _CANCEL_WAIT_S: Final = 10.0  # a cancelled request: how long to wait for the child's end
 _CLOSE_WAIT_S: Final = 10.0  # aclose: how long the child may take to exit before a kill
 _LOST_WAIT_S: Final = 2.0  # the socket closed: how long the child may take to exit, likewise
@@ -89,7 +91,7 @@ class _Frames(asyncio.BufferedProtocol):
     def __init__(self, on_frame: Callable[[memoryview], None], on_lost: Callable[[], None]) -> None:
         self._on_frame = on_frame
         self._on_lost = on_lost
-        self._buf = bytearray(1 << 16)
+        self._buf = bytearray(_BUFFER)
         self._view = memoryview(self._buf)
         self._filled = 0
         self.transport: asyncio.Transport | None = None
@@ -123,6 +125,10 @@ class _Frames(asyncio.BufferedProtocol):
             self._on_frame(view[pos + 4 : end])
             pos = end
         self._compact(pos)
+        if not self._filled and len(self._buf) > _SHRINK_ABOVE:  # one large frame's room
+            self._view.release()
+            self._buf = bytearray(_BUFFER)
+            self._view = memoryview(self._buf)
 
     def _compact(self, pos: int) -> None:
         if pos:

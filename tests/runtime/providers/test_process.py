@@ -32,6 +32,7 @@ from runtime.providers import (
     ProcessModel,
     Secret,
     UnknownModelError,
+    process,
     resolve_model,
 )
 from storage.events import LlmFailure, StreamChunk, TextDelta
@@ -640,3 +641,19 @@ def test_a_load_run_starts_a_process_models_child_before_its_load(
     assert at_ready["requests"] == 0
     assert (report.settled, report.errored) == (2, 0)
     assert gone(at_ready["pids"][0])
+
+
+def test_a_frame_reader_takes_a_frame_larger_than_its_buffer_then_gives_the_room_back() -> None:
+    frames: list[bytes] = []
+    reader = process._Frames(lambda view: frames.append(bytes(view)), lambda: None)
+    big = os.urandom(3 << 20)
+    wire = b"".join(process._framed(p) for p in (b"first", big, b"last"))
+    pos = 0
+    while pos < len(wire):  # as a transport reads: into what get_buffer offers
+        room = reader.get_buffer(-1)
+        n = min(len(room), len(wire) - pos, 100_000)
+        room[:n] = wire[pos : pos + n]
+        reader.buffer_updated(n)
+        pos += n
+    assert frames == [b"first", big, b"last"]
+    assert len(reader.get_buffer(-1)) == process._BUFFER  # the 3 MiB given back
