@@ -344,7 +344,7 @@ class ProcessModel:
                 f"ProcessModel's factory and its arguments must pickle, to be sent to the "
                 f"model's process: {err}"
             ) from err
-        inner = _build(factory, args, kwargs)
+        inner = factory(*args, **kwargs)
         self._provider: str = inner.provider
         self._name: str = inner.name
         # The child checks the chunks of a model that does not vouch for its own (as the
@@ -450,10 +450,6 @@ class ProcessModel:
             await asyncio.gather(*reaping, return_exceptions=True)
 
 
-def _build(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return factory(*args, **kwargs)
-
-
 # --------------------------------------------------------------------------- the child
 
 
@@ -488,7 +484,7 @@ class _Child:
     def _build(self, spec: bytes) -> None:
         try:
             factory, args, kwargs = pickle.loads(spec)  # noqa: S301 - our parent's, over a socketpair
-            self.model = _build(factory, args, kwargs)
+            self.model = factory(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 - reported to the parent, which fails its requests
             failure = LlmFailure(message=f"the model's process could not build it: {err!r}")
             self._send(_Out(0, end=True, failure=failure))
