@@ -140,6 +140,19 @@ class NextBatch(Effect[Any]):
         self.stream = stream
         self.consume = consume
 
+    def answer(self, items: Any) -> tuple[Any, BaseException | None] | None:
+        """What the turn resumes with for the batch ``items``, as ``(value, error)``: the
+        batch itself, or with ``consume`` its answer or what it raised; None when
+        ``consume`` took the batch and the turn waits for more."""
+        consume = self.consume
+        if consume is None:
+            return items, None
+        try:
+            answer = consume(items)
+        except Exception as err:  # noqa: BLE001 - raised into the turn, as if there
+            return None, err
+        return None if answer is None else (answer, None)
+
 
 class StartTool(Effect[Any]):
     """Start one tool execution on the I/O side; resumes at once with a handle."""

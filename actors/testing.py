@@ -216,16 +216,15 @@ class TurnHarness:
                 f"the pending {type(pending).__name__} takes {expected[0]}, got "
                 f"{shown(value)}; the turn was not resumed"
             )
-        if isinstance(pending, NextBatch) and pending.consume is not None:
-            # As the agent steps it: the batch goes to the turn's consume, and the turn
-            # resumes only with its answer (else the same NextBatch stays pending).
-            try:
-                answer = pending.consume(value)
-            except Exception as err:  # noqa: BLE001 - raised into the turn, as the agent does
-                return self.throw(err)
+        if isinstance(pending, NextBatch):
+            # As the agent steps it: with the turn's consume, the turn resumes only with
+            # its answer (else the same NextBatch stays pending).
+            answer = pending.answer(value)
             if answer is None:
                 return pending
-            return self._step(lambda c: c.send(answer))
+            value, error = answer
+            if error is not None:
+                return self.throw(error)
         return self._step(lambda c: c.send(value))
 
     def throw(self, error: BaseException) -> Effect[Any] | None:

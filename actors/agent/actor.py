@@ -327,15 +327,9 @@ class AgentActor(PooledActor):
         if error is not None:
             return None, error
         if items:
-            consume = effect.consume
-            if consume is None:
-                return items, None
-            try:
-                answer = consume(items)
-            except Exception as err:  # noqa: BLE001 - raised into the turn, as if there
-                return None, err
+            answer = effect.answer(items)
             if answer is not None:
-                return answer, None
+                return answer
         return self._wait(effect, stream.cancel)[1]
 
     def _start_flush(self, effect: Flush) -> Any:
@@ -430,17 +424,9 @@ class AgentActor(PooledActor):
             if error is not None:
                 self._advance(None, error)
             elif items:
-                consume = waiting.consume
-                if consume is None:
-                    self._advance(items)
-                    return
-                try:
-                    answer = consume(items)  # the turn's logging, without resuming it
-                except Exception as err:  # noqa: BLE001 - raised into the turn, as if there
-                    self._advance(None, err)
-                    return
+                answer = waiting.answer(items)  # with consume: logged, the turn not resumed
                 if answer is not None:
-                    self._advance(answer)
+                    self._advance(*answer)
 
     # ------------------------------------------------------------------ lifecycle
 
