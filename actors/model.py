@@ -32,7 +32,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from operator import attrgetter
-from typing import Final, NamedTuple, Protocol, get_args, runtime_checkable
+from typing import Any, Final, NamedTuple, Protocol, get_args, runtime_checkable
 
 import msgspec
 
@@ -52,6 +52,7 @@ from storage import (
 )
 
 from .errors import ModelError
+from .protocols import implements
 
 __all__ = [
     "BatchStreamingModel",
@@ -64,6 +65,7 @@ __all__ = [
     "checked_failure",
     "chunks_of",
     "failure_problem",
+    "push_reply",
 ]
 
 _FINISH_REASONS: Final = frozenset(get_args(FinishReason))
@@ -198,6 +200,33 @@ async def chunks_of(batches: AsyncIterator[Sequence[StreamChunk]]) -> AsyncItera
                 yield chunk
     finally:
         await batches.aclose()  # type: ignore[attr-defined]
+
+
+async def push_reply(
+    model: Model, request: ModelRequest, push: Callable[[list[StreamChunk]], None]
+) -> None:
+    """Hand ``model``'s reply for ``request`` to ``push``, a list of chunks at a time, by
+    the cheapest protocol it has: :meth:`PushStreamingModel.stream_into` as is, each
+    batch of :meth:`BatchStreamingModel.stream_batches` (an empty one skipped), or each
+    chunk of :meth:`Model.stream`. The iterator is closed before this returns or raises
+    (a cancel closes the model's stream). What ``push`` raises ends the reply, raised."""
+    if implements(model, PushStreamingModel):
+        await model.stream_into(request, push)  # type: ignore[attr-defined]
+        return
+    batches = implements(model, BatchStreamingModel)
+    chunks: Any = model.stream_batches(request) if batches else model.stream(request)  # type: ignore[attr-defined]
+    try:
+        if batches:
+            async for batch in chunks:
+                if batch:
+                    push(list(batch))
+        else:
+            async for chunk in chunks:
+                push([chunk])
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 _KEPT_AS_IS: Final = (bytes, bytearray, memoryview)

@@ -19,12 +19,11 @@ from ._ioside import EffectHandle, IoSide, Outcome
 from ._scheduler import Scheduler
 from .effects import StreamEnd
 from .model import (
-    BatchStreamingModel,
     ImmediateModel,
     Model,
     ModelRequest,
-    PushStreamingModel,
     checked_chunk,
+    push_reply,
 )
 from .protocols import implements
 from .toolphase import ToolPlan, ToolRun
@@ -193,41 +192,14 @@ def open_stream(
             handle.prefill(items)
             return handle
 
-    if implements(model, PushStreamingModel):
-
-        async def pushed() -> None:
-            push = handle.push_many if checked else partial(_push_checked, handle)
-            try:
-                await model.stream_into(request, push)  # type: ignore[attr-defined]
-            except BaseException as err:  # noqa: BLE001 - _failed raises on what is not the model's
-                _failed(handle, err)
-                return
-            handle.push(StreamEnd())
-
-        handle._effect = io.start(pushed, on_done=_ignore)
-        return handle
+    push = handle.push_many if checked else partial(_push_checked, handle)
 
     async def pump() -> None:
-        batches = implements(model, BatchStreamingModel)
-        chunks: Any = model.stream_batches(request) if batches else model.stream(request)  # type: ignore[attr-defined]
         try:
-            if batches:
-                async for batch in chunks:
-                    if checked:
-                        if batch:
-                            handle.push_many(list(batch))
-                    else:
-                        _push_checked(handle, batch)
-            else:
-                async for chunk in chunks:
-                    handle.push(chunk if checked else checked_chunk(chunk))
+            await push_reply(model, request, push)
         except BaseException as err:  # noqa: BLE001 - _failed raises on what is not the model's
             _failed(handle, err)
             return
-        finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
         handle.push(StreamEnd())
 
     handle._effect = io.start(pump, on_done=_ignore)

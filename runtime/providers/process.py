@@ -36,14 +36,7 @@ from typing import Any, Final
 import msgspec
 
 from actors import ModelError, ModelRequest
-from actors.model import (
-    BatchStreamingModel,
-    PushStreamingModel,
-    batches_pushed,
-    checked_chunk,
-    chunks_of,
-)
-from actors.protocols import implements
+from actors.model import batches_pushed, checked_chunk, chunks_of, push_reply
 from storage import LlmFailure, StreamChunk
 
 __all__ = ["ProcessModel"]
@@ -508,14 +501,7 @@ class _Child:
                 out.append(checked_chunk(chunk))
 
         try:
-            if implements(model, PushStreamingModel):
-                await model.stream_into(request, push)
-            elif implements(model, BatchStreamingModel):
-                async for batch in model.stream_batches(request):
-                    push(list(batch))
-            else:
-                async for chunk in model.stream(request):
-                    push([chunk])
+            await push_reply(model, request, push)
         except ModelError as err:
             return err.failure
         except Exception as err:  # noqa: BLE001 - as the agent normalizes it in-process

@@ -601,10 +601,37 @@ class Malformed:
         return chunks_of(batches_pushed(self.stream_into, request))
 
 
-def test_a_malformed_chunk_fails_the_request_in_the_child_as_the_agent_would() -> None:
+class MalformedStream:
+    """The same reply from ``stream()`` alone (no batches, no push), which touches
+    ``closed`` once its generator is closed."""
+
+    provider = "test"
+    name = "malformed"
+
+    def __init__(self, closed: str) -> None:
+        self.closed = closed
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        try:
+            yield TextDelta(text="fine")
+            yield TextDelta(text=5)  # type: ignore[arg-type]
+            yield TextDelta(text="never")
+        finally:
+            Path(self.closed).touch()
+
+
+@pytest.mark.parametrize("kind", ["stream_into", "stream"])
+def test_a_malformed_chunk_fails_the_request_in_the_child_as_the_agent_would(
+    tmp_path: Path, kind: str
+) -> None:
     with pytest.raises(ModelError) as in_process:
         checked_chunk(TextDelta(text=5))  # type: ignore[arg-type]  # what the agent checks
-    model = ProcessModel(Malformed)
+    closed = tmp_path / "closed"
+    model = (
+        ProcessModel(Malformed)
+        if kind == "stream_into"
+        else ProcessModel(MalformedStream, str(closed))
+    )
     assert model.chunks_checked  # the child checks them: what arrives is well formed
 
     async def body() -> tuple[list[Any], LlmFailure]:
@@ -619,6 +646,8 @@ def test_a_malformed_chunk_fails_the_request_in_the_child_as_the_agent_would() -
     pushed, failure = run(body)
     assert pushed == [TextDelta(text="fine")]  # the chunks before the malformed one
     assert failure == in_process.value.failure
+    if kind == "stream":
+        assert closed.exists()  # the model's stream was closed, not left open in the child
 
 
 def test_a_load_run_starts_a_process_models_child_before_its_load(
