@@ -56,9 +56,9 @@ if TYPE_CHECKING:
 __all__ = ["LoadDriver", "run_load"]
 
 _RECENT: Final = 2000  # latencies the live p99 looks at
-log = logging.getLogger("corral.load")
-
 _SPAWN_STEP: Final = 1_000  # agents per rt.spawn_many call (a stop or the timeout checked between)
+
+log = logging.getLogger("corral.load")
 
 
 class _AgentState:
