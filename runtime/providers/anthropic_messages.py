@@ -31,7 +31,7 @@ from .failures import StreamReportedError
 from .http import require_aiohttp
 from .limits import ProviderLimiter
 from .secrets import resolve_api_key
-from .sse import EventChunks, SseEvent, event_bound
+from .sse import EventChunks, event_bound
 
 __all__ = ["ANTHROPIC_URL", "ANTHROPIC_VERSION", "AnthropicModel"]
 
@@ -131,9 +131,15 @@ class _Events(EventChunks[EventMapper]):
 
     __slots__ = ()
 
-    def take(self, event: SseEvent, out: list[StreamChunk]) -> bool:
-        out += _map_event(event, self.mapper)
-        return self.mapper.stopped
+    def take(self, event: bytes | None, data: bytes, out: list[StreamChunk]) -> bool:
+        if not data or event == b"ping":
+            return False
+        wire = decode_event(data)
+        if event == b"error" or wire.type == "error":
+            raise StreamReportedError(msgspec.json.decode(data))
+        mapper = self.mapper
+        out += mapper.feed(wire)
+        return mapper.stopped
 
 
 _ENCODER: Final = msgspec.json.Encoder()
@@ -143,12 +149,3 @@ def _plain(body: JsonBody, mapper: EventMapper) -> list[StreamChunk]:
     """A non-streamed ``message``, mapped as the events that would have streamed it."""
     reply = plain_reply(body, lambda value: value.get("type") == "message")
     return [out for event in plain_message_events(reply) for out in mapper.feed(event)]
-
-
-def _map_event(event: SseEvent, mapper: EventMapper) -> list[StreamChunk]:
-    if not event.data or event.event == "ping":
-        return []
-    wire = decode_event(event.data)
-    if event.event == "error" or wire.type == "error":
-        raise StreamReportedError(msgspec.json.decode(event.data))
-    return mapper.feed(wire)

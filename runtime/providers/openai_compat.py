@@ -30,7 +30,7 @@ from .http import require_aiohttp
 from .limits import ProviderLimiter
 from .openai_wire import ChunkMapper, MaxTokensField, WireChunk, chat_params, decode_chunk
 from .secrets import resolve_api_key
-from .sse import EventChunks, SseEvent, event_bound
+from .sse import EventChunks, event_bound
 
 __all__ = ["NO_KEY_PLACEHOLDER", "OpenAICompatModel"]
 
@@ -153,10 +153,14 @@ class _Events(EventChunks[ChunkMapper]):
 
     __slots__ = ()
 
-    def take(self, event: SseEvent, out: list[StreamChunk]) -> bool:
-        if event.data == b"[DONE]":
+    def take(self, event: bytes | None, data: bytes, out: list[StreamChunk]) -> bool:
+        if data == b"[DONE]":
             return True
-        out += _map_event(event, self.mapper)
+        if data:
+            chunk = decode_chunk(data)
+            if chunk.error is not None:
+                raise StreamReportedError(chunk.error)
+            out += self.mapper.feed(chunk)
         return False
 
 
@@ -167,12 +171,3 @@ def _plain(body: JsonBody, mapper: ChunkMapper) -> list[StreamChunk]:
     """A non-streamed ``chat.completion``, mapped as one chunk of a stream."""
     reply = plain_reply(body, lambda value: isinstance(value.get("choices"), list))
     return mapper.feed(msgspec.convert(reply, WireChunk))
-
-
-def _map_event(event: SseEvent, mapper: ChunkMapper) -> list[StreamChunk]:
-    if not event.data:
-        return []
-    chunk = decode_chunk(event.data)
-    if chunk.error is not None:
-        raise StreamReportedError(chunk.error)
-    return mapper.feed(chunk)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
+from itertools import chain, repeat
 from typing import Final, Generic, NamedTuple, TypeVar
 
 from storage import DEFAULT_MAX_EVENT_BYTES, StreamChunk
@@ -52,12 +54,26 @@ def event_bound(max_reply_bytes: int | None) -> int:
 
 
 class SseEvent(NamedTuple):
-    event: str | None
+    """One event: its ``event:`` name (raw bytes; None if it had none) and its ``data``
+    (lines joined with ``\\n``). :meth:`SseDecoder.feed` returns plain ``(event, data)``
+    tuples, which compare equal to these."""
+
+    event: bytes | None
     data: bytes
 
 
+# The two shapes vendors send, each event whole: a lone ``data:`` line (OpenAI) or an
+# ``event:`` line then a ``data:`` line (Anthropic). A read made only of one of them is
+# decoded by one regex call (see SseDecoder._tiled).
+_DATA_EVENTS: Final = re.compile(rb"data: ([^\n]*)\n\n")
+_NAMED_EVENTS: Final = re.compile(rb"event: ([^\n]*)\ndata: ([^\n]*)\n\n")
+_DATA_FRAMING: Final = len(b"data: \n\n")
+_NAMED_FRAMING: Final = len(b"event: \ndata: \n\n")
+
+
 class SseDecoder:
-    """Feed it byte chunks as they arrive; it returns the events they complete."""
+    """Feed it byte chunks as they arrive; it returns the events they complete, as
+    ``(event, data)`` tuples (see :class:`SseEvent`)."""
 
     __slots__ = ("_bound", "_buffer", "_data", "_event", "_size")
 
@@ -66,11 +82,11 @@ class SseDecoder:
         ``event_bound(None)`` if not given."""
         self._buffer = bytearray()
         self._data: list[bytes] = []
-        self._event: str | None = None
+        self._event: bytes | None = None
         self._size = 0  # Invariant: the bytes of ``_data``
         self._bound = event_bound(None) if bound is None else bound
 
-    def feed(self, chunk: bytes) -> list[SseEvent]:
+    def feed(self, chunk: bytes) -> list[tuple[bytes | None, bytes]]:
         if b"\n" not in chunk:  # before joining: a long line fed in pieces stays linear
             self._buffer += chunk
             if len(self._buffer) > self._bound:
@@ -80,25 +96,20 @@ class SseDecoder:
             self._buffer += chunk
             chunk = bytes(self._buffer)
             self._buffer.clear()
-        out: list[SseEvent] = []
+        out: list[tuple[bytes | None, bytes]] = []
         if not self._data and self._event is None and b"\r" not in chunk:
             # The complete events, each parsed in one piece (the usual read ends with one).
-            if chunk[-2:] == b"\n\n":
-                blocks, chunk = chunk[:-2].split(b"\n\n"), b""
-            else:
-                end = chunk.rfind(b"\n\n")
-                blocks, chunk = (
-                    ([], chunk) if end < 0 else (chunk[:end].split(b"\n\n"), chunk[end + 2 :])
-                )
-            for block in blocks:
-                if block[:6] == b"data: " and b"\n" not in block:  # the usual event
-                    if len(block) - 6 > self._bound:
-                        self._too_large(len(block) - 6)
-                    out.append(SseEvent(None, block[6:]))
+            end = chunk.rfind(b"\n\n") + 2
+            if end > 1:
+                whole, chunk = (chunk, b"") if end == len(chunk) else (chunk[:end], chunk[end:])
+                tiled = self._tiled(whole)
+                if tiled is not None:
+                    out = tiled
                 else:
-                    self._block(block, out)
-            if not chunk:
-                return out
+                    for block in whole[:-2].split(b"\n\n"):
+                        self._block(block, out)
+                if not chunk:
+                    return out
         lines = chunk.split(b"\n")
         self._buffer += lines.pop()
         if len(self._buffer) > self._bound:
@@ -107,18 +118,44 @@ class SseDecoder:
             self._line(line[:-1] if line.endswith(b"\r") else line, out)
         return out
 
-    def _block(self, block: bytes, out: list[SseEvent]) -> None:
-        """One complete event (its lines without the blank one after them) but for a lone
-        ``data:`` line (parsed by :meth:`feed`): ``event: ...`` then ``data: ...`` in one
-        piece, any other shape line by line, as the rules say."""
+    def _tiled(self, whole: bytes) -> list[tuple[bytes | None, bytes]] | None:
+        """The events of ``whole`` (complete events, no ``\\r``) if it is made only of
+        events of one of the two usual shapes, else None (then it is parsed block by
+        block). The matches tile ``whole`` exactly when their lengths add up to it: they
+        never overlap, so nothing between them was skipped."""
+        if whole[:6] == b"data: ":
+            datas: list[bytes] = _DATA_EVENTS.findall(whole)
+            if sum(map(len, datas)) + _DATA_FRAMING * len(datas) != len(whole):
+                return None
+            if max(map(len, datas)) > self._bound:
+                self._too_large(max(map(len, datas)))
+            return list(zip(repeat(None), datas))
+        if whole[:7] == b"event: ":
+            pairs: list[tuple[bytes, bytes]] = _NAMED_EVENTS.findall(whole)
+            if sum(map(len, chain.from_iterable(pairs))) + _NAMED_FRAMING * len(pairs) != len(
+                whole
+            ):
+                return None
+            largest = max(len(data) for _, data in pairs)
+            if largest > self._bound:
+                self._too_large(largest)
+            return pairs  # type: ignore[return-value]  # (bytes, bytes): a named event
+        return None
+
+    def _block(self, block: bytes, out: list[tuple[bytes | None, bytes]]) -> None:
+        """One complete event (its lines without the blank one after them): either usual
+        shape in one piece, any other line by line, as the rules say."""
+        if block[:6] == b"data: " and b"\n" not in block:
+            if len(block) - 6 > self._bound:
+                self._too_large(len(block) - 6)
+            out.append((None, block[6:]))
+            return
         if block[:7] == b"event: ":
             newline = block.find(b"\n")
             if block[newline + 1 : newline + 7] == b"data: " and block.count(b"\n") == 1:
                 if len(block) - newline - 7 > self._bound:
                     self._too_large(len(block) - newline - 7)
-                out.append(
-                    SseEvent(block[7:newline].decode("utf-8", "replace"), block[newline + 7 :])
-                )
+                out.append((block[7:newline], block[newline + 7 :]))
                 return
         for line in block.split(b"\n"):
             self._line(line, out)
@@ -129,9 +166,9 @@ class SseDecoder:
         self._data = []
         raise SseEventTooLargeError(size, self._bound)
 
-    def finish(self) -> list[SseEvent]:
+    def finish(self) -> list[tuple[bytes | None, bytes]]:
         """The events left when the stream ended."""
-        out: list[SseEvent] = []
+        out: list[tuple[bytes | None, bytes]] = []
         if self._buffer:
             line = bytes(self._buffer)
             self._buffer.clear()
@@ -139,10 +176,10 @@ class SseDecoder:
         self._line(b"", out)
         return out
 
-    def _line(self, line: bytes, out: list[SseEvent]) -> None:
+    def _line(self, line: bytes, out: list[tuple[bytes | None, bytes]]) -> None:
         if not line:
             if self._data or self._event is not None:
-                out.append(SseEvent(self._event, b"\n".join(self._data)))
+                out.append((self._event, b"\n".join(self._data)))
                 self._data = []
                 self._size = 0
                 self._event = None
@@ -158,7 +195,7 @@ class SseDecoder:
             if self._size > self._bound:
                 self._too_large(self._size)
         elif name == b"event":
-            self._event = value.decode("utf-8", "replace")
+            self._event = value
 
 
 class EventChunks(Generic[M]):
@@ -181,16 +218,17 @@ class EventChunks(Generic[M]):
         self.done = False
         self.failure: Exception | None = None
 
-    def take(self, event: SseEvent, out: list[StreamChunk]) -> bool:
-        """Add ``event``'s chunks to ``out``; True if it is the reply's last event."""
+    def take(self, event: bytes | None, data: bytes, out: list[StreamChunk]) -> bool:
+        """Add the chunks of the event named ``event`` (None: unnamed) with ``data`` to
+        ``out``; True if it is the reply's last event."""
         raise NotImplementedError
 
     def feed(self, data: bytes) -> list[StreamChunk]:
         out: list[StreamChunk] = []
         take = self.take
         try:
-            for event in self._sse.feed(data):
-                if take(event, out):
+            for event, payload in self._sse.feed(data):
+                if take(event, payload, out):
                     self.done = True
                     break
         except Exception as err:  # noqa: BLE001 - raised by the caller, after ``out``
@@ -200,8 +238,8 @@ class EventChunks(Generic[M]):
     def finish(self) -> list[StreamChunk]:
         """The chunks of an event the body's end left open (raises if it fails)."""
         out: list[StreamChunk] = []
-        for event in self._sse.finish():
-            if self.take(event, out):
+        for event, payload in self._sse.finish():
+            if self.take(event, payload, out):
                 break
         return out
 

@@ -20,10 +20,10 @@ STREAM = (
     b"data: [DONE]\n\n"
 )
 EXPECTED = [
-    SseEvent("message_start", b'{"a": 1}'),
+    SseEvent(b"message_start", b'{"a": 1}'),
     SseEvent(None, b"line one\nline two"),
     SseEvent(None, b"no-space"),
-    SseEvent("ping", b"{}"),
+    SseEvent(b"ping", b"{}"),
     SseEvent(None, b"[DONE]"),
 ]
 
@@ -77,7 +77,7 @@ def reference(stream: bytes) -> list[SseEvent]:
     """The event-stream rules read line by line, the plain way."""
     events: list[SseEvent] = []
     data: list[bytes] = []
-    name: str | None = None
+    name: bytes | None = None
     for raw in stream.replace(b"\r\n", b"\n").split(b"\n"):
         if not raw:
             if data or name is not None:
@@ -91,7 +91,7 @@ def reference(stream: bytes) -> list[SseEvent]:
         if field == b"data":
             data.append(value)
         elif field == b"event":
-            name = value.decode("utf-8", "replace")
+            name = value
     if data or name is not None:
         events.append(SseEvent(name, b"\n".join(data)))
     return events
@@ -134,5 +134,15 @@ def test_a_whole_event_past_the_bound_is_refused_in_either_shape() -> None:
     with pytest.raises(SseEventTooLargeError, match="more than 8 bytes"):
         SseDecoder(8).feed(b"event: delta\ndata: 123456789\n\n")
     assert SseDecoder(8).feed(b"event: delta\ndata: 12345678\n\n") == [
-        SseEvent("delta", b"12345678")
+        SseEvent(b"delta", b"12345678")
     ]
+
+
+def test_a_read_of_the_usual_shapes_with_another_between_decodes_as_the_rules_say() -> None:
+    # One read made only of the usual shapes is decoded in one piece; one with anything
+    # else between them (here a comment, an id, a data line with no space) is not, and
+    # both give what the rules give.
+    usual = b'event: m\ndata: {"a": 1}\n\nevent: n\ndata: 2\n\n'
+    mixed = b"event: m\ndata: 1\n\n: keep-alive\n\nid: 7\ndata:2\n\nevent: n\ndata: 3\n\n"
+    for stream in (usual, mixed, b"data: a\n\ndata: b\n\n", b"data: a\n\nevent: e\ndata: b\n\n"):
+        assert SseDecoder().feed(stream) == reference(stream)
