@@ -10,7 +10,8 @@ and start-up are not counted. S concurrent streams x R requests each x C text ch
 - ``aiohttp``: ``aiohttp.ClientSession`` + msgspec;
 - ``sdk``: the official SDK's stream loop (``openai`` / ``anthropic``), what a user
   writes without corral;
-- ``corral``: S agents, each R turns, through ``OpenAICompatModel`` / ``AnthropicModel``,
+- ``corral``: S agents (spawned together with ``rt.spawn_many``, as ``corral bench``
+  spawns its fleet), each R turns, through ``OpenAICompatModel`` / ``AnthropicModel``,
   write-ahead durability, every chunk a durable ``assistant/chunk`` fact on disk.
 
 Reported per client: CPU us per chunk, chunks/s, and ratios against ``aiohttp`` and
@@ -262,7 +263,7 @@ def _drive(
             agent.followup("hello")
 
     rt.on("agent/settled", settled)
-    handles = [rt.spawn(model=model) for _ in range(agents)]
+    handles = rt.spawn_many(agents, model=model)
     for handle in handles:
         left[handle.id] = requests
     start = time.perf_counter()
