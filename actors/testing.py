@@ -26,6 +26,7 @@ from functools import partial
 from typing import Any, cast
 
 from storage import (
+    DEFAULT_MAX_EVENT_BYTES,
     CancelCause,
     Codec,
     EventTypes,
@@ -135,13 +136,14 @@ class TurnHarness:
         tools: Mapping[str, Tool] | None = None,
         durability: Durability = "write-ahead",
         agent_id: str = "harness",
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
+        """``max_event_bytes``: the session's event limit (and so the largest reply)."""
         self.sink = MemorySink()
         header = SessionHeader(id=agent_id, key=1, created=0)
         clock = iter(range(10**9))
-        self.session = Session(
-            header, sink=self.sink, codec=Codec(EventTypes.default()), clock=lambda: next(clock)
-        )
+        codec = Codec(EventTypes.default(), max_event_bytes=max_event_bytes)
+        self.session = Session(header, sink=self.sink, codec=codec, clock=lambda: next(clock))
         self.agent = HarnessAgent(agent_id)
         # Async listeners of emitted events are queued for the test (run_listeners).
         self._listener_work = _ListenerWork()

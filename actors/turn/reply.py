@@ -21,6 +21,8 @@ from storage import (
     InvalidEventError,
     LlmFailure,
     MaxTokens,
+    ReasoningDelta,
+    TextDelta,
     ToolCallData,
     TurnEndReason,
     reply_bytes,
@@ -106,6 +108,48 @@ def _gather_size(assembler: Assembler, limit: int) -> int:
     return max(1, (limit - assembler.streamed) * CITATION_BYTES // max(left, CITATION_BYTES))
 
 
+def _log_direct(
+    session: Any,
+    assembler: Assembler,
+    batch: Sequence[Any],
+    turn: int,
+    step: int,
+    direct: int,
+    limit: int,
+) -> int:
+    """Log the leading text and reasoning deltas of ``batch`` with one
+    ``Session.extend`` when each would be logged one by one anyway (with all of them
+    the reply stays under ``direct`` citation bytes and under ``limit``): the same
+    events as one ``append_fact`` each, for one hold of the session's lock and one
+    hand-over to the writer (a read of a fast stream holds dozens). How many it logged;
+    0: none (the caller logs them one by one)."""
+    facts = []
+    size = 0
+    for item in batch:
+        cls = item.__class__
+        if cls is not TextDelta and cls is not ReasoningDelta:
+            break
+        size += len(item.text)
+        facts.append(("assistant/chunk", AssistantChunk(turn=turn, step=step, chunk=item)))
+    count = len(facts)
+    if count < 2:
+        return 0
+    cite = (len(str(session.last_seq + count)) + 1) * count  # at most, for their seqs
+    if (
+        assembler.cited + cite >= direct
+        or assembler.streamed + assembler.cited + size + cite > limit
+    ):
+        return 0
+    try:
+        events = session.extend(facts)
+    except InvalidEventError:
+        return 0  # nothing was appended (all or nothing): one by one, up to the bad one
+    add = assembler.add
+    for item, event in zip(batch, events, strict=False):  # batch may go on past them
+        add(item, event.seq)
+    return count
+
+
 class Exchange:
     """The model exchange of one agent's steps (its turn machine holds one)."""
 
@@ -149,7 +193,9 @@ class Exchange:
     async def run(
         self, turn: int, step: int, request: ModelRequest, signal: TurnSignal
     ) -> StepResult:
-        append = self.session.append_fact
+        session = self.session
+        append = session.append_fact
+        batched = hasattr(session, "extend")  # (a test's stand-in may only append)
         assembler = Assembler(turn, step)
         limit = reply_bytes(request.max_reply_bytes)
         direct = limit // DIRECT_SHARE  # citation bytes up to which deltas are logged one by one
@@ -162,6 +208,10 @@ class Exchange:
             large to log (the call stops), None for more (see ``NextBatch.consume``: the
             stepper calls this for each batch, and resumes the turn only with an answer)."""
             nonlocal held
+            if held is None and len(batch) > 2 and batched:
+                logged = _log_direct(session, assembler, batch, turn, step, direct, limit)
+                if logged:
+                    batch = batch[logged:]
             for item in batch:
                 if isinstance(item, StreamEnd):
                     return True
