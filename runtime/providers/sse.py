@@ -123,11 +123,13 @@ class SseDecoder:
         events of one of the two usual shapes, else None (then it is parsed block by
         block). The matches tile ``whole`` exactly when their lengths add up to it: they
         never overlap, so nothing between them was skipped."""
+        # (No event of a read within the bound can be past it: only a longer read is
+        # checked event by event.)
         if whole[:6] == b"data: ":
             datas: list[bytes] = _DATA_EVENTS.findall(whole)
             if sum(map(len, datas)) + _DATA_FRAMING * len(datas) != len(whole):
                 return None
-            if max(map(len, datas)) > self._bound:
+            if len(whole) > self._bound and max(map(len, datas)) > self._bound:
                 self._too_large(max(map(len, datas)))
             return list(zip(repeat(None), datas))
         if whole[:7] == b"event: ":
@@ -136,9 +138,10 @@ class SseDecoder:
                 whole
             ):
                 return None
-            largest = max(len(data) for _, data in pairs)
-            if largest > self._bound:
-                self._too_large(largest)
+            if len(whole) > self._bound:
+                largest = max(len(data) for _, data in pairs)
+                if largest > self._bound:
+                    self._too_large(largest)
             return pairs  # type: ignore[return-value]  # (bytes, bytes): a named event
         return None
 
