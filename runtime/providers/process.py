@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import pickle
+import selectors
 import signal
 import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from itertools import count
@@ -47,6 +50,9 @@ _SHRINK_ABOVE: Final = 1 << 20  # ... and given back once it is empty, if above 
 _CANCEL_WAIT_S: Final = 10.0  # a cancelled request: how long to wait for the child's end
 _CLOSE_WAIT_S: Final = 10.0  # aclose: how long the child may take to exit before a kill
 _LOST_WAIT_S: Final = 2.0  # the socket closed: how long the child may take to exit, likewise
+LINGER_S: Final = 0.004
+"""How long the child's loop lingers after a pass before it looks at its sockets again
+(see ``ProcessModel``'s ``linger``)."""
 
 
 class _Open(msgspec.Struct, tag=0, array_like=True):
@@ -147,8 +153,9 @@ class _Request:
 class _Channel:
     """One child process and its socket, on one loop."""
 
-    def __init__(self, spec: bytes, on_gone: Callable[[_Channel], None]) -> None:
+    def __init__(self, spec: bytes, linger: float, on_gone: Callable[[_Channel], None]) -> None:
         self._spec = spec
+        self._linger = linger
         self._on_gone = on_gone
         self._ids = count(1)
         self._open: dict[int, _Request] = {}
@@ -179,6 +186,7 @@ class _Channel:
                 "-c",
                 "import sys; from runtime.providers.process import main; main(sys.argv)",
                 str(theirs.fileno()),
+                repr(self._linger),
                 pass_fds=(theirs.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
                 env=env,
@@ -321,9 +329,23 @@ class ProcessModel:
     child ended it (the model closed its connection). If the child dies, its requests
     fail with ``TRANSPORT`` and the next request starts another. :meth:`aclose` ends the
     running loop's child.
+
+    ``linger`` (seconds, default :data:`LINGER_S`; not passed to the factory): after a
+    pass of its loop, the child waits that long before it looks at its sockets again, so
+    that under load one pass reads what every stream got meanwhile and sends it in one
+    frame: one wake-up of each process per ``linger`` instead of one per read. A read
+    after a quiet spell is not delayed; one during a busy spell is, by up to
+    ``linger``. 0: no lingering.
     """
 
-    def __init__(self, factory: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, factory: Callable[..., Any], /, *args: Any, linger: float = LINGER_S, **kwargs: Any
+    ) -> None:
+        if isinstance(linger, bool) or not (
+            isinstance(linger, int | float) and 0 <= linger < math.inf
+        ):
+            raise ValueError(f"linger must be a number of seconds >= 0, got {linger!r}")
+        self.linger = float(linger)
         if isinstance(factory, str):
             raise TypeError(
                 f"ProcessModel takes a factory, not the model string {factory!r}: write "
@@ -372,7 +394,7 @@ class ProcessModel:
             if channel is None:
                 for old in [old for old in self._channels if old.is_closed()]:
                     del self._channels[old]
-                channel = self._channels[loop] = _Channel(self._spec, self._forget)
+                channel = self._channels[loop] = _Channel(self._spec, self.linger, self._forget)
         return channel
 
     def _forget(self, channel: _Channel) -> None:
@@ -557,9 +579,40 @@ async def _serve(fd: int) -> None:
         child.frames.transport.close()
 
 
+class _Lingering(selectors.DefaultSelector):
+    """The child's selector: a select within ``linger`` seconds of the end of the last
+    one first sleeps the rest of that time (less, if the loop's own timeout is nearer);
+    one after a quiet spell blocks as any and returns at the first byte."""
+
+    def __init__(self, linger: float) -> None:
+        super().__init__()
+        self._linger = linger
+        self._last = -math.inf
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None or timeout > 0:
+            wait = self._last + self._linger - time.monotonic()
+            if wait > 0:
+                if timeout is not None:
+                    wait = min(wait, timeout)
+                    timeout -= wait
+                time.sleep(wait)
+        try:
+            return super().select(timeout)
+        finally:
+            self._last = time.monotonic()
+
+
 def main(argv: list[str]) -> None:
+    """The child: ``argv`` is [-c, its socket's fd, the linger in seconds]."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; its exit ends us
-    asyncio.run(_serve(int(argv[1])))
+    linger = float(argv[2])
+    if not linger:
+        asyncio.run(_serve(int(argv[1])))
+        return
+    loop_factory = partial(asyncio.SelectorEventLoop, _Lingering(linger))
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(_serve(int(argv[1])))
 
 
 if __name__ == "__main__":

@@ -415,7 +415,69 @@ def test_what_cannot_be_sent_to_the_child_or_built_raises_at_construction(
         ProcessModel(resolve_model, "nope:m")
     model = ProcessModel(resolve_model, f"openai:m@{url}", api_key=KEY)  # resolved here too
     assert (model.provider, model.name, model.pids) == ("openai", "m", [])
+    for linger in (-0.001, float("nan"), float("inf"), "4ms", True):
+        with pytest.raises(ValueError, match="linger must be a number of seconds"):
+            ProcessModel(OpenAICompatModel, "m", base_url=url, api_key=KEY, linger=linger)
     assert wire.requests == []
+
+
+@pytest.mark.parametrize("linger", [0, 0.05])
+def test_the_childs_linger_is_not_the_factorys_and_either_way_the_reply_is_the_same(
+    wire: WireServer, linger: float
+) -> None:
+    # ``linger`` is ProcessModel's (the factory would refuse it: an unknown keyword);
+    # without it the child's loop is asyncio's own, with it the lingering one.
+    wire.default = Sse(openai_reply())
+    model = ProcessModel(OpenAICompatModel, "m", linger=linger, **OPENAI.options(wire.url))
+    assert model.linger == linger
+
+    async def body() -> tuple[list[Any], list[StreamChunk]]:
+        here = await in_process(OPENAI, wire.url, big_request())
+        try:
+            return here, await pushed(model, big_request())
+        finally:
+            await model.aclose()
+
+    here, there = run(body)
+    assert there == here[0]
+
+
+def test_the_lingering_selector_waits_out_the_rest_of_its_linger_after_a_busy_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A fake clock: select() first sleeps what is left of the linger since the last
+    # select ended (less if the loop's timeout is nearer; not at all for a timeout of 0,
+    # when callbacks are ready), then selects with what is left of the timeout.
+    now = [100.0]
+    slept: list[float] = []
+    timeouts: list[float | None] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(round(seconds, 6))
+        now[0] += seconds
+
+    monkeypatch.setattr(process.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(process.time, "sleep", sleep)
+    monkeypatch.setattr(
+        process.selectors.DefaultSelector,
+        "select",
+        lambda self, timeout=None: timeouts.append(timeout) or [],
+    )
+    selector = process._Lingering(0.004)
+    try:
+        selector.select(None)  # the first: nothing to wait out
+        now[0] += 0.001  # a pass of 1 ms
+        selector.select(None)  # 3 ms left of the linger
+        now[0] += 0.001
+        selector.select(0.002)  # the loop's timer is nearer than the linger's end: 2 ms
+        now[0] += 0.001
+        selector.select(0)  # callbacks are ready: no wait
+        now[0] += 0.010  # a quiet spell longer than the linger
+        selector.select(None)
+    finally:
+        selector.close()
+    assert slept == [0.003, 0.002]
+    assert timeouts == [None, None, 0.0, 0, None]
 
 
 def test_a_child_that_cannot_build_its_model_fails_start_and_every_request(
