@@ -42,6 +42,7 @@ from .h1_connection import (
 )
 from .http import (
     CONNECT_CAP_S,
+    READ_SIZE,
     HttpStatusError,
     WireClient,
     _env_proxy,
@@ -104,6 +105,8 @@ class H1Client:
         self._fields = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
         self._idle: dict[tuple[bool, str, int], list[Connection]] = {}
         self._open: set[Connection] = set()  # every connection not closed yet
+        # One read buffer for all its connections (they are on one loop), not 64 KiB each.
+        self._read_buffer = memoryview(bytearray(READ_SIZE))
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
 
@@ -177,7 +180,7 @@ class H1Client:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, protocol = await loop.create_connection(
-                    lambda: Connection(loop, self._timeout, pool, self._open),
+                    lambda: Connection(loop, self._timeout, pool, self._open, self._read_buffer),
                     origin.host,
                     origin.port,
                     ssl=context,

@@ -210,13 +210,17 @@ class Connection(asyncio.BufferedProtocol):
         timeout: float,
         pool: list[Connection],
         open_: set[Connection],
+        buffer: memoryview | None = None,
     ) -> None:
+        """``buffer``: where the transport reads into (its client's, shared by all its
+        connections: a read is copied out of it before the loop reads any other socket);
+        a buffer of its own if None."""
         self._loop = loop
         self._timeout = timeout
         self._pool = pool
         self._open = open_
         self.closed: asyncio.Future[None] = loop.create_future()  # done: the socket closed
-        self._buffer = memoryview(bytearray(READ_SIZE))
+        self._buffer = memoryview(bytearray(READ_SIZE)) if buffer is None else buffer
         self._transport: asyncio.Transport | None = None
         self._lost = False
         self._head = bytearray()
@@ -251,6 +255,8 @@ class Connection(asyncio.BufferedProtocol):
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
+        # Copied out first: the buffer may be shared (asyncio calls get_buffer, reads into
+        # it and calls this in one step, for one socket at a time).
         data = bytes(self._buffer[:nbytes])
         self._last_read = self._loop.time()
         self._answered = True

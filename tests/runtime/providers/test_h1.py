@@ -24,7 +24,7 @@ from runtime.providers import OpenAICompatModel
 from runtime.providers.h1 import H1Client, make_client
 from runtime.providers.http import HttpStatusError, WireClient
 
-from .support import collect, request, run, text_of
+from .support import collect, request, run, text_of, user
 from .wire_formats import openai_frames, openai_text_reply
 from .wire_server import Sse, WireServer
 
@@ -124,6 +124,35 @@ def test_sequential_streams_reuse_one_keep_alive_connection(wire: WireServer) ->
     run(body)
     assert len(wire.requests) == 3
     assert len({r.peer for r in wire.requests}) == 1  # one connection, three requests
+
+
+def test_concurrent_streams_share_one_read_buffer_and_each_reads_its_own_reply(
+    wire: WireServer,
+) -> None:
+    # A client's connections read into one buffer (a read is copied out before the loop
+    # reads another socket): 20 streams whose replies, frame by frame, interleave on the
+    # wire each get exactly their own text.
+    def reply(recorded: Any) -> Sse:
+        tag = recorded.body["messages"][-1]["content"]
+        return Sse(openai_frames(openai_text_reply(*(f"{tag}.{i} " for i in range(30)))))
+
+    wire.default = reply
+
+    async def body() -> list[str]:
+        async with OpenAICompatModel("m", base_url=wire.url) as model:
+            texts = await asyncio.gather(
+                *(collect(model, request(user(f"s{n}"))) for n in range(20))
+            )
+            client = model._client()
+            assert isinstance(client, H1Client)
+            connections = list(client._open)
+            assert len(connections) == 20
+            assert all(c._buffer is client._read_buffer for c in connections)
+            return [text_of(chunks) for chunks in texts]
+
+    texts = run(body)
+    assert texts == ["".join(f"s{n}.{i} " for i in range(30)) for n in range(20)]
+    assert len({r.peer for r in wire.requests}) == 20
 
 
 def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
