@@ -228,7 +228,9 @@ def message_params(
 # --------------------------------------------------------------------------- stream
 
 
-class _Block(msgspec.Struct):
+# gc=False: decoded from JSON, so never in a reference cycle; untracked by the collector,
+# the structs of every streamed event do not count toward (and trigger) its collections.
+class _Block(msgspec.Struct, gc=False):
     type: str = ""
     text: str | None = None
     thinking: str | None = None
@@ -236,7 +238,7 @@ class _Block(msgspec.Struct):
     name: str | None = None
 
 
-class _Delta(msgspec.Struct):
+class _Delta(msgspec.Struct, gc=False):
     """A content block's delta, or (``message_delta``) the message's stop reason."""
 
     type: str | None = None
@@ -247,11 +249,11 @@ class _Delta(msgspec.Struct):
     stop_reason: str | None = None
 
 
-class _OutputDetails(msgspec.Struct):
+class _OutputDetails(msgspec.Struct, gc=False):
     thinking_tokens: int | None = None
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     input_tokens: int | None = None
     output_tokens: int | None = None
     cache_read_input_tokens: int | None = None
@@ -259,11 +261,11 @@ class _Usage(msgspec.Struct):
     output_tokens_details: _OutputDetails | None = None
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct, gc=False):
     usage: _Usage | None = None
 
 
-class WireEvent(msgspec.Struct):
+class WireEvent(msgspec.Struct, gc=False):
     """One Messages stream event (unknown fields and event types are ignored)."""
 
     type: str = ""

@@ -267,18 +267,20 @@ class _ToolIndexes:
         return bool(self._ids)
 
 
-class _Function(msgspec.Struct):
+# gc=False: decoded from JSON, so never in a reference cycle; untracked by the collector,
+# the structs of every streamed event do not count toward (and trigger) its collections.
+class _Function(msgspec.Struct, gc=False):
     name: str | None = None
     arguments: str | None = None
 
 
-class _ToolCallPart(msgspec.Struct):
+class _ToolCallPart(msgspec.Struct, gc=False):
     index: int | None = None
     id: str | None = None
     function: _Function | None = None
 
 
-class _Delta(msgspec.Struct):
+class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     refusal: str | None = None
     reasoning_content: str | None = None
@@ -286,23 +288,23 @@ class _Delta(msgspec.Struct):
     tool_calls: list[_ToolCallPart] | None = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     index: int | None = 0
     delta: _Delta | None = None
     message: _Delta | None = None  # a non-streamed ``chat.completion``'s whole reply
     finish_reason: str | None = None
 
 
-class _PromptDetails(msgspec.Struct):
+class _PromptDetails(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
     cache_write_tokens: int | None = None
 
 
-class _CompletionDetails(msgspec.Struct):
+class _CompletionDetails(msgspec.Struct, gc=False):
     reasoning_tokens: int | None = None
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     prompt_tokens_details: _PromptDetails | None = None
@@ -310,7 +312,7 @@ class _Usage(msgspec.Struct):
     prompt_cache_hit_tokens: int | None = None  # DeepSeek
 
 
-class WireChunk(msgspec.Struct):
+class WireChunk(msgspec.Struct, gc=False):
     """One ``chat.completion.chunk`` (or an ``{"error": …}`` event), or a whole
     non-streamed ``chat.completion`` (its choices carry ``message`` for ``delta``)."""
 
