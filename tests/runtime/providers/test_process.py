@@ -33,6 +33,7 @@ from runtime.providers import (
     Secret,
     UnknownModelError,
     process,
+    process_child,
     resolve_model,
 )
 from storage.events import LlmFailure, StreamChunk, TextDelta
@@ -456,14 +457,14 @@ def test_the_lingering_selector_waits_out_the_rest_of_its_linger_after_a_busy_pa
         slept.append(round(seconds, 6))
         now[0] += seconds
 
-    monkeypatch.setattr(process.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(process.time, "sleep", sleep)
+    monkeypatch.setattr(process_child.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(process_child.time, "sleep", sleep)
     monkeypatch.setattr(
-        process.selectors.DefaultSelector,
+        process_child.selectors.DefaultSelector,
         "select",
         lambda self, timeout=None: timeouts.append(timeout) or [],
     )
-    selector = process._Lingering(0.004)
+    selector = process_child._Lingering(0.004)
     try:
         selector.select(None)  # the first: nothing to wait out
         now[0] += 0.001  # a pass of 1 ms
