@@ -166,10 +166,8 @@ def main(argv: list[str]) -> None:
     """The child: ``argv`` is [-c, its socket's fd, the linger in seconds]."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; its exit ends us
     linger = float(argv[2])
-    if not linger:
-        asyncio.run(_serve(int(argv[1])))
-        return
-    loop_factory = partial(asyncio.SelectorEventLoop, _Lingering(linger))
+    # No linger: asyncio's own loop (loop_factory None), as asyncio.run makes it.
+    loop_factory = partial(asyncio.SelectorEventLoop, _Lingering(linger)) if linger else None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(_serve(int(argv[1])))
 
