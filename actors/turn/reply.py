@@ -195,7 +195,6 @@ class Exchange:
     ) -> StepResult:
         session = self.session
         append = session.append_fact
-        batched = hasattr(session, "extend")  # (a test's stand-in may only append)
         assembler = Assembler(turn, step)
         limit = reply_bytes(request.max_reply_bytes)
         direct = limit // DIRECT_SHARE  # citation bytes up to which deltas are logged one by one
@@ -208,7 +207,7 @@ class Exchange:
             large to log (the call stops), None for more (see ``NextBatch.consume``: the
             stepper calls this for each batch, and resumes the turn only with an answer)."""
             nonlocal held
-            if held is None and len(batch) > 2 and batched:
+            if held is None and len(batch) > 2:
                 logged = _log_direct(session, assembler, batch, turn, step, direct, limit)
                 if logged:
                     batch = batch[logged:]
