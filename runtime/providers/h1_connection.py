@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from ..errors import ReadTimeout
-from .http import KEEPALIVE_EXPIRY_S, READ_SIZE, set_keepalive
+from .http import KEEPALIVE_EXPIRY_S, set_keepalive
 from .sse import DRAIN_TIMEOUT_S
 
 __all__ = [
@@ -210,17 +210,16 @@ class Connection(asyncio.BufferedProtocol):
         timeout: float,
         pool: list[Connection],
         open_: set[Connection],
-        buffer: memoryview | None = None,
+        buffer: memoryview,
     ) -> None:
         """``buffer``: where the transport reads into (its client's, shared by all its
-        connections: a read is copied out of it before the loop reads any other socket);
-        a buffer of its own if None."""
+        connections: a read is copied out of it before the loop reads any other socket)."""
         self._loop = loop
         self._timeout = timeout
         self._pool = pool
         self._open = open_
         self.closed: asyncio.Future[None] = loop.create_future()  # done: the socket closed
-        self._buffer = memoryview(bytearray(READ_SIZE)) if buffer is None else buffer
+        self._buffer = buffer
         self._transport: asyncio.Transport | None = None
         self._lost = False
         self._head = bytearray()

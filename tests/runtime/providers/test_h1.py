@@ -22,7 +22,7 @@ import trustme
 from actors.errors import ModelError
 from runtime.providers import OpenAICompatModel
 from runtime.providers.h1 import H1Client, make_client
-from runtime.providers.http import HttpStatusError, WireClient
+from runtime.providers.http import READ_SIZE, HttpStatusError, WireClient
 
 from .support import collect, request, run, text_of, user
 from .wire_formats import openai_frames, openai_text_reply
@@ -431,7 +431,7 @@ def test_a_chunked_answer_reads_the_same_however_its_bytes_are_split_into_reads(
 
     async def read(reads: list[bytes]) -> bytes:
         loop = asyncio.get_running_loop()
-        connection = Connection(loop, 10, [], set())
+        connection = Connection(loop, 10, [], set(), memoryview(bytearray(READ_SIZE)))
         connection.connection_made(_Transport())
         answer = asyncio.ensure_future(connection.request(b"", b""))
         await asyncio.sleep(0)  # the request is sent: the answer may come
